@@ -1,0 +1,136 @@
+"""The cluster description: the ``nodes:`` list of a run config or cluster file.
+
+Shared by the runtime (what each node is and how to emulate it), the planner
+and the simulator. Durations end in ``_s``, rates name their unit.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
+
+_COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
+
+
+class SlowdownEvent(StrictModel):
+    """From ``from_round`` (inclusive) until ``until_round`` (exclusive), steps take ``factor`` x longer."""
+
+    from_round: int = Field(ge=0)
+    factor: float = Field(gt=0)
+    until_round: Optional[int] = Field(default=None, ge=1)
+
+
+class EmulateSpec(StrictModel):
+    """Virtual GPU: pad each real inner step with sleep up to a target time.
+
+    Target at batch B: ``step_time_s * (fixed_fraction + (1 - fixed_fraction) * B / batch_size)``
+    (``fixed_fraction`` = share of the step that does not grow with the batch), or the
+    predictor's t(B) for ``gpu`` (a GPU name, a list of names, or ``from_gpus`` = the node's gpus).
+    """
+
+    step_time_s: Optional[float] = Field(default=None, gt=0)
+    batch_size: Optional[int] = Field(default=None, ge=1)
+    fixed_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    gpu: Optional[Union[str, list[str]]] = None
+    time_scale: float = Field(default=1.0, gt=0)
+    jitter: float = Field(default=0.0, ge=0.0, lt=1.0)
+    slowdown: list[SlowdownEvent] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EmulateSpec":
+        if (self.step_time_s is None) == (self.gpu is None):
+            raise ValueError("give exactly one of emulate.step_time_s (seconds per step) or emulate.gpu (a GPU name, a list, or 'from_gpus')")
+        return self
+
+    def slowdown_factor(self, round_idx: int) -> float:
+        """Product of the slowdown factors active in ``round_idx``."""
+        factor = 1.0
+        for event in self.slowdown:
+            if round_idx >= event.from_round and (event.until_round is None or round_idx < event.until_round):
+                factor *= event.factor
+        return factor
+
+
+class WanSpec(StrictModel):
+    """A node's link to the others: ``bandwidth_mbps`` (Mbit/s, both ways) and one-way ``latency_ms``."""
+
+    bandwidth_mbps: float = Field(gt=0)
+    latency_ms: float = Field(default=0.0, ge=0)
+
+
+class MeasuredSpec(StrictModel):
+    """Ground-truth step time for the simulator: seconds per step at ``batch_size``, or a trace."""
+
+    batch_size: int = Field(ge=1)
+    step_time_s: Optional[float] = Field(default=None, gt=0)
+    trace_s: Optional[list[float]] = None
+
+    @model_validator(mode="after")
+    def _has_time(self) -> "MeasuredSpec":
+        if self.step_time_s is None and not self.trace_s:
+            raise ValueError("give measured.step_time_s or a non-empty measured.trace_s")
+        if self.step_time_s is None:
+            self.step_time_s = sum(self.trace_s) / len(self.trace_s)
+        return self
+
+
+class NodeSpec(StrictModel):
+    """One site's machine: a name, its GPUs, and optionally its emulation, WAN and measurements."""
+
+    name: str = Field(min_length=1)
+    site: Optional[str] = None
+    gpus: list[str] = Field(default_factory=list)
+    emulate: Optional[EmulateSpec] = None
+    wan: Optional[WanSpec] = None
+    measured: Optional[MeasuredSpec] = None
+    local_steps: Optional[int] = Field(default=None, ge=1)
+    batch_size: Optional[int] = Field(default=None, ge=1)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _expand_counts(cls, value):
+        """Accept ``"4 x A30"`` as shorthand for four ``"A30"`` entries."""
+        if isinstance(value, str):
+            value = [value]
+        expanded: list = []
+        for item in value or []:
+            match = _COUNT_PREFIX.match(item) if isinstance(item, str) else None
+            if match:
+                expanded.extend([match.group(2)] * int(match.group(1)))
+            else:
+                expanded.append(item)
+        return expanded
+
+    @model_validator(mode="after")
+    def _default_site(self) -> "NodeSpec":
+        if self.site is None:
+            self.site = self.name
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return max(1, len(self.gpus))
+
+
+class ClusterSpec(StrictModel):
+    nodes: list[NodeSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "ClusterSpec":
+        names = [node.name for node in self.nodes]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"node names must be unique; repeated: {', '.join(duplicates)}")
+        return self
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read the ``nodes:`` list of a cluster file or of a whole run config."""
+    data = load_yaml_mapping(path)
+    if "nodes" not in data:
+        raise ConfigError(f"{path}: no 'nodes:' list; a cluster file lists nodes with name, site and gpus")
+    return validate(ClusterSpec, {"nodes": data["nodes"]}, str(path))

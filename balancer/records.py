@@ -1,0 +1,57 @@
+"""The idle log record (``idle.jsonl``): one per node per outer round.
+
+Written by the runtime's tracker and by the simulator in the same shape, read
+by the report. Times are seconds; ``round_start``/``round_end`` are unix seconds.
+GPU idle = wait_s + comm_s + overhead_s (the outer sync is not overlapped with
+compute in this runtime).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+REQUIRED_FIELDS = (
+    "run_id", "round", "node", "site", "policy", "local_steps", "batch_size", "tokens",
+    "compute_s", "wait_s", "comm_s", "round_start", "round_end",
+)
+
+
+@dataclass
+class IdleRecord:
+    run_id: str
+    round: int
+    node: str
+    site: str
+    policy: str
+    local_steps: int
+    batch_size: int
+    tokens: int
+    compute_s: float
+    wait_s: float
+    comm_s: float
+    round_start: float
+    round_end: float
+    overhead_s: float = 0.0
+    gpus: list[str] = field(default_factory=list)
+    num_gpus: int = 1
+    source: str = "runtime"
+    gpu_util: Optional[float] = None
+    power_w: Optional[float] = None
+    energy_j: Optional[float] = None
+
+    @property
+    def idle_s(self) -> float:
+        return self.wait_s + self.comm_s + self.overhead_s
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def append_records(path: str | Path, records: Iterable[IdleRecord]) -> None:
+    """Append records as JSON lines, flushed so a crash loses at most the line in flight."""
+    with open(path, "a", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(record.to_json() + "\n")
+        handle.flush()

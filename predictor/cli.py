@@ -1,0 +1,6 @@
+"""Subcommands of the `geodiloco` command that belong to predictor/."""
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    """Add this package's subcommands to the `geodiloco` parser."""

@@ -1,0 +1,70 @@
+"""Validation shared by every config file the project reads.
+
+Lives in the lowest layer (predictor) so balancer and runtime can build on it.
+Errors name the file, the field path and how to fix it, in one line per error.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class StrictModel(BaseModel):
+    """Config section: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ConfigError(ValueError):
+    """A config file or value is wrong; the message names the field and the fix."""
+
+
+def _field_path(loc: tuple) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(top level)"
+
+
+def format_validation_error(err: ValidationError, source: str, prefix: str = "") -> str:
+    """One line per problem: ``source: field.path: what is wrong (got X)``."""
+    lines = []
+    for problem in err.errors():
+        path = _field_path(tuple(prefix.split(".")) + problem["loc"] if prefix else problem["loc"])
+        message = problem["msg"]
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key; remove it or check its spelling against the documented keys"
+        elif "input" in problem and not isinstance(problem["input"], (dict, list)):
+            message = f"{message} (got {problem['input']!r})"
+        lines.append(f"{source}: {path}: {message}")
+    return "\n".join(lines)
+
+
+def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; errors say which file and why."""
+    file_path = Path(path)
+    if not file_path.is_file():
+        raise ConfigError(f"{file_path}: no such file; pass the path of a YAML config")
+    try:
+        data = yaml.safe_load(file_path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{file_path}: not valid YAML: {err}") from None
+    if data is None:
+        raise ConfigError(f"{file_path}: the file is empty; it must hold a YAML mapping")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file_path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def validate(model: type[BaseModel], data: Any, source: str, prefix: str = "") -> Any:
+    """``model.model_validate(data)`` with errors turned into a ConfigError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source, prefix)) from None

@@ -1,0 +1,1 @@
+"""Idle-time report: reads a run directory's logs (never imports the runtime)."""

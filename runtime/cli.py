@@ -1,0 +1,57 @@
+"""The ``geodiloco`` command: parse, dispatch, turn known errors into one-line messages.
+
+Each package registers its own subcommands (``register(subparsers)``) and sets
+``func(args) -> exit code``; this module stays thin and imports heavy modules
+(torch) only inside the command that needs them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from predictor.schema import ConfigError
+
+DESCRIPTION = """\
+GeoDiLoCo: train one language model across sites with different GPUs.
+
+  geodiloco run        launch every node of a config on this machine (default: embedded demo)
+  geodiloco train      one site's entry under torchrun (same as python -m runtime.train)
+  geodiloco predict    predict a node's step time from its GPUs and the model
+  geodiloco plan       per-node local steps and batch sizes for a balancing policy
+  geodiloco simulate   simulate rounds of a cluster under a policy (no processes)
+  geodiloco report     idle-time report of one or more run directories
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="geodiloco", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from runtime import commands as runtime_commands
+    from predictor import cli as predictor_cli
+    from balancer import cli as balancer_cli
+    from report import cli as report_cli
+
+    runtime_commands.register(subparsers)
+    predictor_cli.register(subparsers)
+    balancer_cli.register(subparsers)
+    report_cli.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as err:
+        print(f"geodiloco {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"geodiloco {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
