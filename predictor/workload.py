@@ -2,15 +2,31 @@
 
 The presets are the single source of model shapes: runtime/models.py builds the
 torch module from them, and the predictor's cost model reads them.
+
+Cost functions count what one training step of that decoder does: parameters,
+FLOPs (with the attention term that grows with the sequence length), bytes and
+memory. Units: FLOPs are floating-point operations (multiply-add = 2), bytes
+are bytes, memory functions return bytes (divide by 2**30 for GiB).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from predictor.schema import ConfigError
 
 
 @dataclass(frozen=True)
 class ModelDims:
-    """Shape of a LLaMA-style decoder (RMSNorm, rotary, SwiGLU, untied head)."""
+    """Shape of a LLaMA-style decoder (RMSNorm, rotary, SwiGLU, untied head).
+
+    ``num_kv_heads`` (grouped-query attention) is used by the cost model only;
+    None means as many key/value heads as query heads.
+    """
 
     hidden_size: int
     intermediate_size: int
@@ -19,9 +35,19 @@ class ModelDims:
     vocab_size: int
     max_seq_len: int
     tie_embeddings: bool = False
+    num_kv_heads: Optional[int] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_hidden_size(self) -> int:
+        """Width of the key (or value) projection output."""
+        return (self.num_kv_heads or self.num_heads) * self.head_dim
 
 
 PRESETS: dict[str, ModelDims] = {
@@ -44,3 +70,250 @@ def preset_dims(name: str) -> ModelDims:
     except KeyError:
         known = ", ".join(sorted(PRESETS))
         raise ValueError(f"unknown model preset {name!r}; known presets: {known}") from None
+
+
+# Hugging Face config keys -> ModelDims fields (our own names are accepted as well).
+_HF_KEYS = {
+    "num_hidden_layers": "num_layers",
+    "num_attention_heads": "num_heads",
+    "num_key_value_heads": "num_kv_heads",
+    "max_position_embeddings": "max_seq_len",
+    "tie_word_embeddings": "tie_embeddings",
+    "n_layer": "num_layers",
+    "n_head": "num_heads",
+    "n_embd": "hidden_size",
+    "n_positions": "max_seq_len",
+}
+_REQUIRED = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "vocab_size")
+
+
+def dims_from_mapping(data: dict, source: str = "model dims") -> ModelDims:
+    """ModelDims from our field names or Hugging Face config keys; unknown keys are ignored
+    (a Hugging Face config.json carries many unrelated ones)."""
+    known = {field.name for field in fields(ModelDims)}
+    values: dict = {}
+    for key, value in data.items():
+        name = _HF_KEYS.get(key, key)
+        if name in known and value is not None:
+            values[name] = value
+    if "intermediate_size" not in values and "hidden_size" in values and "n_inner" not in data:
+        values["intermediate_size"] = 4 * int(values["hidden_size"])
+    missing = [name for name in _REQUIRED if name not in values]
+    if missing:
+        raise ConfigError(f"{source}: missing {', '.join(missing)}; give them (or the Hugging Face keys "
+                          "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size)")
+    values.setdefault("max_seq_len", 2048)
+    for name in _REQUIRED + ("max_seq_len",):
+        if not isinstance(values[name], int) or isinstance(values[name], bool) or values[name] < 1:
+            raise ConfigError(f"{source}: {name} must be a positive integer, got {values[name]!r}")
+    if values["hidden_size"] % values["num_heads"]:
+        raise ConfigError(f"{source}: hidden_size {values['hidden_size']} must be divisible by "
+                          f"num_heads {values['num_heads']}")
+    return ModelDims(**values)
+
+
+def resolve_dims(name_or_path: str) -> ModelDims:
+    """A preset name, or the path of a JSON/YAML file of dims (Hugging Face keys accepted)."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(sorted(PRESETS))
+        raise ConfigError(f"model {name_or_path!r}: not a preset ({known}) and no such file; "
+                          "pass a preset name or a JSON/YAML file of dims")
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: cannot parse model dims: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: model dims must be a mapping of keys such as hidden_size, num_layers")
+    return dims_from_mapping(data, str(path))
+
+
+# ---------------------------------------------------------------- parameters
+
+
+def layer_linear_shapes(dims: ModelDims) -> list[tuple[int, int]]:
+    """(in_features, out_features) of every linear layer in one decoder block."""
+    h, inter = dims.hidden_size, dims.intermediate_size
+    return [
+        (h, h + 2 * dims.kv_hidden_size),  # fused q, k, v
+        (h, h),                            # attention output
+        (h, inter), (h, inter),            # gate, up
+        (inter, h),                        # down
+    ]
+
+
+def parameter_count(dims: ModelDims) -> int:
+    """Trainable parameters: embeddings, blocks (linears + 2 norms), final norm, head."""
+    per_layer = sum(n_in * n_out for n_in, n_out in layer_linear_shapes(dims)) + 2 * dims.hidden_size
+    embedding = dims.vocab_size * dims.hidden_size
+    head = 0 if dims.tie_embeddings else dims.vocab_size * dims.hidden_size
+    return embedding + dims.num_layers * per_layer + dims.hidden_size + head
+
+
+def parameter_tensor_count(dims: ModelDims) -> int:
+    """Number of parameter tensors (optimizer kernels run per tensor on CPU)."""
+    return 7 * dims.num_layers + 2 + (0 if dims.tie_embeddings else 1)
+
+
+# ---------------------------------------------------------------- FLOPs
+
+
+def forward_flops_per_token(dims: ModelDims, seq_len: int, causal_skip: bool = False) -> float:
+    """Forward FLOPs per token: 2 x matmul parameters, plus attention scores and
+    weighted sum (2 x 2 x seq_len x hidden per layer; halved when ``causal_skip``,
+    as flash kernels skip the masked half)."""
+    linear = dims.num_layers * sum(n_in * n_out for n_in, n_out in layer_linear_shapes(dims))
+    linear += dims.vocab_size * dims.hidden_size
+    attention = 4.0 * dims.num_layers * seq_len * dims.hidden_size
+    if causal_skip:
+        attention /= 2
+    return 2.0 * linear + attention
+
+
+def training_flops(dims: ModelDims, batch_size: int, seq_len: int,
+                   activation_checkpointing: bool = False, causal_skip: bool = False) -> float:
+    """FLOPs of one training step (forward + backward = 3 x forward; + 1 forward
+    of the blocks when activations are recomputed)."""
+    tokens = batch_size * seq_len
+    passes = 4.0 if activation_checkpointing else 3.0
+    return passes * tokens * forward_flops_per_token(dims, seq_len, causal_skip)
+
+
+# ---------------------------------------------------------------- precision
+
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+
+def activation_bytes(precision: str) -> int:
+    """Bytes per activation element: 2 under fp16/bf16 autocast, else 4."""
+    check_precision(precision)
+    return 2 if precision in ("fp16", "bf16") else 4
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r} is not known; use one of {', '.join(PRECISIONS)}")
+
+
+# ---------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes held on one device during a step at one micro-batch."""
+
+    weights: float
+    gradients: float
+    optimizer_states: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer_states + self.activations
+
+
+def static_memory_bytes(dims: ModelDims, precision: str) -> MemoryBreakdown:
+    """Weights, gradients and AdamW states (no activations).
+
+    torch autocast keeps fp32 master weights (4 B) and caches a half copy (2 B)
+    during the forward pass; gradients are fp32 (4 B); AdamW keeps two fp32
+    moments (8 B). So 16 B/param in fp32 and 18 B/param in mixed precision.
+    """
+    params = parameter_count(dims)
+    half_copy = 2 if activation_bytes(precision) == 2 else 0
+    return MemoryBreakdown(weights=params * (4 + half_copy), gradients=params * 4.0,
+                           optimizer_states=params * 8.0, activations=0.0)
+
+
+def layer_activation_bytes_per_token(dims: ModelDims, precision: str) -> float:
+    """Bytes one block saves for backward per token (flash attention: no score matrix).
+
+    Norms run in fp32 (input and normalized output, 2 x 4 B x hidden each); the
+    q/k/v projection output, rotated q and k, attention output and its
+    reshaped copy, the three autocast input casts, and SwiGLU's gate, up,
+    silu and product tensors are kept at the activation precision.
+    """
+    e = activation_bytes(precision)
+    h, inter, kv = dims.hidden_size, dims.intermediate_size, dims.kv_hidden_size
+    norms = 2 * 2 * 4 * h
+    attention = e * (h + 2 * kv) + e * (h + kv) + 2 * e * h + e * h
+    mlp_inputs = 2 * e * h
+    swiglu = 4 * e * inter
+    return norms + attention + mlp_inputs + swiglu
+
+
+def head_activation_bytes_per_token(dims: ModelDims, precision: str) -> float:
+    """Final norm, head input, logits and the fp32 log-softmax (and its gradient)."""
+    e = activation_bytes(precision)
+    return 2 * 4 * dims.hidden_size + e * dims.hidden_size + dims.vocab_size * (2 * e + 8)
+
+
+def activation_memory_bytes(dims: ModelDims, micro_batch_size: int, seq_len: int, precision: str,
+                            activation_checkpointing: bool = False) -> float:
+    """Activation bytes held at the peak of a step for one micro-batch.
+
+    Without checkpointing every block keeps its saved tensors; with
+    checkpointing each block keeps only its fp32 input and one block's tensors
+    are live again while it is recomputed.
+    """
+    tokens = micro_batch_size * seq_len
+    per_layer = layer_activation_bytes_per_token(dims, precision)
+    if activation_checkpointing:
+        blocks = dims.num_layers * 4 * dims.hidden_size + per_layer
+    else:
+        blocks = dims.num_layers * per_layer
+    return tokens * (blocks + head_activation_bytes_per_token(dims, precision))
+
+
+def training_memory_bytes(dims: ModelDims, micro_batch_size: int, seq_len: int, precision: str,
+                          activation_checkpointing: bool = False) -> MemoryBreakdown:
+    """Weights + gradients + AdamW states + activations for one micro-batch (bytes)."""
+    static = static_memory_bytes(dims, precision)
+    activations = activation_memory_bytes(dims, micro_batch_size, seq_len, precision, activation_checkpointing)
+    return MemoryBreakdown(static.weights, static.gradients, static.optimizer_states, activations)
+
+
+# ---------------------------------------------------------------- bytes moved
+
+
+def elementwise_bytes_per_token(dims: ModelDims, seq_len: int, precision: str) -> float:
+    """Bytes read + written per token by the non-matmul kernels of one step
+    (forward + backward, backward counted as 2 x forward), all blocks and the loss.
+
+    Counted from the eager PyTorch ops of the LLaMA block: two fp32 RMSNorms
+    (about 7 passes over hidden each), autocast casts of the three linear
+    inputs, rotary on q and k in fp32 (about 9 passes each), attention reading
+    q, k, v and writing its output, a reshape copy, two residual adds and
+    SwiGLU (silu + product, 5 passes over intermediate).
+    """
+    e = activation_bytes(precision)
+    h, inter, kv = dims.hidden_size, dims.intermediate_size, dims.kv_hidden_size
+    casts = 3 * (4 + e) * h if e == 2 else 0
+    forward_block = (2 * 7 * 4 * h + casts + 9 * 4 * (h + kv) + e * (2 * h + 2 * kv)
+                     + 2 * e * h + 2 * (8 + e) * h + 5 * e * inter)
+    loss = dims.vocab_size * (e + 4 + 8) + 7 * 4 * h
+    return 3.0 * (dims.num_layers * forward_block + loss)
+
+
+def optimizer_bytes(dims: ModelDims, precision: str, micro_batches: int = 1, grad_clip: bool = True) -> float:
+    """Bytes moved per step outside the forward/backward kernels.
+
+    AdamW reads param, grad and two moments and writes param and moments
+    (28 B/param); gradient clipping reads the grads and rescales them (12 B);
+    each extra micro-batch accumulates grads (12 B); autocast casts the weights
+    once per micro-batch (6 B).
+    """
+    params = parameter_count(dims)
+    per_param = 28.0 + (12.0 if grad_clip else 0.0) + 12.0 * (micro_batches - 1)
+    if activation_bytes(precision) == 2:
+        per_param += 6.0 * micro_batches
+    return params * per_param
+
+
+def gradient_bytes(dims: ModelDims) -> float:
+    """Bytes of the fp32 gradients an intra-node all-reduce exchanges."""
+    return 4.0 * parameter_count(dims)

@@ -1,0 +1,185 @@
+"""GPU datasheet table: load, validate, look up by any vendor spelling.
+
+The table ships as ``predictor/data/gpus.yaml`` (one vendor source per row);
+users add or override GPUs with ``load_user_gpus(path)``. Rates are dense
+peaks in TFLOPS (1e12 FLOP/s), bandwidth in GB/s (1e9 B/s), memory in GiB.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
+from predictor.workload import check_precision
+
+DATA_FILE = Path(__file__).parent / "data" / "gpus.yaml"
+
+# One direction of an x16 link, GB/s, by PCIe generation (PCI-SIG figures).
+PCIE_X16_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One device's datasheet row (a CPU is described in the same shape by detect.py)."""
+
+    name: str
+    architecture: str
+    sm_count: int
+    memory_gb: float
+    memory_bandwidth_gbps: float
+    fp32_tflops: float
+    tf32_tflops: Optional[float]
+    fp16_tflops: Optional[float]
+    fp16_fp32acc_tflops: Optional[float]
+    bf16_tflops: Optional[float]
+    consumer: bool
+    source: str
+    aliases: tuple[str, ...] = ()
+    boost_clock_mhz: Optional[float] = None
+    pcie_gen: Optional[int] = None
+    nvlink_gbps: Optional[float] = None
+    kind: str = "gpu"
+    host_op_us: Optional[float] = None
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.kind == "cpu"
+
+    def matmul_rate(self, precision: str) -> tuple[float, str, str]:
+        """(TFLOPS, which column, note) that matmuls reach at ``precision``.
+
+        Mixed precision accumulates in FP32, so fp16 uses the FP32-accumulate
+        column (half the headline on GeForce cards). Without BF16 hardware, bf16
+        is modelled as fp16 mixed precision; fp32 is plain FP32 (PyTorch leaves
+        TF32 off for matmuls unless asked: precision ``tf32``).
+        """
+        check_precision(precision)
+        if self.is_cpu:
+            note = "" if precision in ("fp32", "tf32") else "CPU: modelled at the measured fp32 rate"
+            return self.fp32_tflops, "fp32_tflops (measured)", note
+        if precision == "fp32":
+            return self.fp32_tflops, "fp32_tflops", ""
+        if precision == "tf32":
+            if self.tf32_tflops:
+                return self.tf32_tflops, "tf32_tflops", ""
+            return self.fp32_tflops, "fp32_tflops", f"{self.name} has no TF32; plain FP32 used"
+        if precision == "bf16" and self.bf16_tflops:
+            return self.bf16_tflops, "bf16_tflops", ""
+        note = "" if precision == "fp16" else f"{self.name} has no BF16 tensor cores; modelled as fp16 mixed precision"
+        if self.fp16_fp32acc_tflops:
+            return self.fp16_fp32acc_tflops, "fp16_fp32acc_tflops", note
+        return self.fp32_tflops, "fp32_tflops", (note + "; " if note else "") + "no FP16 tensor rate; FP32 used"
+
+    def link_gbps(self) -> float:
+        """One-direction bandwidth (GB/s) of this GPU's best link to its peers."""
+        if self.nvlink_gbps:
+            return self.nvlink_gbps / 2
+        return PCIE_X16_GBPS.get(self.pcie_gen or 3, PCIE_X16_GBPS[3])
+
+
+class GpuRow(StrictModel):
+    """One row of a GPU YAML file; units as in ``GpuSpec``."""
+
+    name: str = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list)
+    architecture: str
+    sm_count: int = Field(ge=1)
+    memory_gb: float = Field(gt=0)
+    memory_bandwidth_gbps: float = Field(gt=0)
+    boost_clock_mhz: Optional[float] = Field(default=None, gt=0)
+    fp32_tflops: float = Field(gt=0)
+    tf32_tflops: Optional[float] = Field(default=None, gt=0)
+    fp16_tflops: Optional[float] = Field(default=None, gt=0)
+    fp16_fp32acc_tflops: Optional[float] = Field(default=None, gt=0)
+    bf16_tflops: Optional[float] = Field(default=None, gt=0)
+    consumer: bool = False
+    pcie_gen: Optional[int] = Field(default=None, ge=1, le=6)
+    nvlink_gbps: Optional[float] = Field(default=None, gt=0)
+    kind: Literal["gpu", "cpu"] = "gpu"
+    source: str = Field(min_length=1)
+
+    def to_spec(self) -> GpuSpec:
+        data = self.model_dump()
+        data["aliases"] = tuple(data["aliases"])
+        return GpuSpec(**data)
+
+
+class GpuFile(StrictModel):
+    gpus: list[GpuRow] = Field(min_length=1)
+
+
+def normalize_name(name: str) -> str:
+    """Lower case, vendor words and punctuation removed: 'NVIDIA GeForce RTX 2080 Ti' -> 'rtx2080ti'."""
+    text = name.lower()
+    text = re.sub(r"\b(nvidia|geforce|tesla|graphics|gpu)\b", " ", text)
+    return re.sub(r"[^a-z0-9]", "", text)
+
+
+class GpuRegistry:
+    """Known GPUs by normalized name and alias; later additions override earlier ones."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, GpuSpec] = {}
+        self.by_key: dict[str, str] = {}
+
+    def add(self, spec: GpuSpec) -> None:
+        self.by_name[spec.name] = spec
+        for spelling in (spec.name, *spec.aliases):
+            self.by_key[normalize_name(spelling)] = spec.name
+
+    def lookup(self, name: str) -> GpuSpec:
+        key = normalize_name(name)
+        if key in self.by_key:
+            return self.by_name[self.by_key[key]]
+        raise ConfigError(f"unknown GPU {name!r}; {self.suggestion(key)}; "
+                          "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file")
+
+    def suggestion(self, key: str) -> str:
+        close_keys = difflib.get_close_matches(key, list(self.by_key), n=6, cutoff=0.5)
+        close = list(dict.fromkeys(self.by_key[k] for k in close_keys))[:3]
+        if close:
+            return "closest known: " + ", ".join(close)
+        return "known GPUs: " + ", ".join(sorted(self.by_name))
+
+
+def read_gpu_file(path: str | Path) -> list[GpuSpec]:
+    """Validate a GPU YAML file (``gpus:`` list of rows) and return its specs."""
+    data = load_yaml_mapping(path)
+    rows = validate(GpuFile, data, str(path))
+    return [row.to_spec() for row in rows.gpus]
+
+
+_registry: Optional[GpuRegistry] = None
+
+
+def registry() -> GpuRegistry:
+    global _registry
+    if _registry is None:
+        _registry = GpuRegistry()
+        for spec in read_gpu_file(DATA_FILE):
+            _registry.add(spec)
+    return _registry
+
+
+def lookup_gpu(name: str) -> GpuSpec:
+    """The datasheet row of ``name`` (vendor spellings accepted); ConfigError names the closest GPUs."""
+    return registry().lookup(name)
+
+
+def load_user_gpus(path: str | Path) -> list[GpuSpec]:
+    """Add (or override) GPUs from a YAML file shaped like predictor/data/gpus.yaml."""
+    specs = read_gpu_file(path)
+    for spec in specs:
+        registry().add(spec)
+    return specs
+
+
+def known_gpus() -> list[GpuSpec]:
+    return sorted(registry().by_name.values(), key=lambda spec: spec.name)
+
