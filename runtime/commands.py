@@ -1,6 +1,66 @@
 """``geodiloco run`` and ``geodiloco train``."""
 from __future__ import annotations
 
+import argparse
+import time
+from pathlib import Path
+
+RUN_HELP = """\
+Launch every node of a run config on this machine and print the idle report.
+
+With no --config, runs the embedded demo: four emulated sites with different
+virtual GPUs training a tiny LLaMA-style model on Python's own sources.
+--sites netns puts each node in its own network namespace, with links shaped
+to each node's wan.bandwidth_mbps (needs root); auto picks netns when possible.
+"""
+
 
 def register(subparsers) -> None:
-    """Add the runtime's subcommands to the ``geodiloco`` parser."""
+    run = subparsers.add_parser("run", help="launch all nodes of a config on this machine",
+                                description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--config", help="run config YAML (default: the embedded demo config)")
+    run.add_argument("--sites", choices=["auto", "local", "netns"], default="auto",
+                     help="where nodes run: loopback, or one network namespace per site (default: auto)")
+    run.add_argument("--run-dir", help="run directory (default: run.out_dir/run.name-TIMESTAMP)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config value, e.g. --set diloco.rounds=3 (repeatable)")
+    run.add_argument("--no-report", action="store_true", help="do not print the idle report at the end")
+    run.set_defaults(func=run_command)
+
+    train = subparsers.add_parser("train", help="train one node (the torchrun entry at each site)",
+                                  description="Same as `python -m runtime.train`: start it under torchrun at "
+                                              "every site with the same config and --node NAME.")
+    from runtime.train import add_train_arguments
+    add_train_arguments(train)
+    train.set_defaults(func=train_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from runtime.config import load_config
+    from runtime.launch import launch_local
+
+    config = load_config(args.config, args.overrides)
+    if args.resume and not args.run_dir:
+        print("geodiloco run: error: --resume needs --run-dir (the run directory to continue)")
+        return 2
+    run_dir = Path(args.run_dir) if args.run_dir else (
+        Path(config.run.out_dir) / f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    code = launch_local(config, run_dir, args.sites, args.resume)
+    if code == 0 and not args.no_report:
+        code = print_report(run_dir)
+    return code
+
+
+def print_report(run_dir: Path) -> int:
+    try:
+        from report.cli import main as report_main
+    except ImportError:
+        print(f"[geodiloco] logs in {run_dir} (idle.jsonl, metrics.jsonl, plan.jsonl)")
+        return 0
+    return report_main([str(run_dir)])
+
+
+def train_command(args: argparse.Namespace) -> int:
+    from runtime.train import train_from_args
+    return train_from_args(args)

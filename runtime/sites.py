@@ -518,9 +518,10 @@ def _cmd_status(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m runtime.sites",
                                      description="Emulated sites in network namespaces with shaped links.")
-    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="namespace name prefix (default %(default)s)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--prefix", default=DEFAULT_PREFIX, help="namespace name prefix (default %(default)s)")
     commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("up", help="create N sites on a shared bridge and leave them up")
+    up = commands.add_parser("up", parents=[common], help="create N sites on a shared bridge and leave them up")
     up.add_argument("n", type=int, help="number of sites")
     up.add_argument("--rate", type=parse_rate_mbps, default=None,
                     help="per-site link rate each way: 1gbit, 100mbit, or Mbit/s (default unshaped)")
@@ -529,9 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--subnet", default=DEFAULT_SUBNET, help="private IPv4 subnet (default %(default)s)")
     up.add_argument("--mtu", type=int, default=1500, help="MTU of every link in bytes (default %(default)s)")
     up.set_defaults(func=_cmd_up)
-    down = commands.add_parser("down", help="remove sites made by `up` and any left by crashed runs")
+    down = commands.add_parser("down", parents=[common], help="remove sites made by `up` and any left by crashed runs")
     down.set_defaults(func=_cmd_down)
-    status = commands.add_parser("status", help="list the sites, their addresses and shaping")
+    status = commands.add_parser("status", parents=[common], help="list the sites, their addresses and shaping")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.set_defaults(func=_cmd_status)
     return parser

@@ -1,0 +1,69 @@
+"""Checkpoints at outer-sync boundaries, written atomically (temp file + rename).
+
+Layout: ``RUN_DIR/checkpoints/round_00003/global.pt`` (global parameters and
+outer optimizer, written by the coordinator), ``node_<name>.pt`` (each node's
+inner optimizer, data position, planner history, RNG states), and
+``RUN_DIR/checkpoints/latest`` naming the newest complete round. ``latest``
+is only moved after every node has written its file, so a crash at any moment
+leaves the previous complete checkpoint intact.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+LATEST_FILE = "latest"
+
+
+def round_dir(run_dir: Path, round_idx: int) -> Path:
+    return run_dir / "checkpoints" / f"round_{round_idx:05d}"
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp_path = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(obj, temp_path)
+    os.replace(temp_path, path)
+
+
+def save_global(run_dir: Path, round_idx: int, state: dict) -> None:
+    _atomic_save(state, round_dir(run_dir, round_idx) / "global.pt")
+
+
+def save_node(run_dir: Path, round_idx: int, node_name: str, state: dict) -> None:
+    _atomic_save(state, round_dir(run_dir, round_idx) / f"node_{node_name}.pt")
+
+
+def mark_latest(run_dir: Path, round_idx: int, keep: int) -> None:
+    """Point ``latest`` at ``round_idx`` and delete all but the newest ``keep`` rounds."""
+    pointer = run_dir / "checkpoints" / LATEST_FILE
+    temp_pointer = pointer.with_name(LATEST_FILE + ".tmp")
+    temp_pointer.write_text(f"{round_idx}\n")
+    os.replace(temp_pointer, pointer)
+    rounds = sorted(int(path.name.split("_")[1]) for path in (run_dir / "checkpoints").glob("round_*"))
+    for old_round in rounds:
+        if old_round <= round_idx - keep or old_round > round_idx:
+            shutil.rmtree(round_dir(run_dir, old_round), ignore_errors=True)
+
+
+def latest_round(run_dir: Path) -> Optional[int]:
+    pointer = run_dir / "checkpoints" / LATEST_FILE
+    if not pointer.is_file():
+        return None
+    return int(pointer.read_text().strip())
+
+
+def load_global(run_dir: Path, round_idx: int) -> dict:
+    return torch.load(round_dir(run_dir, round_idx) / "global.pt", weights_only=False)
+
+
+def load_node(run_dir: Path, round_idx: int, node_name: str) -> dict:
+    path = round_dir(run_dir, round_idx) / f"node_{node_name}.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; this node's checkpoint for round {round_idx} "
+                                "was not found in its run directory (pass the same --run-dir as before)")
+    return torch.load(path, weights_only=False)

@@ -1,0 +1,190 @@
+"""Run config: one YAML file -> validated objects. Bad input fails here, naming the field.
+
+Sections follow the shape in the README (run, model, data, optim, diloco,
+balancing, comm, checkpoint, nodes). Durations end in ``_s``.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import Field, model_validator
+
+from balancer.cluster import NodeSpec
+from balancer.config import BalancingConfig
+from predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
+from predictor.workload import ModelDims, preset_dims
+
+DEFAULT_CONFIG_NAME = "default.yaml"
+
+
+class RunSection(StrictModel):
+    name: str = Field(default="run", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    out_dir: str = "runs"
+    seed: int = 0
+    deterministic: bool = False
+
+
+class ModelSection(StrictModel):
+    """``preset`` (tiny | small | llama-150m) or ``file`` (JSON/YAML of dims); ``seq_len`` tokens per sample."""
+
+    preset: Optional[str] = "tiny"
+    file: Optional[str] = None
+    seq_len: int = Field(default=128, ge=8)
+    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+
+    def dims(self) -> ModelDims:
+        if self.file:
+            from predictor import workload
+            resolver = getattr(workload, "resolve_dims", None)
+            if resolver is None:
+                raise ConfigError("model.file: loading dims from a file needs predictor.workload.resolve_dims")
+            return resolver(self.file)
+        try:
+            return preset_dims(self.preset)
+        except ValueError as err:
+            raise ConfigError(f"model.preset: {err}") from None
+
+
+class DataSection(StrictModel):
+    """``source``: 'stdlib' (Python's own sources) or a text file / directory."""
+
+    source: str = "stdlib"
+    max_bytes: int = Field(default=8_000_000, ge=10_000)
+    eval_batches: int = Field(default=4, ge=0)
+    eval_batch_size: int = Field(default=8, ge=1)
+
+
+class InnerOptim(StrictModel):
+    """AdamW (or plain SGD, for checks against data parallel) with linear warmup then cosine decay to ``min_lr_ratio`` x lr."""
+
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(default=3.0e-4, gt=0)
+    warmup_steps: int = Field(default=10, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+
+
+class OuterOptim(StrictModel):
+    """SGD with Nesterov momentum on the averaged pseudo-gradient (DiLoCo defaults)."""
+
+    lr: float = Field(default=0.7, gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    nesterov: bool = True
+
+
+class OptimSection(StrictModel):
+    inner: InnerOptim = Field(default_factory=InnerOptim)
+    outer: OuterOptim = Field(default_factory=OuterOptim)
+
+
+class DilocoSection(StrictModel):
+    """Baseline local steps H and batch B (the balancer may change them per node and round).
+
+    ``weighting``: how pseudo-gradients are averaged (uniform | tokens | normalized | auto =
+    what the balancing policy recommends). ``compression``: dtype of the outer all-reduce.
+    """
+
+    rounds: int = Field(default=10, ge=1)
+    local_steps: int = Field(default=100, ge=1)
+    batch_size: int = Field(default=4, ge=1)
+    weighting: Literal["uniform", "tokens", "normalized", "auto"] = "tokens"
+    compression: Literal["none", "fp16", "bf16"] = "none"
+
+
+class CommSection(StrictModel):
+    """Outer-sync transport. Timeouts are seconds and always finite.
+
+    ``outer_device``: where the pseudo-gradient all-reduce runs: ``cpu`` (gloo, the usual
+    choice over a WAN) or ``cuda`` (nccl). Inner data parallel inside a node uses nccl on GPUs.
+    """
+
+    backend: Literal["torch", "hivemind"] = "torch"
+    outer_device: Literal["cpu", "cuda"] = "cpu"
+    timeout_s: float = Field(default=300.0, gt=0)
+    init_timeout_s: float = Field(default=120.0, gt=0)
+
+
+class CheckpointSection(StrictModel):
+    every_rounds: int = Field(default=1, ge=1)
+    keep: int = Field(default=2, ge=1)
+
+
+class RunConfig(StrictModel):
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    diloco: DilocoSection = Field(default_factory=DilocoSection)
+    balancing: BalancingConfig = Field(default_factory=BalancingConfig)
+    comm: CommSection = Field(default_factory=CommSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    nodes: list[NodeSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        names = [node.name for node in self.nodes]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"nodes: names must be unique; repeated: {', '.join(repeated)}")
+        if (self.model.preset is None) == (self.model.file is None):
+            raise ValueError("model: give exactly one of model.preset or model.file")
+        return self
+
+    def node(self, name: str) -> NodeSpec:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        known = ", ".join(node.name for node in self.nodes)
+        raise ConfigError(f"--node {name!r} is not in the config's nodes ({known})")
+
+    def node_index(self, name: str) -> int:
+        return [node.name for node in self.nodes].index(self.node(name).name)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def parse_config(data: dict, source: str) -> RunConfig:
+    config = validate(RunConfig, data, source)
+    dims = config.model.dims()
+    if config.model.seq_len > dims.max_seq_len:
+        raise ConfigError(f"{source}: model.seq_len: {config.model.seq_len} exceeds the model's "
+                          f"max_seq_len {dims.max_seq_len}; lower seq_len or pick a larger preset")
+    return config
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML run config (None = the embedded default) and apply ``key.path=value`` overrides."""
+    if path is None:
+        source = f"<embedded {DEFAULT_CONFIG_NAME}>"
+        data = yaml.safe_load(resources.files("runtime").joinpath(DEFAULT_CONFIG_NAME).read_text())
+    else:
+        source = str(path)
+        data = load_yaml_mapping(path)
+    for override in overrides or []:
+        apply_override(data, override)
+    return parse_config(data, source)
+
+
+def apply_override(data: dict, override: str) -> None:
+    """``diloco.rounds=3`` style override; the value is parsed as YAML."""
+    if "=" not in override:
+        raise ConfigError(f"--set {override!r}: expected KEY.PATH=VALUE, e.g. diloco.rounds=3")
+    key_path, raw_value = override.split("=", 1)
+    keys = key_path.strip().split(".")
+    target = data
+    for key in keys[:-1]:
+        if isinstance(target, list):
+            target = target[int(key)]
+        else:
+            target = target.setdefault(key, {})
+    value = yaml.safe_load(raw_value)
+    if isinstance(target, list):
+        target[int(keys[-1])] = value
+    else:
+        target[keys[-1]] = value

@@ -1,0 +1,119 @@
+"""DiLoCo's outer loop: global copy, pseudo-gradients, weighted average, outer Nesterov step.
+
+Each round every node starts from the global parameters, runs its inner steps,
+and sends ``weight_i * (global - local_i)``; the sum over nodes is the averaged
+pseudo-gradient, applied by SGD with Nesterov momentum to the global copy
+(fp32, on CPU by default).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+
+COMPRESSION_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def outer_weights(mode: str, tokens: Sequence[int], local_steps: Sequence[int],
+                  batch_sizes: Sequence[int]) -> list[float]:
+    """Per-node weights w_i of the outer average sum_i w_i * delta_i.
+
+    - ``uniform``: 1/N. Right when every node does the same work on i.i.d. shards.
+    - ``tokens``: tokens_i / sum(tokens). Right for i.i.d. shards with unequal work: a node
+      that saw more data moves the average more, like one big data-parallel batch.
+    - ``normalized`` (FedNova): w_i = p_i * tau_eff / H_i with p_i = B_i / sum(B) and
+      tau_eff = sum_i p_i * H_i. Each node's pseudo-gradient counts per step, so nodes that ran
+      more steps do not pull the average toward their own (site-specific) data.
+    """
+    num_nodes = len(tokens)
+    if mode == "uniform":
+        return [1.0 / num_nodes] * num_nodes
+    if mode == "tokens":
+        total_tokens = sum(tokens)
+        if total_tokens <= 0:
+            return [1.0 / num_nodes] * num_nodes
+        return [count / total_tokens for count in tokens]
+    if mode == "normalized":
+        total_batch = sum(batch_sizes)
+        shares = [batch / total_batch for batch in batch_sizes]
+        effective_steps = sum(share * steps for share, steps in zip(shares, local_steps))
+        return [share * effective_steps / steps if steps > 0 else 0.0
+                for share, steps in zip(shares, local_steps)]
+    raise ValueError(f"unknown weighting {mode!r}; use uniform, tokens or normalized")
+
+
+class OuterState:
+    """Global parameters and the outer optimizer, kept in fp32 on ``device``."""
+
+    def __init__(self, model: nn.Module, lr: float, momentum: float, nesterov: bool,
+                 device: str | torch.device = "cpu") -> None:
+        self.global_params = [param.detach().to(device=device, dtype=torch.float32).clone()
+                              for param in model.parameters()]
+        self.optimizer = torch.optim.SGD(self.global_params, lr=lr, momentum=momentum,
+                                         nesterov=nesterov and momentum > 0)
+        self.numel = sum(param.numel() for param in self.global_params)
+
+    def pseudo_gradient(self, model: nn.Module, weight: float = 1.0) -> torch.Tensor:
+        """Flat ``weight * (global - local)`` in fp32 on the global copy's device."""
+        pieces = [(global_param - local.detach().to(global_param.device, torch.float32)).view(-1)
+                  for global_param, local in zip(self.global_params, model.parameters())]
+        flat = torch.cat(pieces)
+        if weight != 1.0:
+            flat.mul_(weight)
+        return flat
+
+    def apply(self, averaged: torch.Tensor) -> None:
+        """Outer step with the averaged pseudo-gradient as the gradient of the global copy."""
+        offset = 0
+        for global_param in self.global_params:
+            count = global_param.numel()
+            global_param.grad = averaged[offset:offset + count].view_as(global_param).to(
+                global_param.device, torch.float32)
+            offset += count
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def load_into(self, model: nn.Module) -> None:
+        """Copy the global parameters into the local model (start of a round)."""
+        for global_param, local in zip(self.global_params, model.parameters()):
+            local.copy_(global_param.to(local.device, local.dtype))
+
+    def state_dict(self) -> dict:
+        return {"global_params": [param.clone() for param in self.global_params],
+                "optimizer": self.optimizer.state_dict()}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        for param, saved in zip(self.global_params, state["global_params"]):
+            param.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def inner_lr(base_lr: float, progress_steps: float, total_steps: float, warmup_steps: int,
+             min_lr_ratio: float) -> float:
+    """Linear warmup then cosine decay, on a progress axis shared by all nodes.
+
+    ``progress_steps`` counts baseline-H steps: a node running H_i steps per round
+    advances H_base / H_i per step, so every node sits at the same point of the
+    schedule at the same point of the round whatever its own step count.
+    """
+    if warmup_steps > 0 and progress_steps < warmup_steps:
+        return base_lr * (progress_steps + 1) / warmup_steps
+    decay_span = max(1.0, total_steps - warmup_steps)
+    fraction = min(1.0, max(0.0, (progress_steps - warmup_steps) / decay_span))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * fraction))
+    return base_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine)
+
+
+def build_inner_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float,
+                          betas: tuple[float, float]) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, weight_decay=weight_decay)
+    decay = [param for param in model.parameters() if param.dim() >= 2]
+    no_decay = [param for param in model.parameters() if param.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas)

@@ -1,0 +1,44 @@
+"""Idle-time tracker: per node and round, where the wall-clock time went.
+
+Method: the round starts when the local phase starts. ``compute_s`` is the local
+phase (emulated padding included). ``wait_s`` is the readiness exchange that
+follows: it returns only once every node has finished its local phase, so its
+duration is the time this node waited for its peers (plus the latency of one
+tiny collective). ``comm_s`` is the pseudo-gradient all-reduce, the outer step
+and the in-node broadcast. ``overhead_s`` is what follows before the next round
+(logging, evaluation, checkpoint). The four add up to the round's wall time by
+construction: each phase ends where the next begins, measured with one clock.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RoundClock:
+    """Marks phase boundaries with ``time.time()`` (unix seconds)."""
+
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, phase_end: str) -> None:
+        self.marks[phase_end] = time.time()
+
+    def span_s(self, start: str, end: str) -> float:
+        return max(0.0, self.marks[end] - self.marks[start])
+
+    @property
+    def compute_s(self) -> float:
+        return self.span_s("start", "local_done")
+
+    @property
+    def wait_s(self) -> float:
+        return self.span_s("local_done", "ready")
+
+    @property
+    def comm_s(self) -> float:
+        return self.span_s("ready", "synced")
+
+    @property
+    def overhead_s(self) -> float:
+        return self.span_s("synced", "end")

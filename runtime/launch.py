@@ -1,0 +1,139 @@
+"""``geodiloco run``: start every node of a config as a process on this machine.
+
+One process per node (one process-group member each, gloo on CPU), either on
+loopback (``--sites local``) or each in its own network namespace with links
+shaped as the config's ``wan:`` says (``--sites netns``, needs root). Like
+torchrun, the launcher watches its children: if one fails, the others are
+stopped; Ctrl+C or SIGTERM stops them all, and the last complete checkpoint
+is kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+from runtime.config import RunConfig
+
+STOP_GRACE_S = 15.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def choose_sites(requested: str) -> tuple[str, str]:
+    """Resolve ``auto`` to netns (root + namespaces work) or local; returns (mode, reason)."""
+    if requested == "local":
+        return "local", "requested"
+    from runtime import sites
+    usable, reason = sites.can_use_netns()
+    if requested == "netns" and not usable:
+        raise RuntimeError(f"--sites netns is not possible here: {reason}; use --sites local")
+    if usable:
+        return "netns", "network namespaces are available"
+    return "local", f"network namespaces unavailable ({reason})"
+
+
+def node_env(config: RunConfig, index: int, master_addr: str, master_port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "RANK": str(index), "WORLD_SIZE": str(len(config.nodes)), "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(index), "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port), "GEODILOCO_NODE": config.nodes[index].name,
+        "GEODILOCO_DEVICE": "cpu", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+@contextlib.contextmanager
+def site_processes(config: RunConfig, mode: str, train_args: list[str]) -> Iterator[list[subprocess.Popen]]:
+    """Start one training process per node (in its namespace for netns); stop them on exit."""
+    stack = contextlib.ExitStack()
+    processes: list[subprocess.Popen] = []
+    with stack:
+        if mode == "netns":
+            from runtime import sites
+            links = [sites.SiteLink(name=node.name,
+                                    bandwidth_mbps=node.wan.bandwidth_mbps if node.wan else None,
+                                    latency_ms=node.wan.latency_ms if node.wan else 0.0)
+                     for node in config.nodes]
+            site_set = stack.enter_context(sites.netns_sites(links))
+            master_addr = site_set.sites[0].address
+            port = 29500 + os.getpid() % 1000
+        else:
+            master_addr, port = "127.0.0.1", free_port()
+        command = [sys.executable, "-m", "runtime.train", *train_args]
+        for index in range(len(config.nodes)):
+            env = node_env(config, index, master_addr, port)
+            argv = command
+            if mode == "netns":
+                site = site_set.sites[index]
+                env.update(site_set.env_for(index))
+                argv = site_set.command_for(index, command)
+            processes.append(subprocess.Popen(argv, env=env))
+        try:
+            yield processes
+        finally:
+            stop_processes(processes)
+
+
+def stop_processes(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM the live ones, then SIGKILL whatever is left after the grace period."""
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def watch(processes: list[subprocess.Popen]) -> int:
+    """Wait for all to finish; the first failure stops the rest and is returned."""
+    while True:
+        codes = [process.poll() for process in processes]
+        failed = [code for code in codes if code not in (None, 0)]
+        if failed:
+            return failed[0]
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(0.2)
+
+
+def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool) -> int:
+    mode, reason = choose_sites(sites)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    if not (resume and config_path.is_file()):
+        config_path.write_text(config.to_yaml())
+    train_args = ["--config", str(config_path), "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
+    print(f"[geodiloco] {len(config.nodes)} nodes on this machine, sites: {mode} ({reason}); "
+          f"run directory {run_dir}", flush=True)
+
+    def forward_term(signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, forward_term)
+    try:
+        with site_processes(config, mode, train_args) as processes:
+            return watch(processes)
+    except KeyboardInterrupt:
+        print(f"[geodiloco] stopping all nodes; the last complete checkpoint stays in {run_dir} "
+              "(continue with --resume)", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)

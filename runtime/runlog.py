@@ -1,0 +1,44 @@
+"""The run directory's JSON Lines logs, written by the coordinator (rank 0).
+
+``metrics.jsonl`` (loss, lr, tokens per node and round; eval loss of the global
+model), ``idle.jsonl`` (balancer.records.IdleRecord), ``plan.jsonl`` (one Plan per
+round) and ``config.yaml`` (the resolved config). Each line is flushed when
+written, so a crash loses at most the line in flight.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+LOG_NAMES = ("metrics.jsonl", "idle.jsonl", "plan.jsonl")
+
+
+class RunLog:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    def write_config(self, config_yaml: str) -> None:
+        (self.run_dir / "config.yaml").write_text(config_yaml)
+
+    def append(self, log_name: str, rows: Iterable[dict]) -> None:
+        with open(self.run_dir / log_name, "a", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, sort_keys=True) + "\n")
+            handle.flush()
+
+    def drop_rounds_from(self, log_name: str, first_dropped_round: int) -> None:
+        """Remove rows of rounds >= ``first_dropped_round`` (they are redone after a resume)."""
+        path = self.run_dir / log_name
+        if not path.is_file():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row.get("round", -1) < first_dropped_round:
+                kept.append(line)
+        path.write_text("".join(line + "\n" for line in kept))
