@@ -1,6 +1,129 @@
-"""Subcommands of the `geodiloco` command that belong to report/."""
+"""``geodiloco report`` (= ``python scripts/idle_report.py``): idle-time report of run directories."""
 from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional
+
+from rich.console import Console
+
+from report.errors import ReportError
+
+PIPE_WIDTH = 160
+
+DESCRIPTION = """\
+Where GPU time went in one or more runs (or simulations): compute, waiting for
+peers, WAN sync, idle share, GPU-seconds and GPU-hours wasted, cost and energy.
+Reads only the run directory's logs (idle.jsonl, plan.jsonl, metrics.jsonl, config.yaml).
+
+examples:
+  geodiloco report runs/demo
+  geodiloco report runs/demo --rounds --skip-rounds 1 --price "RTX 2080 Ti=0.25" --price A30=0.60
+  geodiloco report runs/uniform runs/time --compare --plot idle.png
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory holding idle.jsonl")
+    parser.add_argument("--compare", action="store_true",
+                        help="runs side by side, each relative to the first (idle per round, tokens per hour)")
+    parser.add_argument("--rounds", action="store_true", help="add the per-round view")
+    parser.add_argument("--skip-rounds", type=int, default=0, metavar="N",
+                        help="leave out the first N rounds (warm-up); the report says so")
+    parser.add_argument("--price", action="append", default=[], metavar="NAME=USD|FILE.yaml",
+                        help="USD per GPU-hour of a GPU model (repeatable), or a YAML file mapping names to prices")
+    parser.add_argument("--plot", metavar="FILE.png", help="write a timeline per node and round (and idle bars per run)")
+    parser.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                        help="machine-readable report to FILE, or to stdout instead of the tables")
+    parser.add_argument("--html", metavar="FILE.html", help="also write the terminal report as an HTML page")
 
 
 def register(subparsers) -> None:
-    """Add this package's subcommands to the `geodiloco` parser."""
+    """Add ``geodiloco report`` to the ``geodiloco`` parser."""
+    parser = subparsers.add_parser("report", help="idle-time report of one or more run directories",
+                                   description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run_report)
+
+
+def _unique_labels(runs) -> list[str]:
+    labels = [logs.name for logs in runs]
+    for candidate in ([f"{logs.name}/{logs.policy}" for logs in runs], [logs.run_dir.name for logs in runs]):
+        if len(set(labels)) == len(labels):
+            break
+        labels = candidate
+    if len(set(labels)) < len(labels):
+        labels = [f"{label}#{index + 1}" for index, label in enumerate(labels)]
+    return labels
+
+
+def build_report(args: argparse.Namespace):
+    """Load, check and summarize every run directory named in ``args``."""
+    from report.pricing import parse_prices
+    from report.run_dir import load_run
+    from report.summary import run_gpu_names, summarize
+
+    runs = [load_run(run_dir) for run_dir in args.run_dirs]
+    prices = parse_prices(args.price)
+    if prices:
+        prices.check_known({gpu for logs in runs for gpu in run_gpu_names(logs)})
+    return [summarize(logs, skip_rounds=args.skip_rounds, prices=prices or None, label=label)
+            for logs, label in zip(runs, _unique_labels(runs))]
+
+
+def _renderables(summaries, args: argparse.Namespace) -> list:
+    from report.tables import render_comparison, render_run
+
+    if args.compare:
+        return render_comparison(summaries)
+    parts = []
+    for summary in summaries:
+        parts += render_run(summary, show_rounds=args.rounds)
+    return parts
+
+
+def _report(args: argparse.Namespace) -> int:
+    from report.export import write_html, write_json
+    from report.plots import write_plot
+
+    summaries = build_report(args)
+    errors = Console(stderr=True)
+    for summary in summaries:
+        for warning in summary.warnings:
+            errors.print(f"warning: {summary.run_dir}: {warning}", style="yellow", highlight=False)
+    renderables = _renderables(summaries, args)
+    if args.json is not None:
+        text = write_json(summaries, args.json)
+        if args.json == "-":
+            print(text)
+    if args.json != "-":
+        piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+        console = Console(width=PIPE_WIDTH if piped else None)
+        for renderable in renderables:
+            console.print(renderable)
+    sys.stdout.flush()
+    if args.html:
+        write_html(renderables, args.html)
+        errors.print(f"wrote {args.html}", highlight=False)
+    if args.plot:
+        write_plot(summaries, args.plot)
+        errors.print(f"wrote {args.plot}", highlight=False)
+    return 0
+
+
+def run_report(args: argparse.Namespace, prog: str = "geodiloco report") -> int:
+    """Run the report; bad input prints one line and returns 2 (never a traceback)."""
+    try:
+        return _report(args)
+    except ReportError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry of ``scripts/idle_report.py``: the same options as ``geodiloco report``."""
+    parser = argparse.ArgumentParser(prog="idle_report.py", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run_report(parser.parse_args(argv), prog="idle_report.py")

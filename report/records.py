@@ -1,0 +1,100 @@
+"""Schemas of the log lines the report reads, checked with pydantic at the edge.
+
+The report parses JSON itself (it does not import the balancer) so it works on
+logs of any version that carries the documented keys; unknown keys are ignored.
+Times are seconds; ``round_start``/``round_end`` are unix seconds (or simulated
+seconds from the simulator), energy is joules, power watts, utilization percent.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, model_validator
+
+
+class LogLine(BaseModel):
+    """A log line: extra keys are allowed so newer writers do not break older reports."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class NodeRound(LogLine):
+    """One ``idle.jsonl`` line: one node's time in one outer round."""
+
+    run_id: str
+    round: NonNegativeInt
+    node: str
+    site: str
+    policy: str
+    local_steps: NonNegativeInt
+    batch_size: NonNegativeInt
+    tokens: NonNegativeInt
+    compute_s: NonNegativeFloat
+    wait_s: NonNegativeFloat
+    comm_s: NonNegativeFloat
+    round_start: float
+    round_end: float
+    overhead_s: NonNegativeFloat = 0.0
+    gpus: list[str] = Field(default_factory=list)
+    num_gpus: NonNegativeInt = 1
+    source: str = "runtime"
+    gpu_util: Optional[NonNegativeFloat] = None
+    power_w: Optional[NonNegativeFloat] = None
+    energy_j: Optional[NonNegativeFloat] = None
+    idle_energy_j: Optional[NonNegativeFloat] = None
+
+    @model_validator(mode="after")
+    def _round_ends_after_start(self) -> "NodeRound":
+        if self.round_end < self.round_start:
+            raise ValueError(f"round_end ({self.round_end}) is before round_start ({self.round_start})")
+        return self
+
+    @property
+    def idle_s(self) -> float:
+        """GPU idle seconds: waiting for peers + outer sync + other non-compute time."""
+        return self.wait_s + self.comm_s + self.overhead_s
+
+    @property
+    def wall_s(self) -> float:
+        return self.round_end - self.round_start
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs of the node: ``num_gpus`` when written, else the length of ``gpus`` (at least 1)."""
+        if "num_gpus" in self.model_fields_set:
+            return self.num_gpus
+        return len(self.gpus) or 1
+
+
+class PlannedNode(LogLine):
+    """One node's entry of a ``plan.jsonl`` line; only the name is required."""
+
+    name: str
+    local_steps: Optional[int] = None
+    batch_size: Optional[int] = None
+    predicted_step_s: Optional[float] = None
+    predicted_compute_s: Optional[float] = None
+    predicted_comm_s: Optional[float] = None
+    predicted_idle_s: Optional[float] = None
+
+
+class PlanRound(LogLine):
+    """One ``plan.jsonl`` line: the planner's choice and predictions for a round."""
+
+    round: NonNegativeInt
+    nodes: list[PlannedNode]
+    policy: Optional[str] = None
+    predicted_round_s: Optional[float] = None
+    predicted_idle_s: Optional[float] = None
+
+
+class MetricRow(LogLine):
+    """One ``metrics.jsonl`` line; every field but ``round`` is optional."""
+
+    round: NonNegativeInt
+    run_id: Optional[str] = None
+    node: Optional[str] = None
+    loss: Optional[float] = None
+    eval_loss: Optional[float] = None
+    tokens: Optional[int] = None
+    wall_s: Optional[float] = None

@@ -1,0 +1,121 @@
+"""Load one run directory: ``idle.jsonl`` (required), ``plan.jsonl``, ``metrics.jsonl``, ``config.yaml``.
+
+The runtime and the simulator write the same files, so the report works on both.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from report.errors import ReportError
+from report.jsonl import read_jsonl
+from report.records import MetricRow, NodeRound, PlanRound
+
+IDLE_LOG = "idle.jsonl"
+PLAN_LOG = "plan.jsonl"
+METRICS_LOG = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass
+class RunLogs:
+    """Everything the report knows about one run, as read from its directory."""
+
+    run_dir: Path
+    run_id: str
+    records: list[NodeRound]
+    plans: list[PlanRound] = field(default_factory=list)
+    metrics: list[MetricRow] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The run's name from ``config.yaml`` (``run.name``), else the directory name."""
+        run_section = self.config.get("run")
+        if isinstance(run_section, dict) and run_section.get("name"):
+            return str(run_section["name"])
+        return self.run_dir.name
+
+    @property
+    def policy(self) -> str:
+        """The balancing policy named by the records (several joined by '+')."""
+        policies = sorted({record.policy for record in self.records})
+        return "+".join(policies)
+
+    def config_gpus(self) -> dict[str, list[str]]:
+        """GPU names per node from ``config.yaml`` (``nodes[].name``/``gpus``), for logs that lack them."""
+        nodes = self.config.get("nodes")
+        if not isinstance(nodes, list):
+            return {}
+        return {str(node["name"]): [str(gpu) for gpu in node.get("gpus") or []]
+                for node in nodes if isinstance(node, dict) and "name" in node}
+
+
+def _read_config(path: Path, warnings: list[str]) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        warnings.append(f"{path.name}: unreadable ({type(err).__name__}); labels come from idle.jsonl")
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _single_run_id(records: list[NodeRound], path: Path) -> str:
+    counts = Counter(record.run_id for record in records)
+    if len(counts) > 1:
+        listed = ", ".join(f"{run_id!r} ({count} records)" for run_id, count in counts.most_common())
+        raise ReportError(f"{path}: records of {len(counts)} runs mixed in one log: {listed}; "
+                          "give each run its own directory")
+    return next(iter(counts))
+
+
+def _check_unique_rounds(records: list[NodeRound], path: Path) -> None:
+    seen: set[tuple[int, str]] = set()
+    for record in records:
+        key = (record.round, record.node)
+        if key in seen:
+            raise ReportError(f"{path}: two records for node {record.node!r} in round {record.round}; "
+                              "was the log appended to by a second run with the same run_id?")
+        seen.add(key)
+
+
+def _check_metrics_run(metrics: list[MetricRow], run_id: str, path: Path) -> None:
+    others = sorted({row.run_id for row in metrics if row.run_id is not None and row.run_id != run_id})
+    if others:
+        raise ReportError(f"{path}: metrics of run(s) {', '.join(map(repr, others))} mixed with run {run_id!r} "
+                          "of idle.jsonl; give each run its own directory")
+
+
+def load_run(run_dir: str | Path) -> RunLogs:
+    """Read and check one run directory; raise ReportError with a one-line reason if it is unusable."""
+    directory = Path(run_dir)
+    if not directory.exists():
+        raise ReportError(f"{directory}: no such directory; pass the run directory written by "
+                          "`geodiloco run` or `geodiloco simulate`")
+    if not directory.is_dir():
+        raise ReportError(f"{directory}: not a directory; pass the run directory that holds {IDLE_LOG}")
+    idle_path = directory / IDLE_LOG
+    if not idle_path.is_file():
+        raise ReportError(f"{directory}: no {IDLE_LOG} here; is this a run directory? "
+                          "(the run may have stopped before its first outer sync)")
+    warnings: list[str] = []
+    records = read_jsonl(idle_path, NodeRound, warnings)
+    if not records:
+        raise ReportError(f"{idle_path}: no complete record; the run wrote no finished round")
+    run_id = _single_run_id(records, idle_path)
+    _check_unique_rounds(records, idle_path)
+    plans = read_jsonl(directory / PLAN_LOG, PlanRound, warnings) if (directory / PLAN_LOG).is_file() else []
+    metrics_path = directory / METRICS_LOG
+    metrics = read_jsonl(metrics_path, MetricRow, warnings) if metrics_path.is_file() else []
+    _check_metrics_run(metrics, run_id, metrics_path)
+    config = _read_config(directory / CONFIG_FILE, warnings)
+    records.sort(key=lambda record: (record.round, record.node))
+    return RunLogs(run_dir=directory, run_id=run_id, records=records, plans=plans,
+                   metrics=metrics, config=config, warnings=warnings)

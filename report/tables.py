@@ -1,0 +1,223 @@
+"""Rich renderables of a run summary and of a comparison; the CLI prints them, the figure script draws them."""
+from __future__ import annotations
+
+from rich import box
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from report import formatting as fmt
+from report.compare import compare, least_idle, node_names
+from report.summary import NodeSummary, RunSummary
+
+IDLE_STYLE = "bold red"
+GOOD_STYLE = "bold green"
+
+
+def _round_span(rounds: list[int]) -> str:
+    if not rounds:
+        return "none"
+    if rounds == list(range(rounds[0], rounds[-1] + 1)):
+        return f"{rounds[0]}–{rounds[-1]}" if len(rounds) > 1 else str(rounds[0])
+    return ", ".join(map(str, rounds))
+
+
+def run_header(summary: RunSummary) -> Text:
+    """Who, what and how much: run name, policy, reported rounds (and warm-up left out), throughput."""
+    text = Text()
+    text.append(f"Run {summary.label}", style="bold cyan")
+    text.append(f"  policy {summary.policy}  ·  run_id {summary.run_id}  ·  source {'+'.join(summary.sources)}\n")
+    text.append(f"{summary.run_dir}\n", style="dim")
+    text.append(f"{len(summary.rounds)} rounds reported ({_round_span(summary.rounds)})")
+    if summary.skipped_rounds:
+        text.append(f"; warm-up rounds {_round_span(summary.skipped_rounds)} excluded "
+                    f"(--skip-rounds {len(summary.skipped_rounds)})", style="yellow")
+    text.append(f"\nwall clock {fmt.seconds(summary.run_wall_s)} s  ·  {fmt.count(summary.tokens)} tokens  ·  "
+                f"{fmt.count(summary.tokens_per_hour)} tokens/h")
+    if summary.final_loss is not None or summary.final_eval_loss is not None:
+        text.append(f"  ·  final loss {fmt.number(summary.final_loss, 3)}")
+        if summary.final_eval_loss is not None:
+            text.append(f" (eval {fmt.number(summary.final_eval_loss, 3)})")
+    return text
+
+
+def waste_line(summary: RunSummary) -> Text:
+    total = summary.total
+    text = Text("GPU waste: ")
+    text.append(f"{fmt.seconds(total.idle_gpu_s)} GPU-s idle", style=IDLE_STYLE)
+    text.append(f" of {fmt.seconds(total.wall_gpu_s)} GPU-s ({fmt.percent(total.idle_share)}); "
+                f"{fmt.number(total.idle_gpu_h_per_1k_rounds, 3)} GPU-h per 1,000 rounds")
+    if total.idle_cost_usd is not None:
+        text.append(f"; {fmt.usd(total.idle_cost_usd)} idle ({fmt.usd(total.idle_cost_usd_per_1k_rounds)} "
+                    "per 1,000 rounds)", style=IDLE_STYLE)
+    return text
+
+
+def _number_column(table: Table, header: str, style: str = "") -> None:
+    table.add_column(header, justify="right", no_wrap=True, style=style)
+
+
+def _node_cells(node: NodeSummary, show_overhead: bool, show_predicted: bool, show_cost: bool) -> list[str]:
+    cells = [node.node, node.site, fmt.gpus(node.gpus, node.num_gpus) if node.node != "total" else str(node.num_gpus),
+             fmt.seconds(node.compute_s), fmt.seconds(node.wait_s), fmt.seconds(node.comm_s)]
+    if show_overhead:
+        cells.append(fmt.seconds(node.overhead_s))
+    cells += [fmt.seconds(node.idle_s), fmt.percent(node.idle_share), fmt.seconds(node.idle_gpu_s),
+              fmt.number(node.idle_gpu_h_per_1k_rounds, 3)]
+    if show_predicted:
+        cells.append(fmt.seconds(node.predicted_idle_s))
+    if show_cost:
+        cells += [fmt.usd(node.idle_cost_usd), fmt.usd(node.idle_cost_usd_per_1k_rounds)]
+    return cells
+
+
+def node_table(summary: RunSummary) -> Table:
+    """Per node and in total: compute, waiting for peers, WAN sync, idle share and its GPU-time and cost."""
+    show_overhead = summary.total.overhead_s > 0
+    show_predicted = summary.total.predicted_idle_s is not None
+    show_cost = summary.has_prices
+    table = Table(title="GPU time per node (sync = WAN outer sync; idle = wait + sync + other; "
+                        "GPU-h/1k rnd = idle GPU-hours per 1,000 rounds)", box=box.SIMPLE_HEAVY, title_justify="left")
+    table.add_column("node", style="bold", no_wrap=True)
+    table.add_column("site")
+    table.add_column("GPUs")
+    for header in ["compute s", "wait s", "sync s"] + (["other s"] if show_overhead else []):
+        _number_column(table, header)
+    _number_column(table, "idle s", style=IDLE_STYLE)
+    for header in ["idle %", "idle\nGPU-s", "GPU-h\n/1k rnd"]:
+        _number_column(table, header)
+    if show_predicted:
+        _number_column(table, "predicted\nidle s", style="dim")
+    if show_cost:
+        _number_column(table, "idle $", style=IDLE_STYLE)
+        _number_column(table, "idle $\n/1k rnd")
+    for position, node in enumerate(summary.nodes):
+        table.add_row(*_node_cells(node, show_overhead, show_predicted, show_cost),
+                      end_section=position == len(summary.nodes) - 1)
+    table.add_row(*_node_cells(summary.total, show_overhead, show_predicted, show_cost), style="bold")
+    return table
+
+
+def energy_view(summary: RunSummary) -> RenderableType:
+    """Energy per node from NVML samples, or one line saying it is not available."""
+    if not summary.energy_available:
+        return Text(f"Energy {summary.energy_note}", style="dim")
+    table = Table(title="Energy (NVML)", box=box.SIMPLE_HEAVY, title_justify="left",
+                  caption=summary.energy_note, caption_justify="left")
+    table.add_column("node", style="bold")
+    for header in ["GPU util %", "power W", "energy kWh", "idle energy kWh", "idle energy J"]:
+        _number_column(table, header)
+    rows = summary.nodes + [summary.total]
+    for position, node in enumerate(rows):
+        energy = node.energy
+        table.add_row(node.node, fmt.number(energy.mean_gpu_util, 1), fmt.number(energy.mean_power_w, 0),
+                      fmt.number(energy.energy_kwh, 4), fmt.number(energy.idle_energy_kwh, 4),
+                      fmt.number(energy.idle_energy_j, 0),
+                      end_section=position == len(rows) - 2, style="bold" if node.node == "total" else None)
+    return table
+
+
+def round_table(summary: RunSummary) -> Table:
+    """Per round: its span, each node's idle seconds with its local steps H and batch size B."""
+    nodes = [node.node for node in summary.nodes]
+    show_predicted = any(row.predicted_idle_s is not None for row in summary.per_round)
+    table = Table(title="Per round (idle s, H local steps, B batch size)", box=box.SIMPLE_HEAVY,
+                  title_justify="left")
+    table.add_column("round", justify="right", style="bold")
+    table.add_column("wall s", justify="right")
+    for name in nodes:
+        table.add_column(name, justify="right")
+    table.add_column("idle GPU-s", justify="right", style=IDLE_STYLE)
+    if show_predicted:
+        table.add_column("predicted idle s", justify="right", style="dim")
+    for row in summary.per_round:
+        cells = [str(row.round), fmt.seconds(row.wall_s)]
+        for name in nodes:
+            view = row.nodes.get(name)
+            cells.append(fmt.DASH if view is None else
+                         f"{fmt.seconds(view.idle_s)}  H {view.local_steps} B {view.batch_size}")
+        cells.append(fmt.seconds(row.idle_gpu_s))
+        if show_predicted:
+            cells.append(fmt.seconds(row.predicted_idle_s))
+        table.add_row(*cells)
+    return table
+
+
+def render_run(summary: RunSummary, show_rounds: bool = False) -> list[RenderableType]:
+    """The full report of one run, top to bottom."""
+    parts: list[RenderableType] = [run_header(summary), node_table(summary), waste_line(summary)]
+    if show_rounds:
+        parts.append(round_table(summary))
+    parts.append(energy_view(summary))
+    return parts
+
+
+def comparison_table(summaries: list[RunSummary]) -> Table:
+    """One row per run: idle per round and throughput, each relative to the first run."""
+    show_cost = all(summary.has_prices for summary in summaries)
+    show_energy = any(summary.energy_available for summary in summaries)
+    show_loss = any(summary.final_loss is not None for summary in summaries)
+    table = Table(title=f"Comparison (relative to the first run, {summaries[0].label})", box=box.SIMPLE_HEAVY,
+                  title_justify="left")
+    table.add_column("run", style="bold", no_wrap=True)
+    table.add_column("policy", no_wrap=True)
+    for header in ["rounds", "wall s", "idle\nGPU-s", "idle %", "GPU-h\n/1k rnd", "idle vs\nfirst",
+                   "tokens/h", "tokens/h\nvs first"]:
+        _number_column(table, header)
+    if show_cost:
+        _number_column(table, "idle $\n/1k rnd")
+    if show_energy:
+        _number_column(table, "idle\nkWh")
+    if show_loss:
+        _number_column(table, "final\nloss")
+    best = least_idle(summaries)
+    for summary, row in zip(summaries, compare(summaries)):
+        change_style = GOOD_STYLE if (row.idle_change or 0) < 0 else (IDLE_STYLE if (row.idle_change or 0) > 0 else "")
+        cells: list[RenderableType] = [
+            summary.label + (" ★" if summary is best else ""), summary.policy, str(len(summary.rounds)),
+            fmt.seconds(summary.run_wall_s), fmt.seconds(summary.total.idle_gpu_s), fmt.percent(summary.total.idle_share),
+            fmt.number(row.idle_gpu_h_per_1k_rounds, 3), Text(fmt.signed_percent(row.idle_change), style=change_style),
+            fmt.count(row.tokens_per_hour), fmt.ratio(row.tokens_per_hour_ratio)]
+        if show_cost:
+            cells.append(fmt.usd(summary.total.idle_cost_usd_per_1k_rounds))
+        if show_energy:
+            cells.append(fmt.number(summary.total.energy.idle_energy_kwh, 4))
+        if show_loss:
+            cells.append(fmt.number(summary.final_loss, 3))
+        table.add_row(*cells)
+    return table
+
+
+def idle_by_node_table(summaries: list[RunSummary]) -> Table:
+    """Idle seconds per node (rows) by run (columns), with totals: the paper's Table 3 layout."""
+    table = Table(title="Idle seconds per node by run", box=box.SIMPLE_HEAVY, title_justify="left")
+    table.add_column("node", style="bold")
+    for summary in summaries:
+        table.add_column(f"{summary.label}\n({summary.policy})", justify="right")
+    names = node_names(summaries)
+    for name in names:
+        cells = [name]
+        for summary in summaries:
+            node = next((node for node in summary.nodes if node.node == name), None)
+            cells.append(fmt.DASH if node is None else fmt.seconds(node.idle_s))
+        table.add_row(*cells, end_section=name == names[-1])
+    table.add_row("total", *[fmt.seconds(summary.total.idle_s) for summary in summaries], style="bold")
+    return table
+
+
+def verdict(summaries: list[RunSummary]) -> Text:
+    best = least_idle(summaries)
+    row = compare(summaries)[summaries.index(best)]
+    text = Text("Least idle: ")
+    text.append(f"{best.label} ({best.policy})", style=GOOD_STYLE)
+    text.append(f", {fmt.number(best.total.idle_gpu_h_per_1k_rounds, 3)} GPU-h per 1,000 rounds, "
+                f"{fmt.signed_percent(row.idle_change)} vs {summaries[0].label}")
+    return text
+
+
+def render_comparison(summaries: list[RunSummary]) -> list[RenderableType]:
+    skipped = {len(summary.skipped_rounds) for summary in summaries}
+    parts: list[RenderableType] = [comparison_table(summaries), idle_by_node_table(summaries), verdict(summaries)]
+    if skipped != {0}:
+        parts.append(Text(f"warm-up rounds excluded: --skip-rounds {max(skipped)}", style="yellow"))
+    return parts
