@@ -1,7 +1,13 @@
-"""The ``balancing:`` section of a run config: which policy, with its options."""
+"""The ``balancing:`` section of a run config: which policy, with its options.
+
+Every option has a unit in its name or says it is a fraction. The planner
+checks the options that depend on the cluster (e.g. ``reference_node``).
+"""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
+
+from pydantic import Field, model_validator
 
 from predictor.schema import StrictModel
 
@@ -9,9 +15,67 @@ PolicyName = Literal[
     "uniform", "batch_by_flops", "max_batch_by_memory", "steps_by_flops",
     "time", "hybrid", "adaptive", "deadline",
 ]
+POLICY_NAMES: tuple[str, ...] = PolicyName.__args__
+WeightingName = Literal["auto", "uniform", "tokens", "normalized"]
+SyncDtype = Literal["fp32", "bf16", "fp16", "int8"]
+FlopsField = Literal["fp16_tflops", "bf16_tflops", "fp16_fp32acc_tflops", "tf32_tflops", "fp32_tflops"]
+
+
+class SimulationConfig(StrictModel):
+    """Ground truth knobs of ``geodiloco simulate`` (ignored by a real run).
+
+    ``model_error``: relative spread (std of the log) of the true step time
+    around the predictor's estimate, drawn once per node, for nodes without
+    ``measured:`` or ``emulate.step_time_s``. ``step_noise``: relative std of
+    each step's time (a node's ``emulate.jitter`` wins). ``seed``: RNG seed.
+    """
+
+    model_error: float = Field(default=0.1, ge=0.0, le=2.0)
+    step_noise: float = Field(default=0.02, ge=0.0, lt=0.5)
+    seed: int = 0
 
 
 class BalancingConfig(StrictModel):
-    """``policy`` picks the balancing rule; see README 'Balancing policies'."""
+    """``policy`` picks the balancing rule; docs/balancer.md lists each option per policy."""
 
     policy: PolicyName = "uniform"
+    weighting: WeightingName = "auto"
+    # Length of the local phase (time, hybrid, adaptive, deadline).
+    reference_node: str = "slowest"
+    round_time_s: Optional[float] = Field(default=None, gt=0)
+    tokens_per_round: Optional[int] = Field(default=None, ge=1)
+    max_comm_fraction: Optional[float] = Field(default=None, gt=0, lt=1)
+    # Bounds on what a node is asked to do.
+    min_local_steps: int = Field(default=1, ge=1)
+    max_local_steps: Optional[int] = Field(default=None, ge=1)
+    min_batch_size: int = Field(default=1, ge=1)
+    max_batch_size: Optional[int] = Field(default=None, ge=1)
+    max_grad_accum: int = Field(default=4, ge=1)
+    memory_headroom: float = Field(default=0.1, ge=0.0, lt=1.0)
+    # Source-paper policies A, B, C.
+    flops_field: FlopsField = "fp16_tflops"
+    batch_search: Literal["doubling", "exact"] = "doubling"
+    # hybrid: batches within this fraction of a node's best throughput are acceptable, up to
+    # max_batch_factor x the baseline batch.
+    throughput_tolerance: float = Field(default=0.05, ge=0.0, lt=1.0)
+    max_batch_factor: float = Field(default=4.0, ge=1.0)
+    # Use of measurements.
+    calibration_rounds: int = Field(default=1, ge=0)
+    adaptive_base: Literal["time", "hybrid"] = "time"
+    ewma_alpha: float = Field(default=0.5, gt=0.0, le=1.0)
+    change_threshold: float = Field(default=0.1, gt=0.0)
+    hysteresis: float = Field(default=0.02, ge=0.0, lt=1.0)
+    deadline_step_slack: float = Field(default=0.25, ge=0.0, le=10.0)
+    # Outer sync (network-aware planning).
+    sync_dtype: SyncDtype = "fp32"
+    simulation: SimulationConfig = Field(default_factory=SimulationConfig)
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> "BalancingConfig":
+        if self.max_local_steps is not None and self.max_local_steps < self.min_local_steps:
+            raise ValueError(f"max_local_steps ({self.max_local_steps}) must be >= min_local_steps "
+                             f"({self.min_local_steps}); raise max_local_steps or lower min_local_steps")
+        if self.max_batch_size is not None and self.max_batch_size < self.min_batch_size:
+            raise ValueError(f"max_batch_size ({self.max_batch_size}) must be >= min_batch_size "
+                             f"({self.min_batch_size}); raise max_batch_size or lower min_batch_size")
+        return self

@@ -19,6 +19,8 @@ class NodePlan:
     x gradient-accumulation steps. ``deadline_s`` (seconds after the round
     starts), when set, ends the local phase early: the node stops once its next
     step would not finish in time, ``local_steps`` being a cap.
+    Predictions are seconds: ``predicted_wait_s`` waiting for the slowest node,
+    ``predicted_idle_s`` = wait + outer sync (the idle log's definition).
     """
 
     name: str
@@ -31,6 +33,7 @@ class NodePlan:
     predicted_comm_s: float = 0.0
     predicted_idle_s: float = 0.0
     deadline_s: Optional[float] = None
+    predicted_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.local_steps < 1:

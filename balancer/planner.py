@@ -2,35 +2,258 @@
 
 Interface (stable): ``Planner(balancing, nodes, dims, seq_len, local_steps,
 batch_size, precision)``, ``plan(round_idx) -> Plan``, ``observe(measurement)``.
+The plan depends only on the config, the cluster and the measurements fed in,
+so every node that feeds the same measurements computes the same plan.
+
+When measurements are used: the source-paper policies and ``uniform`` never;
+``time`` and ``hybrid`` plan from specs, then once more after
+``calibration_rounds`` measured rounds, and keep that plan; ``adaptive`` and
+``deadline`` re-plan every round, switching plans only when the current one is
+predicted to waste more than ``hysteresis`` of the local phase.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
 from balancer.cluster import NodeSpec
 from balancer.config import BalancingConfig
+from balancer.estimates import Calibration, ModelFactory, StepTimeBank, micro_batches, prior_gpus
+from balancer.network import OuterSyncModel
 from balancer.plan import NodePlan, Plan, RoundMeasurement
-from predictor.workload import ModelDims
+from balancer.policies import POLICIES, POLICY_WEIGHTING, Assignment, PolicyInputs
+from predictor.schema import ConfigError
+from predictor.workload import ModelDims, parameter_count
+
+STATIC_POLICIES = ("uniform", "batch_by_flops", "max_batch_by_memory", "steps_by_flops")
+CALIBRATED_ONCE = ("time", "hybrid")
+REPLANNING = ("adaptive", "deadline")
+
+TflopsLookup = Callable[[str], float]
+"""GPU name -> nominal TFLOPS (the ``flops_field`` of the predictor's datasheet)."""
+
+
+@dataclass
+class RoundPlan:
+    """A round's plan as arrays (one entry per node, seconds), before it becomes a Plan."""
+
+    round: int
+    local_steps: np.ndarray
+    batch_size: np.ndarray
+    micro_batch_size: np.ndarray
+    step_s: np.ndarray
+    compute_s: np.ndarray
+    wait_s: np.ndarray
+    comm_s: np.ndarray
+    phase_s: float
+    deadline_s: Optional[float] = None
+
+    @property
+    def idle_s(self) -> np.ndarray:
+        return self.wait_s + self.comm_s
+
+
+def predictor_model_factory(dims: ModelDims, seq_len: int, precision: str) -> ModelFactory:
+    """Step-time models from the predictor, for one model shape and sequence length."""
+
+    def factory(gpus: list, micro_batch_size: Optional[int]):
+        from predictor.model import node_step_model
+        try:
+            return node_step_model(list(gpus), dims, seq_len, precision=precision,
+                                   micro_batch_size=micro_batch_size)
+        except (KeyError, ValueError) as err:
+            raise ConfigError(f"gpus {list(gpus)}: {err}") from None
+
+    return factory
+
+
+def predictor_tflops_lookup(flops_field: str) -> TflopsLookup:
+    """Nominal TFLOPS of a GPU from the predictor's datasheet table."""
+
+    def lookup(gpu_name: str) -> float:
+        from predictor.specs import lookup_gpu
+        try:
+            return float(getattr(lookup_gpu(gpu_name), flops_field))
+        except (KeyError, ValueError) as err:
+            raise ConfigError(f"GPU {gpu_name!r}: {err}") from None
+
+    return lookup
 
 
 class Planner:
+    """Plans each round for ``nodes``; ``local_steps``/``batch_size`` are the run's baseline H and B.
+
+    ``model_factory`` and ``tflops_lookup`` default to the predictor; tests and
+    tools may pass their own.
+    """
+
     def __init__(self, balancing: BalancingConfig, nodes: list[NodeSpec], dims: ModelDims,
-                 seq_len: int, local_steps: int, batch_size: int, precision: str = "bf16") -> None:
+                 seq_len: int, local_steps: int, batch_size: int, precision: str = "bf16", *,
+                 model_factory: Optional[ModelFactory] = None,
+                 tflops_lookup: Optional[TflopsLookup] = None) -> None:
         self.balancing = balancing
         self.nodes = list(nodes)
+        self.names = [node.name for node in self.nodes]
+        self.index = {name: position for position, name in enumerate(self.names)}
         self.dims = dims
         self.seq_len = seq_len
         self.local_steps = local_steps
         self.batch_size = batch_size
         self.precision = precision
+        self._check_reference()
+        factory = model_factory or predictor_model_factory(dims, seq_len, precision)
+        self.bank = StepTimeBank(self.nodes, factory, balancing.memory_headroom)
+        self.tflops_lookup = tflops_lookup or predictor_tflops_lookup(balancing.flops_field)
+        self.calibration = Calibration(len(self.nodes), balancing.ewma_alpha, balancing.change_threshold)
+        self.sync = OuterSyncModel(self.nodes, parameter_count(dims), balancing.sync_dtype)
+        self.base_steps = np.array([node.local_steps or local_steps for node in self.nodes], dtype=np.int64)
+        self.base_batch = np.array([node.batch_size or batch_size for node in self.nodes], dtype=np.int64)
         self.measurements: list[RoundMeasurement] = []
+        self.rounds_observed: set = set()
+        self._cached: dict = {}
+        self._current: Optional[Assignment] = None
+        self._issued: dict = {}
+        self._tflops: Optional[np.ndarray] = None
 
-    def observe(self, measurement: RoundMeasurement) -> None:
-        self.measurements.append(measurement)
+    # ------------------------------------------------------------------ inputs
+    def _check_reference(self) -> None:
+        reference = self.balancing.reference_node
+        if reference not in ("slowest", "fastest") and reference not in self.index:
+            known = ", ".join(self.names[:10])
+            raise ConfigError(f"balancing.reference_node: no node named {reference!r}; "
+                              f"use slowest, fastest or one of: {known}")
+
+    @property
+    def weighting(self) -> str:
+        """Outer-average weighting for this plan: the config's, or the policy's recommendation."""
+        if self.balancing.weighting != "auto":
+            return self.balancing.weighting
+        return POLICY_WEIGHTING[self.balancing.policy]
+
+    def nominal_tflops(self) -> np.ndarray:
+        """Mean nominal TFLOPS of each node's GPUs (what the source paper's A and C balance on)."""
+        if self._tflops is None:
+            values = []
+            for node in self.nodes:
+                gpus = prior_gpus(node)
+                if not gpus:
+                    raise ConfigError(f"policy {self.balancing.policy} balances on nominal TFLOPS, but node "
+                                      f"{node.name} lists no gpus; list them")
+                values.append(float(np.mean([self.tflops_lookup(gpu) for gpu in gpus])))
+            self._tflops = np.asarray(values)
+        return self._tflops
+
+    def _inputs(self, calibrated: bool) -> PolicyInputs:
+        factor = self.calibration.factor.copy() if calibrated else np.ones(len(self.nodes))
+        return PolicyInputs(config=self.balancing, names=self.names, base_steps=self.base_steps,
+                            base_batch=self.base_batch, seq_len=self.seq_len, comm_s=self.sync.sync_s(),
+                            bank=self.bank, factor=factor, nominal_tflops=self.nominal_tflops)
+
+    # ---------------------------------------------------------------- planning
+    def _base_policy(self) -> str:
+        policy = self.balancing.policy
+        return self.balancing.adaptive_base if policy in REPLANNING else policy
+
+    def _assign(self, round_idx: int) -> Assignment:
+        policy = self.balancing.policy
+        rule = POLICIES[self._base_policy()]
+        if policy in STATIC_POLICIES:
+            key = "specs"
+        elif policy in CALIBRATED_ONCE:
+            ready = self.balancing.calibration_rounds > 0 and len(self.rounds_observed) >= self.balancing.calibration_rounds
+            key = "calibrated" if ready else "specs"
+        else:
+            return self._replan(rule)
+        if key not in self._cached:
+            self._cached[key] = rule(self._inputs(calibrated=key == "calibrated"))
+        return self._cached[key]
+
+    def _replan(self, rule) -> Assignment:
+        inputs = self._inputs(calibrated=True)
+        candidate = rule(inputs)
+        if self._current is None or self._imbalance(self._current, inputs) > self.balancing.hysteresis:
+            if self._current is None or self._imbalance(candidate, inputs) < self._imbalance(self._current, inputs):
+                self._current = candidate
+        return self._current
+
+    @staticmethod
+    def _imbalance(assignment: Assignment, inputs: PolicyInputs) -> float:
+        """Predicted waiting as a share of all nodes' local-phase time."""
+        compute_s = assignment.local_steps * inputs.step_s(assignment.batch_size, assignment.micro_batch_size)
+        phase_s = float(np.max(compute_s))
+        return float(np.sum(phase_s - compute_s)) / (phase_s * len(compute_s))
+
+    def plan_arrays(self, round_idx: int) -> RoundPlan:
+        """This round's plan as arrays, with predictions from the best current estimates."""
+        assignment = self._assign(round_idx)
+        step_s = self.bank.prior_step_s(assignment.batch_size, assignment.micro_batch_size) * self.calibration.factor
+        local_steps = assignment.local_steps
+        compute_s = local_steps * step_s
+        phase_s = float(np.max(compute_s))
+        deadline_s = None
+        if self.balancing.policy == "deadline":
+            deadline_s = phase_s
+            local_steps = np.ceil(local_steps * (1.0 + self.balancing.deadline_step_slack) - 1e-9).astype(np.int64)
+            done = np.minimum(local_steps, np.maximum(1, np.floor(deadline_s / step_s + 1e-9)))
+            compute_s = done * step_s
+            phase_s = float(np.max(compute_s))
+        comm_s = self.sync.node_sync_s()
+        plan = RoundPlan(round=round_idx, local_steps=local_steps, batch_size=assignment.batch_size,
+                         micro_batch_size=assignment.micro_batch_size, step_s=step_s, compute_s=compute_s,
+                         wait_s=phase_s - compute_s, comm_s=comm_s, phase_s=phase_s, deadline_s=deadline_s)
+        self._issued[round_idx] = plan
+        self._issued.pop(round_idx - 2, None)
+        return plan
 
     def plan(self, round_idx: int) -> Plan:
+        """The plan of round ``round_idx`` (deterministic given the measurements observed so far)."""
+        arrays = self.plan_arrays(round_idx)
         node_plans = [
-            NodePlan(name=node.name,
-                     local_steps=node.local_steps or self.local_steps,
-                     batch_size=node.batch_size or self.batch_size)
-            for node in self.nodes
+            NodePlan(name=name, local_steps=int(arrays.local_steps[i]), batch_size=int(arrays.batch_size[i]),
+                     micro_batch_size=int(arrays.micro_batch_size[i]),
+                     predicted_step_s=float(arrays.step_s[i]), predicted_compute_s=float(arrays.compute_s[i]),
+                     predicted_comm_s=float(arrays.comm_s[i]), predicted_idle_s=float(arrays.idle_s[i]),
+                     predicted_wait_s=float(arrays.wait_s[i]), deadline_s=arrays.deadline_s)
+            for i, name in enumerate(self.names)
         ]
-        return Plan(policy=self.balancing.policy, round=round_idx, nodes=node_plans)
+        return Plan(policy=self.balancing.policy, round=round_idx, nodes=node_plans, weighting=self.weighting,
+                    predicted_round_s=arrays.phase_s + float(np.max(arrays.comm_s)),
+                    predicted_idle_s=float(np.sum(arrays.idle_s)))
+
+    # ------------------------------------------------------------- measurements
+    def observe(self, measurement: RoundMeasurement) -> None:
+        """Feed one node's measured round (per-step times in seconds)."""
+        if measurement.node not in self.index:
+            raise KeyError(f"measurement for unknown node {measurement.node!r}")
+        self.measurements.append(measurement)
+        if measurement.step_times_s:
+            step_s = float(np.median(measurement.step_times_s))
+        elif measurement.local_steps > 0 and measurement.compute_s > 0:
+            step_s = measurement.compute_s / measurement.local_steps
+        else:
+            return
+        position = self.index[measurement.node]
+        self.observe_round(measurement.round, np.array([measurement.batch_size]), np.array([step_s]),
+                           node_index=np.array([position]))
+
+    def observe_round(self, round_idx: int, batch_size: np.ndarray, step_s: np.ndarray,
+                      node_index: Optional[np.ndarray] = None) -> None:
+        """Feed many nodes' mean step times (seconds) at the batch sizes they ran, in one call."""
+        node_index = np.arange(len(self.nodes)) if node_index is None else np.asarray(node_index)
+        batch_size = np.asarray(batch_size, dtype=np.int64)
+        issued = self._issued.get(round_idx)
+        max_micro = self.bank.max_micro[node_index]
+        micro = micro_batches(batch_size, max_micro)
+        if issued is not None:
+            same = issued.batch_size[node_index] == batch_size
+            micro = np.where(same, issued.micro_batch_size[node_index], micro)
+        full_batch = np.zeros(len(self.nodes), dtype=np.int64)
+        full_micro = np.zeros(len(self.nodes), dtype=np.int64)
+        full_batch[:] = self.base_batch
+        full_micro[:] = micro_batches(self.base_batch, self.bank.max_micro)
+        full_batch[node_index], full_micro[node_index] = batch_size, micro
+        prior_s = self.bank.prior_step_s(full_batch, full_micro)[node_index]
+        self.calibration.update(node_index, step_s, prior_s)
+        self.rounds_observed.add(round_idx)

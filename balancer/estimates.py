@@ -1,0 +1,177 @@
+"""Step-time estimates for many nodes at once: spec priors grouped by hardware, plus calibration.
+
+Nodes with the same GPUs share one prior step-time model (a ``StepTimeModel``
+from the predictor), so ten thousand nodes of a few kinds cost a few model
+calls. Each node then has its own calibration factor (measured / prior step
+time) learned from the rounds it finished; estimates are ``prior x factor``.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from balancer.cluster import NodeSpec
+from predictor.base import StepTimeModel
+from predictor.schema import ConfigError
+
+ModelFactory = Callable[[list, Optional[int]], StepTimeModel]
+"""(gpu names of one node, micro_batch_size or None) -> that node's step-time model."""
+
+UNLIMITED_BATCH = sys.maxsize
+
+
+class LinearStepModel:
+    """Step time declared in the config: ``step_time_s * (fixed + (1 - fixed) * B / batch_size)``.
+
+    The same rule the runtime's emulation pads to, so a node given as
+    ``emulate: {step_time_s: ...}`` is planned with the time it will run at.
+    It holds no memory model: ``max_batch_size`` is ``max_batch`` or unlimited.
+    """
+
+    def __init__(self, step_time_s: float, batch_size: int, fixed_fraction: float = 0.0,
+                 max_batch: Optional[int] = None) -> None:
+        self.step_time_s = step_time_s
+        self.batch_size = batch_size
+        self.fixed_fraction = fixed_fraction
+        self.max_batch = max_batch
+
+    def predict(self, batch_size: int) -> float:
+        share = self.fixed_fraction + (1.0 - self.fixed_fraction) * batch_size / self.batch_size
+        return self.step_time_s * share
+
+    def update(self, batch_size: int, step_time_s: float) -> None:
+        """Rescale to the measured time at ``batch_size`` (keeps the fixed share)."""
+        self.step_time_s *= step_time_s / self.predict(batch_size)
+
+    def max_batch_size(self) -> int:
+        return self.max_batch or UNLIMITED_BATCH
+
+
+def micro_batches(batch_size: np.ndarray, max_micro: np.ndarray) -> np.ndarray:
+    """Micro-batch per node: the whole batch if it fits in memory, else the largest that fits."""
+    return np.minimum(batch_size, max_micro)
+
+
+def prior_gpus(node: NodeSpec) -> list[str]:
+    """GPU names the planner may know about a node: its ``gpus``, else its ``emulate.gpu``."""
+    if node.gpus:
+        return list(node.gpus)
+    if node.emulate is not None and node.emulate.gpu not in (None, "from_gpus"):
+        gpu = node.emulate.gpu
+        return [gpu] if isinstance(gpu, str) else list(gpu)
+    return []
+
+
+@dataclass
+class NodeGroup:
+    """Nodes that share one prior: the same GPUs, or the same declared step time."""
+
+    gpus: tuple
+    linear: Optional[LinearStepModel]
+    models: dict = field(default_factory=dict)
+    cache: dict = field(default_factory=dict)
+
+
+class StepTimeBank:
+    """Prior step times of every node, evaluated for arrays of batch sizes.
+
+    ``memory_headroom`` (fraction) is kept free below each model's ``max_batch_size``.
+    """
+
+    def __init__(self, nodes: Sequence[NodeSpec], model_factory: ModelFactory,
+                 memory_headroom: float = 0.0) -> None:
+        self.names = [node.name for node in nodes]
+        self.model_factory = model_factory
+        self.groups: list[NodeGroup] = []
+        keys: dict = {}
+        group_index = np.empty(len(nodes), dtype=np.int64)
+        for position, node in enumerate(nodes):
+            key, group = self._group_for(node)
+            if key not in keys:
+                keys[key] = len(self.groups)
+                self.groups.append(group)
+            group_index[position] = keys[key]
+        self.group_index = group_index
+        self.members = [np.flatnonzero(group_index == g) for g in range(len(self.groups))]
+        self.max_micro = self._max_micro(memory_headroom)
+
+    @staticmethod
+    def _group_for(node: NodeSpec) -> tuple:
+        gpus = prior_gpus(node)
+        if gpus:
+            return ("gpus", tuple(gpus)), NodeGroup(gpus=tuple(gpus), linear=None)
+        emulate = node.emulate
+        if emulate is not None and emulate.step_time_s is not None:
+            batch = emulate.batch_size or 1
+            key = ("linear", emulate.step_time_s, batch, emulate.fixed_fraction)
+            return key, NodeGroup(gpus=(), linear=LinearStepModel(emulate.step_time_s, batch, emulate.fixed_fraction))
+        raise ConfigError(f"node {node.name}: no gpus and no emulate.step_time_s; the planner cannot "
+                          "estimate its step time; list its gpus or give emulate.step_time_s")
+
+    def model(self, group_id: int, micro_batch_size: Optional[int] = None) -> StepTimeModel:
+        """The group's prior model (``micro_batch_size`` None = whole batch in one pass)."""
+        group = self.groups[group_id]
+        if group.linear is not None:
+            return group.linear
+        if micro_batch_size not in group.models:
+            group.models[micro_batch_size] = self.model_factory(list(group.gpus), micro_batch_size)
+        return group.models[micro_batch_size]
+
+    def _max_micro(self, memory_headroom: float) -> np.ndarray:
+        per_group = []
+        for group_id in range(len(self.groups)):
+            fits = self.model(group_id).max_batch_size()
+            if fits >= UNLIMITED_BATCH:
+                per_group.append(UNLIMITED_BATCH)
+            else:
+                per_group.append(max(1, int(math.floor(fits * (1.0 - memory_headroom)))))
+        return np.asarray(per_group, dtype=np.int64)[self.group_index]
+
+    def group_step_s(self, group_id: int, batch_size: int, micro_batch_size: int) -> float:
+        """Prior seconds per step of one group at (batch, micro-batch), cached."""
+        group = self.groups[group_id]
+        key = (int(batch_size), int(micro_batch_size))
+        if key not in group.cache:
+            micro = None if micro_batch_size >= batch_size else int(micro_batch_size)
+            group.cache[key] = float(self.model(group_id, micro).predict(int(batch_size)))
+        return group.cache[key]
+
+    def prior_step_s(self, batch_size: np.ndarray, micro_batch_size: np.ndarray) -> np.ndarray:
+        """Prior seconds per step of every node at its (batch, micro-batch)."""
+        batch_size = np.broadcast_to(np.asarray(batch_size, dtype=np.int64), self.group_index.shape)
+        micro_batch_size = np.broadcast_to(np.asarray(micro_batch_size, dtype=np.int64), self.group_index.shape)
+        step_s = np.empty(self.group_index.shape, dtype=float)
+        for group_id, members in enumerate(self.members):
+            pairs, inverse = np.unique(np.stack([batch_size[members], micro_batch_size[members]], axis=1),
+                                       axis=0, return_inverse=True)
+            values = np.array([self.group_step_s(group_id, b, m) for b, m in pairs])
+            step_s[members] = values[inverse.reshape(-1)]
+        return step_s
+
+
+class Calibration:
+    """Per-node factor measured / prior step time, smoothed across rounds.
+
+    A new measurement that differs from the current factor by more than
+    ``change_threshold`` (relative) replaces it (a node really changed speed);
+    smaller differences are blended with weight ``alpha`` (noise).
+    """
+
+    def __init__(self, num_nodes: int, alpha: float = 0.5, change_threshold: float = 0.1) -> None:
+        self.factor = np.ones(num_nodes)
+        self.seen = np.zeros(num_nodes, dtype=bool)
+        self.alpha = alpha
+        self.change_threshold = change_threshold
+
+    def update(self, node_index: np.ndarray, measured_step_s: np.ndarray, prior_step_s: np.ndarray) -> None:
+        node_index = np.asarray(node_index, dtype=np.int64)
+        ratio = np.asarray(measured_step_s, dtype=float) / np.asarray(prior_step_s, dtype=float)
+        current = self.factor[node_index]
+        jumped = ~self.seen[node_index] | (np.abs(ratio / current - 1.0) > self.change_threshold)
+        blended = self.alpha * ratio + (1.0 - self.alpha) * current
+        self.factor[node_index] = np.where(jumped, ratio, blended)
+        self.seen[node_index] = True
