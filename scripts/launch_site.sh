@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Launch one site's share of a GeoDiLoCo run under torchrun (c10d rendezvous).
+#
+#   scripts/launch_site.sh --config run.yaml --node NAME --nnodes N --nproc-per-node G \
+#       --rdzv-endpoint HOST:PORT [--is-host] [--local-addr ADDR] [--ifname IFACE] \
+#       [--run-id ID] [--entry MODULE] [--dry-run] [-- extra args for the entry]
+#
+# Runs on every site with the same --rdzv-endpoint and --run-id; exactly one site
+# (the one whose address is HOST) passes --is-host and serves the rendezvous store.
+# It avoids the ways a cross-site torchrun job hangs:
+#   * --rdzv-conf=is_host=true|false: HOST often resolves to 127.0.0.1 locally,
+#     so the store host must be told it is the host;
+#   * GLOO_SOCKET_IFNAME: gloo binds to 127.0.0.1 unless given the WAN interface;
+#   * --local-addr: the address other sites reach this one on (missing = silent hang);
+#   * no --node-rank: c10d assigns ranks itself;
+#   * the node name travels in GEODILOCO_NODE, not as --node: torchrun's own
+#     parser rejects --node after -m MODULE (ambiguous with --node-rank).
+# Without --local-addr/--ifname both come from the route to HOST (or, on the host,
+# from the interface that holds HOST). --entry replaces the module torchrun runs
+# (default runtime.train). --dry-run prints the command and exits.
+set -euo pipefail
+
+usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+die() { echo "launch_site.sh: error: $*" >&2; exit 2; }
+
+config="" node="" nnodes="" nproc="" endpoint="" is_host=false local_addr="" ifname=""
+run_id="geodiloco" entry="runtime.train" dry_run=false extra=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --config) config="${2:-}"; shift 2 ;;
+        --node) node="${2:-}"; shift 2 ;;
+        --nnodes) nnodes="${2:-}"; shift 2 ;;
+        --nproc-per-node) nproc="${2:-}"; shift 2 ;;
+        --rdzv-endpoint) endpoint="${2:-}"; shift 2 ;;
+        --is-host) is_host=true; shift ;;
+        --local-addr) local_addr="${2:-}"; shift 2 ;;
+        --ifname) ifname="${2:-}"; shift 2 ;;
+        --run-id) run_id="${2:-}"; shift 2 ;;
+        --entry) entry="${2:-}"; shift 2 ;;
+        --dry-run) dry_run=true; shift ;;
+        --) shift; extra=("$@"); break ;;
+        -h|--help) usage ;;
+        *) die "unknown option '$1' (see --help)" ;;
+    esac
+done
+
+[[ -n "$config" ]] || die "--config is required: the run's YAML file (the same file on every site)"
+[[ -n "$node" ]] || die "--node is required: this site's node name from the config's nodes: list"
+[[ "$nnodes" =~ ^[1-9][0-9]*$ ]] || die "--nnodes must be a positive integer: the number of sites (got '$nnodes')"
+[[ "$nproc" =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node must be a positive integer: GPUs (or processes) at this site (got '$nproc')"
+[[ "$endpoint" =~ ^[^:]+:[0-9]+$ ]] || die "--rdzv-endpoint must be HOST:PORT of the site passing --is-host (got '$endpoint')"
+[[ "$ifname" =~ ^[^/[:space:]]{0,15}$ ]] || die "--ifname must be an interface name of at most 15 characters (got '$ifname')"
+[[ "$entry" =~ ^[A-Za-z_][A-Za-z0-9_.]*$ ]] || die "--entry must be a Python module name (got '$entry')"
+rdzv_host="${endpoint%:*}"
+
+resolve_ipv4() {
+    if [[ "$1" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then echo "$1"; return; fi
+    getent ahostsv4 "$1" 2>/dev/null | awk 'NR==1 {print $1}'
+}
+ifname_of_addr() { ip -o -4 addr show to "$1" 2>/dev/null | awk 'NR==1 {print $2}'; }
+addr_of_ifname() { ip -o -4 addr show dev "$1" 2>/dev/null | awk 'NR==1 {split($4, a, "/"); print a[1]}'; }
+
+if [[ -z "$local_addr" && -z "$ifname" ]]; then
+    host_ip="$(resolve_ipv4 "$rdzv_host")"
+    [[ -n "$host_ip" ]] || die "cannot resolve '$rdzv_host'; pass --local-addr and --ifname"
+    route="$(ip -o route get "$host_ip" 2>/dev/null || true)"
+    route_dev="$(awk '{for (i = 1; i < NF; i++) if ($i == "dev") {print $(i + 1); exit}}' <<<"$route")"
+    if [[ "$route_dev" == "lo" || -z "$route_dev" ]]; then
+        ifname="$(ifname_of_addr "$host_ip")"
+        local_addr="$host_ip"
+    else
+        ifname="$route_dev"
+        local_addr="$(awk '{for (i = 1; i < NF; i++) if ($i == "src") {print $(i + 1); exit}}' <<<"$route")"
+    fi
+elif [[ -z "$ifname" ]]; then
+    ifname="$(ifname_of_addr "$local_addr")"
+elif [[ -z "$local_addr" ]]; then
+    local_addr="$(addr_of_ifname "$ifname")"
+fi
+[[ -n "$local_addr" ]] || die "cannot find this site's address; pass --local-addr ADDR (the address other sites reach)"
+[[ -n "$ifname" && "$ifname" != "lo" ]] || die "cannot find the WAN interface for $local_addr; pass --ifname IFACE"
+
+if [[ -n "${TORCHRUN:-}" ]]; then
+    read -r -a launcher <<<"$TORCHRUN"
+elif command -v torchrun >/dev/null 2>&1; then
+    launcher=(torchrun)
+else
+    repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    if [[ -z "${PYTHON:-}" && -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; fi
+    launcher=("${PYTHON:-python3}" -m torch.distributed.run)
+fi
+
+command=("${launcher[@]}"
+    "--nnodes=$nnodes" "--nproc-per-node=$nproc"
+    "--rdzv-backend=c10d" "--rdzv-endpoint=$endpoint" "--rdzv-id=$run_id"
+    "--rdzv-conf=is_host=$is_host" "--local-addr=$local_addr" "--max-restarts=0"
+    -m "$entry" --config "$config" "${extra[@]}")
+
+if $dry_run; then
+    printf 'GEODILOCO_NODE=%q GLOO_SOCKET_IFNAME=%q TP_SOCKET_IFNAME=%q' "$node" "$ifname" "$ifname"
+    printf ' %q' "${command[@]}"
+    printf '\n'
+    exit 0
+fi
+export GEODILOCO_NODE="$node" GLOO_SOCKET_IFNAME="$ifname" TP_SOCKET_IFNAME="$ifname"
+exec "${command[@]}"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Emulated WAN sites on this machine (needs root): network namespaces on a shared
+# bridge, each site's link shaped with tbf and optionally delayed.
+#
+#   scripts/wan_emulate.sh up N --rate 1gbit [--latency-ms 25] [--mtu 1500] [--names a,b] [--prefix gdl]
+#   scripts/wan_emulate.sh status [--json] [--prefix gdl]
+#   scripts/wan_emulate.sh down [--prefix gdl]
+#
+# Run a process in site i:  ip netns exec gdl-m-s<i> env GLOO_SOCKET_IFNAME=wan0 <command>
+# Details: docs/sites.md.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; else PYTHON=python3; fi
+fi
+export PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}"
+exec "$PYTHON" -m runtime.sites "$@"
