@@ -186,6 +186,20 @@ class NodeTrainer:
             self.outer.load_into(self.model)
         self.sync.broadcast_in_node([param.data for param in self.model.parameters()])
 
+    def warm_up(self, batch_size: int) -> None:
+        """One forward/backward without an update, so one-time initialisation (allocator,
+        kernel selection) does not inflate the first round's measured step times."""
+        inputs, targets = self.shard.next_batch(batch_size)
+        cursor = self.shard.cursor
+        self.model(inputs.to(self.device), targets.to(self.device)).backward()
+        self.inner_optimizer.zero_grad(set_to_none=True)
+        self.shard.set_cursor(ShardCursor(cursor.epoch, cursor.index - inputs.shape[0]))
+
+    @torch.no_grad()
+    def param_checksum(self) -> float:
+        """Sum of |parameters| in float64: equal on every node right after an outer sync."""
+        return float(sum(param.detach().double().abs().sum() for param in self.model.parameters()))
+
     @torch.no_grad()
     def evaluate(self) -> Optional[float]:
         if not self.eval_set:
@@ -248,6 +262,7 @@ class RoundStats:
     loss: float
     lr: float
     compute_s: float
+    start_checksum: float
     step_times_s: list[float]
     previous_record: Optional[dict]
 
@@ -306,6 +321,8 @@ def _start_or_resume(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Opti
 def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     config, topology = trainer.config, trainer.topology
     run_id, first_round, pending_record = _start_or_resume(trainer, resume)
+    trainer.warm_up(config.diloco.batch_size)
+    trainer.sync.exchange(None)
     log = RunLog(trainer.run_dir) if topology.is_coordinator else None
     if log is not None:
         log.write_config(config.to_yaml())
@@ -314,6 +331,7 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     names = [node.name for node in config.nodes]
     for round_idx in range(first_round, config.diloco.rounds):
         clock = RoundClock()
+        start_checksum = trainer.param_checksum()
         clock.mark("start")
         plan = trainer.planner.plan(round_idx)
         node_plan = plan.node(topology.node_name)
@@ -322,6 +340,7 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         stats = RoundStats(node=topology.node_name, local_rank=topology.local_rank, round=round_idx,
                            steps=result.steps, batch_size=node_plan.batch_size, tokens=result.tokens,
                            loss=result.mean_loss, lr=result.lr, compute_s=clock.compute_s,
+                           start_checksum=start_checksum,
                            step_times_s=result.step_times_s if topology.is_leader else [],
                            previous_record=pending_record if topology.is_leader else None)
         gathered = trainer.sync.exchange(asdict(stats))
@@ -372,7 +391,7 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, stats
     log.append("plan.jsonl", [plan.to_dict()])
     rows = [{"run_id": run_id, "round": plan.round, "node": name, "loss": item["loss"], "lr": item["lr"],
              "tokens": item["tokens"], "local_steps": item["steps"], "batch_size": item["batch_size"],
-             "compute_s": item["compute_s"]}
+             "compute_s": item["compute_s"], "start_checksum": item["start_checksum"]}
             for name, item in stats_by_node.items()]
     eval_loss = trainer.evaluate()
     total_tokens = sum(item["tokens"] for item in stats_by_node.values())

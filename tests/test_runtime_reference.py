@@ -1,0 +1,136 @@
+"""Real multi-process runs (gloo on CPU) checked against DiLoCo written out by hand in the test."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from predictor.workload import preset_dims
+from runtime import checkpoint
+from runtime.data import NodeShard, load_corpus
+from runtime.models import build_model
+from tests.runtime_helpers import geodiloco, read_jsonl, small_config, write_config
+
+pytestmark = pytest.mark.slow
+
+SEQ_LEN = 32
+INNER_LR = 0.05
+
+
+def sgd_config(nodes, rounds, weighting, outer):
+    config = small_config(nodes)
+    config["model"]["seq_len"] = SEQ_LEN
+    config["data"].update({"eval_batches": 0})
+    config["optim"] = {"inner": {"optimizer": "sgd", "lr": INNER_LR, "warmup_steps": 0, "min_lr_ratio": 1.0,
+                                 "weight_decay": 0.0, "grad_clip": 1.0e9},
+                       "outer": outer}
+    config["diloco"].update({"rounds": rounds, "weighting": weighting})
+    return config
+
+
+def run_and_load_global(tmp_path: Path, config: dict) -> tuple[list[torch.Tensor], Path]:
+    run_dir = tmp_path / "run"
+    result = geodiloco("run", "--sites", "local", "--no-report", "--config", str(write_config(tmp_path, config)),
+                       "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    last_round = config["diloco"]["rounds"] - 1
+    state = checkpoint.load_global(run_dir, last_round)
+    return state["outer"]["global_params"], run_dir
+
+
+def node_shards(config: dict) -> list[NodeShard]:
+    tokens = load_corpus("stdlib", config["data"]["max_bytes"])
+    return [NodeShard(tokens, index, len(config["nodes"]), SEQ_LEN, config["run"]["seed"])
+            for index in range(len(config["nodes"]))]
+
+
+def sgd_steps(model, shard, steps, batch_size):
+    optimizer = torch.optim.SGD(model.parameters(), lr=INNER_LR)
+    for _ in range(steps):
+        inputs, targets = shard.next_batch(batch_size)
+        model(inputs, targets).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def reference_diloco(config, weights_for, outer_lr, momentum):
+    """DiLoCo by hand: local SGD per node, weighted average of deltas, Nesterov outer step."""
+    dims = preset_dims("tiny")
+    global_model = build_model(dims, config["run"]["seed"])
+    theta = [param.detach().clone() for param in global_model.parameters()]
+    velocity = [torch.zeros_like(param) for param in theta]
+    shards = node_shards(config)
+    nodes = config["nodes"]
+    for _ in range(config["diloco"]["rounds"]):
+        deltas = []
+        for node, shard in zip(nodes, shards):
+            local = build_model(dims, 0)
+            with torch.no_grad():
+                for param, value in zip(local.parameters(), theta):
+                    param.copy_(value)
+            sgd_steps(local, shard, node["local_steps"], node["batch_size"])
+            deltas.append([value - param.detach() for value, param in zip(theta, local.parameters())])
+        weights = weights_for([node["local_steps"] for node in nodes], [node["batch_size"] for node in nodes])
+        for index in range(len(theta)):
+            grad = sum(weight * delta[index] for weight, delta in zip(weights, deltas))
+            velocity[index] = momentum * velocity[index] + grad
+            step = grad + momentum * velocity[index] if momentum else grad
+            theta[index] = theta[index] - outer_lr * step
+    return theta
+
+
+def test_one_local_step_outer_lr_one_equals_data_parallel_sgd(tmp_path):
+    nodes = [{"name": "a", "local_steps": 1, "batch_size": 4}, {"name": "b", "local_steps": 1, "batch_size": 4}]
+    config = sgd_config(nodes, rounds=3, weighting="uniform", outer={"lr": 1.0, "momentum": 0.0, "nesterov": False})
+    runtime_params, run_dir = run_and_load_global(tmp_path, config)
+
+    # Synchronous data parallel SGD: one model, gradient = mean of the two nodes' batch gradients.
+    model = build_model(preset_dims("tiny"), 0)
+    shards = node_shards(config)
+    for _ in range(3):
+        grads = []
+        for shard in shards:
+            inputs, targets = shard.next_batch(4)
+            model.zero_grad()
+            model(inputs, targets).backward()
+            grads.append([param.grad.clone() for param in model.parameters()])
+        with torch.no_grad():
+            for index, param in enumerate(model.parameters()):
+                param -= INNER_LR * (grads[0][index] + grads[1][index]) / 2
+    for got, expected in zip(runtime_params, model.parameters()):
+        torch.testing.assert_close(got, expected.detach(), rtol=0, atol=2e-6)
+
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    for round_idx in range(3):
+        checksums = {row["start_checksum"] for row in metrics if row["round"] == round_idx and row["node"] != "global"}
+        assert len(checksums) == 1, f"nodes disagree on parameters at the start of round {round_idx}"
+
+
+def tokens_weights(steps, batches):
+    tokens = [step * batch for step, batch in zip(steps, batches)]
+    return [count / sum(tokens) for count in tokens]
+
+
+def normalized_weights(steps, batches):
+    shares = [batch / sum(batches) for batch in batches]
+    effective = sum(share * step for share, step in zip(shares, steps))
+    return [share * effective / step for share, step in zip(shares, steps)]
+
+
+@pytest.mark.parametrize("weighting, weights_for", [("tokens", tokens_weights), ("normalized", normalized_weights)])
+def test_unequal_work_matches_reference_diloco(tmp_path, weighting, weights_for):
+    nodes = [{"name": "a", "local_steps": 1, "batch_size": 2},
+             {"name": "b", "local_steps": 3, "batch_size": 4},
+             {"name": "c", "local_steps": 2, "batch_size": 3}]
+    config = sgd_config(nodes, rounds=2, weighting=weighting, outer={"lr": 0.7, "momentum": 0.9, "nesterov": True})
+    runtime_params, run_dir = run_and_load_global(tmp_path, config)
+    expected = reference_diloco(config, weights_for, outer_lr=0.7, momentum=0.9)
+    for got, want in zip(runtime_params, expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=5e-6)
+
+    idle = read_jsonl(run_dir / "idle.jsonl")
+    assert len(idle) == 2 * 3
+    for record in idle:
+        node = next(node for node in nodes if node["name"] == record["node"])
+        assert record["local_steps"] == node["local_steps"]
+        assert record["batch_size"] == node["batch_size"]
+        assert record["tokens"] == node["local_steps"] * node["batch_size"] * SEQ_LEN

@@ -1,0 +1,171 @@
+"""`geodiloco run` end to end: 4 nodes, emulated GPUs, per-node plans, logs, kill and resume."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from balancer.records import REQUIRED_FIELDS
+from runtime import checkpoint
+from tests.runtime_helpers import REPO_ROOT, geodiloco, read_jsonl, small_config, write_config
+
+pytestmark = pytest.mark.slow
+
+EMULATED_NODES = [
+    {"name": "slow", "site": "seoul", "gpus": ["4 x RTX 2080 Ti"], "local_steps": 4, "batch_size": 4,
+     "emulate": {"step_time_s": 0.20}},
+    {"name": "mid", "site": "daejeon", "gpus": ["2 x RTX 3090"], "local_steps": 5, "batch_size": 2,
+     "emulate": {"step_time_s": 0.15, "batch_size": 4}},
+    {"name": "fast", "site": "busan", "gpus": ["4 x A30"], "local_steps": 8, "batch_size": 4,
+     "emulate": {"step_time_s": 0.10}},
+    {"name": "slowed", "site": "gwangju", "gpus": ["V100-SXM2-32GB"], "local_steps": 4, "batch_size": 4,
+     "emulate": {"step_time_s": 0.10, "slowdown": [{"from_round": 1, "factor": 2.0}]}},
+]
+
+
+@pytest.fixture(scope="module")
+def four_node_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("four")
+    config = small_config(EMULATED_NODES)
+    config["diloco"]["rounds"] = 3
+    run_dir = tmp_path / "run"
+    result = geodiloco("run", "--sites", "local", "--no-report", "--config", str(write_config(tmp_path, config)),
+                       "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir, result
+
+
+def expected_step_s(node: dict, round_idx: int) -> float:
+    emulate = node["emulate"]
+    step_s = emulate["step_time_s"] * node["batch_size"] / emulate.get("batch_size", 4)
+    for event in emulate.get("slowdown", []):
+        if round_idx >= event["from_round"]:
+            step_s *= event["factor"]
+    return step_s
+
+
+def test_run_directory_holds_every_log(four_node_run):
+    run_dir, result = four_node_run
+    for name in ("config.yaml", "metrics.jsonl", "idle.jsonl", "plan.jsonl", "checkpoints/latest"):
+        assert (run_dir / name).is_file(), name
+    assert "round 3/3" in result.stdout
+    assert checkpoint.latest_round(run_dir) == 2
+
+
+def test_idle_log_has_one_record_per_node_and_round(four_node_run):
+    records = read_jsonl(four_node_run[0] / "idle.jsonl")
+    assert sorted((r["round"], r["node"]) for r in records) == sorted(
+        (round_idx, node["name"]) for round_idx in range(3) for node in EMULATED_NODES)
+    for record in records:
+        assert set(REQUIRED_FIELDS) <= set(record)
+        assert len({r["run_id"] for r in records}) == 1
+
+
+def test_per_node_plan_is_honoured(four_node_run):
+    records = read_jsonl(four_node_run[0] / "idle.jsonl")
+    for record in records:
+        node = next(node for node in EMULATED_NODES if node["name"] == record["node"])
+        assert (record["local_steps"], record["batch_size"]) == (node["local_steps"], node["batch_size"])
+        assert record["tokens"] == node["local_steps"] * node["batch_size"] * 32
+        assert record["site"] == node["site"]
+    plans = read_jsonl(four_node_run[0] / "plan.jsonl")
+    assert [plan["round"] for plan in plans] == [0, 1, 2]
+
+
+def test_emulated_step_times_are_honoured(four_node_run):
+    for record in read_jsonl(four_node_run[0] / "idle.jsonl"):
+        node = next(node for node in EMULATED_NODES if node["name"] == record["node"])
+        per_step_s = record["compute_s"] / record["local_steps"]
+        assert per_step_s == pytest.approx(expected_step_s(node, record["round"]), rel=0.10), record
+
+
+def test_phases_add_up_to_the_round_wall_time(four_node_run):
+    for record in read_jsonl(four_node_run[0] / "idle.jsonl"):
+        wall_s = record["round_end"] - record["round_start"]
+        phases_s = record["compute_s"] + record["wait_s"] + record["comm_s"] + record["overhead_s"]
+        assert phases_s == pytest.approx(wall_s, rel=0.02)
+
+
+def test_fast_nodes_wait_for_the_slowest(four_node_run):
+    records = read_jsonl(four_node_run[0] / "idle.jsonl")
+    for round_idx in range(3):
+        this_round = {r["node"]: r for r in records if r["round"] == round_idx}
+        slowest = max(this_round.values(), key=lambda r: r["compute_s"])
+        assert slowest["wait_s"] < 0.1
+        for record in this_round.values():
+            gap_s = slowest["compute_s"] - record["compute_s"]
+            # wait = time until the slowest peer is ready (start times differ by a few ms)
+            assert record["wait_s"] == pytest.approx(gap_s, abs=0.08)
+
+
+def _wait_for_checkpoint(run_dir, round_idx, process, timeout_s=90):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (checkpoint.latest_round(run_dir) or -1) >= round_idx:
+            return
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        time.sleep(0.1)
+    raise AssertionError("no checkpoint appeared")
+
+
+def _children_of(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(line) for line in found.stdout.split()]
+
+
+def test_killed_run_resumes_to_the_same_parameters(tmp_path):
+    nodes = [{"name": "a", "local_steps": 3, "batch_size": 4, "emulate": {"step_time_s": 0.05}},
+             {"name": "b", "local_steps": 2, "batch_size": 4, "emulate": {"step_time_s": 0.08}}]
+    config = small_config(nodes, run={"name": "resume", "out_dir": "runs", "seed": 3, "deterministic": True})
+    config["diloco"]["rounds"] = 5
+    config_path = write_config(tmp_path, config)
+
+    straight_dir = tmp_path / "straight"
+    result = geodiloco("run", "--sites", "local", "--no-report", "--config", str(config_path),
+                       "--run-dir", str(straight_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    resumed_dir = tmp_path / "resumed"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    launcher = subprocess.Popen([sys.executable, "-m", "runtime.cli", "run", "--sites", "local", "--no-report",
+                                 "--config", str(config_path), "--run-dir", str(resumed_dir)],
+                                cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(resumed_dir, 1, launcher)
+    children = _children_of(launcher.pid)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    assert "--resume" in stderr
+    for child in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+    interrupted_at = checkpoint.latest_round(resumed_dir)
+    assert interrupted_at is not None and interrupted_at < 4
+
+    result = geodiloco("run", "--sites", "local", "--no-report", "--config", str(config_path),
+                       "--run-dir", str(resumed_dir), "--resume")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming" in result.stdout
+
+    straight = checkpoint.load_global(straight_dir, 4)["outer"]
+    resumed = checkpoint.load_global(resumed_dir, 4)["outer"]
+    for got, want in zip(resumed["global_params"], straight["global_params"]):
+        assert torch.equal(got, want)
+    assert resumed["optimizer"]["state"][0]["momentum_buffer"].equal(straight["optimizer"]["state"][0]["momentum_buffer"])
+    rounds = sorted((r["round"], r["node"]) for r in read_jsonl(resumed_dir / "idle.jsonl"))
+    assert rounds == sorted((round_idx, name) for round_idx in range(5) for name in ("a", "b"))
+
+
+def test_existing_run_directory_is_not_overwritten_without_resume(tmp_path):
+    nodes = [{"name": "a", "emulate": {"step_time_s": 0.01}}, {"name": "b", "emulate": {"step_time_s": 0.01}}]
+    config = small_config(nodes)
+    config["diloco"].update({"rounds": 1, "local_steps": 1})
+    config_path = write_config(tmp_path, config)
+    first = geodiloco("run", "--sites", "local", "--no-report", "--config", str(config_path), "--run-dir", str(tmp_path / "r"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = geodiloco("run", "--sites", "local", "--no-report", "--config", str(config_path), "--run-dir", str(tmp_path / "r"))
+    assert again.returncode != 0
+    assert "pass --resume" in again.stderr
