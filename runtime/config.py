@@ -151,7 +151,10 @@ class RunConfig(StrictModel):
 
 def parse_config(data: dict, source: str) -> RunConfig:
     config = validate(RunConfig, data, source)
-    dims = config.model.dims()
+    try:
+        dims = config.model.dims()
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
     if config.model.seq_len > dims.max_seq_len:
         raise ConfigError(f"{source}: model.seq_len: {config.model.seq_len} exceeds the model's "
                           f"max_seq_len {dims.max_seq_len}; lower seq_len or pick a larger preset")

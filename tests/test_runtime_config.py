@@ -1,0 +1,74 @@
+"""Config validation: every error names the field and the fix, and the CLI exits 2 with one line per problem."""
+import pytest
+
+from predictor.schema import ConfigError
+from runtime.config import load_config
+from tests.runtime_helpers import geodiloco, small_config, write_config
+
+NODES = [{"name": "a", "emulate": {"step_time_s": 0.1}}, {"name": "b", "emulate": {"step_time_s": 0.2}}]
+
+
+def load(tmp_path, config):
+    return load_config(write_config(tmp_path, config))
+
+
+def test_embedded_default_config_is_valid():
+    config = load_config(None)
+    assert len(config.nodes) >= 2
+    assert config.optim.outer.lr == 0.7 and config.optim.outer.momentum == 0.9 and config.optim.outer.nesterov
+
+
+def test_count_shorthand_expands_gpus(tmp_path):
+    config = load(tmp_path, small_config([{"name": "a", "gpus": ["3 x RTX 2080 Ti", "Titan RTX"]}]))
+    assert config.nodes[0].gpus == ["RTX 2080 Ti"] * 3 + ["Titan RTX"]
+    assert config.nodes[0].site == "a"
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda c: c["diloco"].update(rounds=0), "diloco.rounds: Input should be greater than or equal to 1 (got 0)"),
+    (lambda c: c["optim"]["inner"].update(lrr=1), "optim.inner.lrr: unknown key"),
+    (lambda c: c.update(extra_section={}), "extra_section: unknown key"),
+    (lambda c: c["nodes"][1]["emulate"].update(gpu="A30"), "nodes[1].emulate: Value error, give exactly one of emulate.step_time_s"),
+    (lambda c: c["nodes"][0]["emulate"].update(step_time_s=-1), "nodes[0].emulate.step_time_s: Input should be greater than 0"),
+    (lambda c: c["nodes"].append({"name": "a"}), "names must be unique; repeated: a"),
+    (lambda c: c["diloco"].update(weighting="median"), "diloco.weighting: Input should be 'uniform', 'tokens', 'normalized' or 'auto'"),
+    (lambda c: c["comm"].update(timeout_s=0), "comm.timeout_s: Input should be greater than 0"),
+    (lambda c: c["model"].update(preset="gpt5"), "model.preset: unknown model preset 'gpt5'; known presets: llama-150m, small, tiny"),
+    (lambda c: c["model"].update(seq_len=4096), "model.seq_len: 4096 exceeds the model's max_seq_len 256"),
+    (lambda c: c.update(nodes=[]), "nodes: List should have at least 1 item"),
+])
+def test_bad_values_name_the_field(tmp_path, mutate, expected):
+    config = small_config([dict(node, emulate=dict(node["emulate"])) for node in NODES])
+    mutate(config)
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, config)
+    assert expected in str(caught.value)
+    assert str(tmp_path / "run.yaml") in str(caught.value)
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "absent.yaml")
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ConfigError, match="the file is empty"):
+        load_config(tmp_path / "empty.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_overrides_apply_and_bad_overrides_fail(tmp_path):
+    path = write_config(tmp_path, small_config(NODES))
+    config = load_config(path, ["diloco.rounds=7", "nodes.1.emulate.step_time_s=0.5"])
+    assert config.diloco.rounds == 7 and config.nodes[1].emulate.step_time_s == 0.5
+    with pytest.raises(ConfigError, match="expected KEY.PATH=VALUE"):
+        load_config(path, ["diloco.rounds"])
+
+
+def test_cli_reports_config_errors_in_one_line_and_exits_2(tmp_path):
+    config = small_config(NODES)
+    config["diloco"]["batch_size"] = "four"
+    result = geodiloco("run", "--config", str(write_config(tmp_path, config)), "--sites", "local")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "diloco.batch_size: Input should be a valid integer" in result.stderr
