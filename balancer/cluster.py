@@ -63,11 +63,18 @@ class WanSpec(StrictModel):
 
 
 class MeasuredSpec(StrictModel):
-    """Ground-truth step time for the simulator: seconds per step at ``batch_size``, or a trace."""
+    """Ground-truth step time for the simulator: seconds per step at ``batch_size``, or a trace.
+
+    At other batch sizes the simulator scales it by ``fixed_fraction`` (share of
+    the step that does not grow with the batch, as in ``emulate``) when given,
+    else by the shape of the predictor's t(B) for the node's GPUs. A trace is
+    summarized by its mean and its relative spread (used as per-step noise).
+    """
 
     batch_size: int = Field(ge=1)
     step_time_s: Optional[float] = Field(default=None, gt=0)
     trace_s: Optional[list[float]] = None
+    fixed_fraction: Optional[float] = Field(default=None, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
     def _has_time(self) -> "MeasuredSpec":

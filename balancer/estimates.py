@@ -145,11 +145,15 @@ class StepTimeBank:
         batch_size = np.broadcast_to(np.asarray(batch_size, dtype=np.int64), self.group_index.shape)
         micro_batch_size = np.broadcast_to(np.asarray(micro_batch_size, dtype=np.int64), self.group_index.shape)
         step_s = np.empty(self.group_index.shape, dtype=float)
+        pair_key = (batch_size << 32) | micro_batch_size
         for group_id, members in enumerate(self.members):
-            pairs, inverse = np.unique(np.stack([batch_size[members], micro_batch_size[members]], axis=1),
-                                       axis=0, return_inverse=True)
-            values = np.array([self.group_step_s(group_id, b, m) for b, m in pairs])
-            step_s[members] = values[inverse.reshape(-1)]
+            keys = pair_key[members]
+            if keys.min() == keys.max():
+                step_s[members] = self.group_step_s(group_id, batch_size[members[0]], micro_batch_size[members[0]])
+                continue
+            unique_keys, inverse = np.unique(keys, return_inverse=True)
+            values = np.array([self.group_step_s(group_id, key >> 32, key & 0xFFFFFFFF) for key in unique_keys])
+            step_s[members] = values[inverse]
         return step_s
 
 

@@ -56,9 +56,13 @@ class OuterSyncModel:
         linked = [node.wan for node in nodes if node.wan is not None]
         self.bandwidths_mbps = [wan.bandwidth_mbps for wan in linked]
         self.latencies_ms = [wan.latency_ms for wan in linked]
+        self._sync_s = self._ring_s()
 
     def sync_s(self) -> float:
         """Time of one outer all-reduce (seconds); 0 without any ``wan:`` entry."""
+        return self._sync_s
+
+    def _ring_s(self) -> float:
         if not self.bandwidths_mbps:
             return 0.0
         # Unlimited links do not slow a step; only the listed links can be the bottleneck.

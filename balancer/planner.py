@@ -135,13 +135,17 @@ class Planner:
     def nominal_tflops(self) -> np.ndarray:
         """Mean nominal TFLOPS of each node's GPUs (what the source paper's A and C balance on)."""
         if self._tflops is None:
+            per_gpu: dict = {}
             values = []
             for node in self.nodes:
                 gpus = prior_gpus(node)
                 if not gpus:
                     raise ConfigError(f"policy {self.balancing.policy} balances on nominal TFLOPS, but node "
                                       f"{node.name} lists no gpus; list them")
-                values.append(float(np.mean([self.tflops_lookup(gpu) for gpu in gpus])))
+                for gpu in gpus:
+                    if gpu not in per_gpu:
+                        per_gpu[gpu] = self.tflops_lookup(gpu)
+                values.append(float(np.mean([per_gpu[gpu] for gpu in gpus])))
             self._tflops = np.asarray(values)
         return self._tflops
 
@@ -209,7 +213,10 @@ class Planner:
 
     def plan(self, round_idx: int) -> Plan:
         """The plan of round ``round_idx`` (deterministic given the measurements observed so far)."""
-        arrays = self.plan_arrays(round_idx)
+        return self.to_plan(self.plan_arrays(round_idx))
+
+    def to_plan(self, arrays: RoundPlan) -> Plan:
+        """A Plan record (per-node NodePlan objects) from a round's arrays."""
         node_plans = [
             NodePlan(name=name, local_steps=int(arrays.local_steps[i]), batch_size=int(arrays.batch_size[i]),
                      micro_batch_size=int(arrays.micro_batch_size[i]),
@@ -218,7 +225,7 @@ class Planner:
                      predicted_wait_s=float(arrays.wait_s[i]), deadline_s=arrays.deadline_s)
             for i, name in enumerate(self.names)
         ]
-        return Plan(policy=self.balancing.policy, round=round_idx, nodes=node_plans, weighting=self.weighting,
+        return Plan(policy=self.balancing.policy, round=arrays.round, nodes=node_plans, weighting=self.weighting,
                     predicted_round_s=arrays.phase_s + float(np.max(arrays.comm_s)),
                     predicted_idle_s=float(np.sum(arrays.idle_s)))
 
