@@ -71,7 +71,7 @@ def init_process_group(timeout_s: float, use_cuda: bool) -> None:
 def build_topology(node_name: str, config_node_names: list[str]) -> Topology:
     """Agree on which ranks form which node, and create the node and leader groups.
 
-    Ranks are grouped by the node name each one reports (``--node`` / GEODILOCO_NODE);
+    Ranks are grouped by the node name each one reports (``--node-name`` / GEODILOCO_NODE);
     nodes are ordered as in the config, so node indices match on every site.
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -82,7 +82,7 @@ def build_topology(node_name: str, config_node_names: list[str]) -> Topology:
     if unknown or missing:
         raise RuntimeError(f"nodes joined {sorted(set(reports))} but the config lists {config_node_names}; "
                            f"missing: {missing or 'none'}, unknown: {unknown or 'none'}. "
-                           "Start one launch per config node with --node NAME.")
+                           "Start one launch per config node with --node-name NAME.")
     ranks_by_node = {name: [r for r, reported in enumerate(reports) if reported == name]
                      for name in config_node_names}
     node_group = None
@@ -104,14 +104,14 @@ def build_topology(node_name: str, config_node_names: list[str]) -> Topology:
 
 
 def node_name_from_env(cli_node: Optional[str], config_node_names: list[str]) -> str:
-    """``--node`` wins, then GEODILOCO_NODE, then torchrun's GROUP_RANK as a config index."""
+    """``--node-name`` wins, then GEODILOCO_NODE, then torchrun's GROUP_RANK as a config index."""
     name = cli_node or os.environ.get("GEODILOCO_NODE")
     if name:
         return name
     group_rank = os.environ.get("GROUP_RANK")
     if group_rank is not None and int(group_rank) < len(config_node_names):
         return config_node_names[int(group_rank)]
-    raise RuntimeError("cannot tell which config node this process is: pass --node NAME "
+    raise RuntimeError("cannot tell which config node this process is: pass --node-name NAME "
                        f"(one of {', '.join(config_node_names)})")
 
 

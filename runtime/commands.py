@@ -30,7 +30,7 @@ def register(subparsers) -> None:
 
     train = subparsers.add_parser("train", help="train one node (the torchrun entry at each site)",
                                   description="Same as `python -m runtime.train`: start it under torchrun at "
-                                              "every site with the same config and --node NAME.")
+                                              "every site with the same config and --node-name NAME.")
     from runtime.train import add_train_arguments
     add_train_arguments(train)
     train.set_defaults(func=train_command)

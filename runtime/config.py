@@ -140,7 +140,7 @@ class RunConfig(StrictModel):
             if node.name == name:
                 return node
         known = ", ".join(node.name for node in self.nodes)
-        raise ConfigError(f"--node {name!r} is not in the config's nodes ({known})")
+        raise ConfigError(f"--node-name {name!r} is not in the config's nodes ({known})")
 
     def node_index(self, name: str) -> int:
         return [node.name for node in self.nodes].index(self.node(name).name)

@@ -1,4 +1,4 @@
-"""One node's training process: ``python -m runtime.train --config run.yaml --node NAME``.
+"""One node's training process: ``python -m runtime.train --config run.yaml --node-name NAME``.
 
 Started by torchrun at each site (or by ``geodiloco run`` on one machine). Each
 outer round: take this round's plan, run the local phase (inner AdamW steps,
@@ -423,7 +423,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="run config YAML (see experiments/configs/)")
-    parser.add_argument("--node", help="which config node this site is (default: GEODILOCO_NODE, "
+    parser.add_argument("--node-name", dest="node", help="which config node this site is (default: GEODILOCO_NODE, "
                                        "else torchrun's GROUP_RANK as an index into nodes:)")
     parser.add_argument("--run-dir", help="where logs and checkpoints go (default: run.out_dir/run.name); "
                                           "give every site the same path on its own disk")

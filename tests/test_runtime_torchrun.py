@@ -1,0 +1,44 @@
+"""The site entry under torchrun: two agents (c10d rendezvous), one node with 2 ranks (DDP inside the node)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from runtime import checkpoint
+from runtime.launch import free_port
+from tests.runtime_helpers import REPO_ROOT, read_jsonl, small_config, write_config
+
+pytestmark = pytest.mark.slow
+
+
+def torchrun_site(config_path, run_dir, node, nproc, port, is_host):
+    env = dict(os.environ, OMP_NUM_THREADS="1", GEODILOCO_DEVICE="cpu")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={nproc}",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+               f"--rdzv-conf=is_host={'true' if is_host else 'false'}", "--max-restarts=0",
+               "-m", "runtime.train", "--config", str(config_path), "--node-name", node, "--run-dir", str(run_dir)]
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_sites_under_torchrun_with_a_two_rank_node(tmp_path):
+    nodes = [{"name": "a", "gpus": ["2 x A30"], "local_steps": 3, "batch_size": 4, "emulate": {"step_time_s": 0.05}},
+             {"name": "b", "gpus": ["RTX 3090"], "local_steps": 2, "batch_size": 4, "emulate": {"step_time_s": 0.05}}]
+    config = small_config(nodes)
+    config_path = write_config(tmp_path, config)
+    run_dir = tmp_path / "run"
+    port = free_port()
+    host = torchrun_site(config_path, run_dir, "a", 2, port, True)
+    other = torchrun_site(config_path, run_dir, "b", 1, port, False)
+    outputs = [process.communicate(timeout=150) for process in (host, other)]
+    assert host.returncode == 0 and other.returncode == 0, "\n".join(err[-2000:] for _, err in outputs)
+
+    records = read_jsonl(run_dir / "idle.jsonl")
+    assert sorted((r["round"], r["node"], r["local_steps"]) for r in records) == [
+        (0, "a", 3), (0, "b", 2), (1, "a", 3), (1, "b", 2)]
+    metrics = [row for row in read_jsonl(run_dir / "metrics.jsonl") if row["node"] != "global"]
+    for round_idx in range(2):
+        assert len({row["start_checksum"] for row in metrics if row["round"] == round_idx}) == 1
+    assert checkpoint.latest_round(run_dir) == 1
+    assert sorted(path.name for path in checkpoint.round_dir(run_dir, 1).iterdir()) == [
+        "global.pt", "node_a.pt", "node_b.pt"]
