@@ -1,6 +1,93 @@
-"""Subcommands of the `geodiloco` command that belong to balancer/."""
+"""Subcommands of the `geodiloco` command that belong to balancer/: ``plan`` and ``simulate``."""
 from __future__ import annotations
+
+import json
+import sys
+
+from balancer.config import POLICY_NAMES
+
+COMMON_HELP = {
+    "cluster": "cluster file (a nodes: list) or a whole run config",
+    "model": "model preset or a JSON/YAML file of dims (default: the file's model.preset, else llama-150m)",
+    "set": "balancing option KEY=VALUE (repeatable), e.g. --set hysteresis=0.05 --set reference_node=fastest",
+}
+
+
+def _add_common(parser) -> None:
+    parser.add_argument("--cluster", required=True, help=COMMON_HELP["cluster"])
+    parser.add_argument("--policy", choices=POLICY_NAMES, help="balancing policy (default: the file's balancing.policy, else uniform)")
+    parser.add_argument("--model", help=COMMON_HELP["model"])
+    parser.add_argument("--seq-len", type=int, help="tokens per sample (default: the file's model.seq_len, else 1024)")
+    parser.add_argument("--local-steps", type=int, help="baseline local steps H (default: diloco.local_steps, else 100)")
+    parser.add_argument("--batch-size", type=int, help="baseline batch size B (default: diloco.batch_size, else 4)")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"], help="training precision")
+    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help=COMMON_HELP["set"])
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def register(subparsers) -> None:
-    """Add this package's subcommands to the `geodiloco` parser."""
+    """Add ``plan`` and ``simulate`` to the `geodiloco` parser."""
+    plan = subparsers.add_parser("plan", help="per-node local steps and batch sizes for a balancing policy",
+                                 description="Plan one round: per-node local steps H, batch size B, predicted "
+                                             "local-phase time and predicted idle (seconds).")
+    _add_common(plan)
+    plan.add_argument("--round", type=int, default=0, help="round index to plan (default 0)")
+    plan.set_defaults(func=run_plan)
+
+    simulate = subparsers.add_parser("simulate", help="simulate rounds of a cluster under a policy (no processes)",
+                                     description="Discrete-event simulation of outer rounds with ground-truth step "
+                                                 "times, per-step noise, slowdowns and the outer sync.")
+    _add_common(simulate)
+    simulate.add_argument("--rounds", type=int, default=10, help="outer rounds to simulate (default 10)")
+    simulate.add_argument("--slowdown", action="append", default=[], metavar="NODE:ROUND:FACTOR",
+                          help="node runs FACTOR x slower from ROUND on (repeatable; NODE:ROUND:FACTOR:UNTIL ends it)")
+    simulate.add_argument("--model-error", type=float, help="relative error of the predictor's estimate for nodes "
+                                                            "without measured step times (default 0.1)")
+    simulate.add_argument("--step-noise", type=float, help="relative std of each step's time (default 0.02)")
+    simulate.add_argument("--seed", type=int, help="random seed (default 0)")
+    simulate.add_argument("--out", metavar="DIR", help="write idle.jsonl, plan.jsonl and config.yaml here")
+    simulate.add_argument("--run-id", help="run_id of the written records (default: sim-POLICY)")
+    simulate.set_defaults(func=run_simulate)
+
+
+def _setup(args, simulation=None):
+    from balancer.setup import load_setup
+    return load_setup(args.cluster, policy=args.policy, model=args.model, seq_len=args.seq_len,
+                      local_steps=args.local_steps, batch_size=args.batch_size, precision=args.precision,
+                      assignments=args.assignments, simulation=simulation)
+
+
+def run_plan(args) -> int:
+    from balancer.views import plan_summary, print_plan
+    setup = _setup(args)
+    plan = setup.planner().plan(args.round)
+    if args.json:
+        print(json.dumps(plan_summary(plan), indent=2))
+    else:
+        print_plan(plan, setup)
+    return 0
+
+
+def run_simulate(args) -> int:
+    from balancer.setup import parse_slowdown
+    from balancer.simulate import simulate
+    from balancer.views import print_simulation
+    from predictor.schema import ConfigError
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
+    simulation = {key: value for key, value in (("model_error", args.model_error), ("step_noise", args.step_noise),
+                                                ("seed", args.seed)) if value is not None}
+    setup = _setup(args, simulation)
+    slowdowns = [parse_slowdown(text) for text in args.slowdown]
+    result = simulate(setup.planner(), args.rounds, slowdowns=slowdowns, keep_plans=args.out is not None)
+    if args.out:
+        run_id = args.run_id or f"sim-{setup.balancing.policy}"
+        result.write(args.out, run_id, setup.to_config(run_id))
+    if args.json:
+        print(json.dumps(result.summary(), indent=2))
+    else:
+        print_simulation(result)
+        if args.out:
+            print(f"wrote {args.out}/idle.jsonl, plan.jsonl, config.yaml", file=sys.stderr)
+    return 0

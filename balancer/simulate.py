@@ -21,6 +21,7 @@ from balancer.cluster import NodeSpec, SlowdownEvent
 from balancer.estimates import StepTimeBank, micro_batches
 from balancer.planner import Planner, RoundPlan
 from balancer.records import IdleRecord, append_records
+from predictor.schema import ConfigError
 
 NOISE_WINDOW_SIGMAS = 6.0
 
@@ -83,7 +84,8 @@ def slowdown_matrix(nodes: Sequence[NodeSpec], rounds: int, extra: Sequence[Slow
               for event in node.emulate.slowdown]
     for item in extra:
         if item.node not in index:
-            raise KeyError(f"slowdown for unknown node {item.node!r}")
+            known = ", ".join(list(index)[:10])
+            raise ConfigError(f"slowdown for unknown node {item.node!r}; nodes: {known}")
         events.append((index[item.node], SlowdownEvent(from_round=item.from_round, factor=item.factor,
                                                        until_round=item.until_round)))
     for position, event in events:

@@ -1,0 +1,123 @@
+"""Build a Planner from a cluster file and command-line choices (shared by `plan` and `simulate`).
+
+A cluster file is either just a ``nodes:`` list or a whole run config; from a
+run config the ``balancing:`` section, ``model.preset``/``model.seq_len`` and
+``diloco.local_steps``/``diloco.batch_size`` become defaults that flags override.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import yaml
+
+from balancer.cluster import ClusterSpec, load_cluster
+from balancer.config import BalancingConfig
+from balancer.planner import Planner
+from balancer.simulate import Slowdown
+from predictor.schema import ConfigError, load_yaml_mapping, validate
+from predictor.workload import ModelDims, resolve_dims
+
+DEFAULT_MODEL = "llama-150m"
+DEFAULT_SEQ_LEN = 1024
+DEFAULT_LOCAL_STEPS = 100
+DEFAULT_BATCH_SIZE = 4
+
+
+@dataclass
+class PlanningSetup:
+    """Everything a planner needs, resolved from the file and the flags."""
+
+    cluster: ClusterSpec
+    balancing: BalancingConfig
+    model: str
+    dims: ModelDims
+    seq_len: int
+    local_steps: int
+    batch_size: int
+    precision: str
+
+    def planner(self) -> Planner:
+        return Planner(self.balancing, self.cluster.nodes, self.dims, self.seq_len,
+                       self.local_steps, self.batch_size, self.precision)
+
+    def to_config(self, run_name: str) -> dict:
+        """A run-config-shaped record of what was planned or simulated (``config.yaml``)."""
+        return {
+            "run": {"name": run_name},
+            "model": {"preset": self.model, "seq_len": self.seq_len},
+            "diloco": {"local_steps": self.local_steps, "batch_size": self.batch_size},
+            "balancing": self.balancing.model_dump(mode="json"),
+            "nodes": [node.model_dump(mode="json", exclude_none=True) for node in self.cluster.nodes],
+        }
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with a YAML value (``hysteresis=0.05``, ``simulation.seed=3``)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. --set hysteresis=0.05")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value)
+
+
+def _section(data: dict, name: str) -> dict:
+    value = data.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def balancing_options(file_data: dict, policy: Optional[str], assignments: Sequence[str],
+                      simulation: dict, source: str) -> BalancingConfig:
+    """The ``balancing:`` section of the file, then ``--policy``, ``--set`` and simulation flags."""
+    options = dict(_section(file_data, "balancing"))
+    if policy is not None:
+        options["policy"] = policy
+    for text in assignments:
+        key, value = parse_assignment(text)
+        target = options
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            target = target.setdefault(parent, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"--set {text!r}: balancing.{parent} is not a section")
+        target[leaf] = value
+    if simulation:
+        options["simulation"] = {**options.get("simulation", {}), **simulation}
+    return validate(BalancingConfig, options, source, prefix="balancing")
+
+
+def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[str] = None,
+               seq_len: Optional[int] = None, local_steps: Optional[int] = None,
+               batch_size: Optional[int] = None, precision: str = "bf16",
+               assignments: Sequence[str] = (), simulation: Optional[dict] = None) -> PlanningSetup:
+    file_data = load_yaml_mapping(cluster_path)
+    cluster = load_cluster(cluster_path)
+    model_section, diloco = _section(file_data, "model"), _section(file_data, "diloco")
+    model_name = model or model_section.get("preset") or DEFAULT_MODEL
+    resolved_seq_len = seq_len or model_section.get("seq_len") or DEFAULT_SEQ_LEN
+    steps = local_steps or diloco.get("local_steps") or DEFAULT_LOCAL_STEPS
+    batch = batch_size or diloco.get("batch_size") or DEFAULT_BATCH_SIZE
+    for name, value in (("--seq-len", resolved_seq_len), ("--local-steps", steps), ("--batch-size", batch)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    balancing = balancing_options(file_data, policy, assignments, simulation or {}, str(cluster_path))
+    try:
+        dims = resolve_dims(model_name)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return PlanningSetup(cluster=cluster, balancing=balancing, model=model_name, dims=dims,
+                         seq_len=resolved_seq_len, local_steps=steps, batch_size=batch, precision=precision)
+
+
+def parse_slowdown(text: str) -> Slowdown:
+    """``NODE:ROUND:FACTOR`` (or ``NODE:ROUND:FACTOR:UNTIL``) -> Slowdown."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4):
+        raise ConfigError(f"--slowdown {text!r}: expected NODE:ROUND:FACTOR, e.g. node1:5:2.0")
+    try:
+        until = int(parts[3]) if len(parts) == 4 else None
+        event = Slowdown(node=parts[0], from_round=int(parts[1]), factor=float(parts[2]), until_round=until)
+    except ValueError:
+        raise ConfigError(f"--slowdown {text!r}: ROUND must be an integer and FACTOR a number") from None
+    if event.from_round < 0 or event.factor <= 0:
+        raise ConfigError(f"--slowdown {text!r}: ROUND must be >= 0 and FACTOR > 0")
+    return event

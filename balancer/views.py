@@ -1,0 +1,74 @@
+"""What `geodiloco plan` and `geodiloco simulate` print: JSON shapes and rich tables (seconds)."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from balancer.plan import Plan
+
+
+def plan_summary(plan: Plan) -> dict:
+    """``geodiloco plan --json``: per-node H, B and predictions, plus totals (seconds)."""
+    return {
+        "policy": plan.policy,
+        "round": plan.round,
+        "weighting": plan.weighting,
+        "nodes": [{
+            "name": node.name, "local_steps": node.local_steps, "batch_size": node.batch_size,
+            "micro_batch_size": node.micro_batch_size, "predicted_step_s": node.predicted_step_s,
+            "predicted_compute_s": node.predicted_compute_s, "predicted_wait_s": node.predicted_wait_s,
+            "predicted_comm_s": node.predicted_comm_s, "predicted_idle_s": node.predicted_idle_s,
+            "deadline_s": node.deadline_s,
+        } for node in plan.nodes],
+        "predicted_round_s": plan.predicted_round_s,
+        "predicted_idle_s": plan.predicted_idle_s,
+    }
+
+
+def print_plan(plan: Plan, setup, console: Console | None = None) -> None:
+    console = console or Console()
+    gpus = {node.name: node.gpus for node in setup.cluster.nodes}
+    table = Table(title=f"plan, policy {plan.policy}, round {plan.round} ({setup.model}, seq {setup.seq_len}, "
+                        f"baseline H={setup.local_steps} B={setup.batch_size})")
+    for column in ("node", "GPUs", "H", "B", "micro", "step s", "compute s", "wait s", "sync s", "deadline s"):
+        table.add_column(column, justify="left" if column in ("node", "GPUs") else "right")
+    for node in plan.nodes:
+        table.add_row(node.name, _gpu_text(gpus.get(node.name, [])), str(node.local_steps), str(node.batch_size),
+                      str(node.micro_batch_size), f"{node.predicted_step_s:.3f}", f"{node.predicted_compute_s:.2f}",
+                      f"{node.predicted_wait_s:.2f}", f"{node.predicted_comm_s:.2f}",
+                      "-" if node.deadline_s is None else f"{node.deadline_s:.2f}")
+    console.print(table)
+    wait_s = sum(node.predicted_wait_s for node in plan.nodes)
+    console.print(f"predicted round {plan.predicted_round_s:.2f} s; waiting {wait_s:.2f} s and GPU idle "
+                  f"(waiting + outer sync) {plan.predicted_idle_s:.2f} s summed over nodes; "
+                  f"outer-average weighting: {plan.weighting}")
+
+
+def _gpu_text(gpus: list) -> str:
+    counts: dict = {}
+    for gpu in gpus:
+        counts[gpu] = counts.get(gpu, 0) + 1
+    return ", ".join(f"{count} x {gpu}" if count > 1 else gpu for gpu, count in counts.items()) or "-"
+
+
+def print_simulation(result, console: Console | None = None) -> None:
+    console = console or Console()
+    summary = result.summary()
+    table = Table(title=f"simulated {summary['rounds']} rounds, policy {summary['policy']} (seconds, summed over rounds)")
+    for column in ("node", "steps", "B (last)", "tokens", "compute s", "wait s", "sync s", "idle s",
+                   "predicted idle s"):
+        table.add_column(column, justify="left" if column == "node" else "right")
+    for node in summary["nodes"]:
+        table.add_row(node["name"], str(node["steps_total"]), str(node["batch_size"]), f"{node['tokens']:,}",
+                      f"{node['compute_s']:.2f}", f"{node['wait_s']:.2f}", f"{node['comm_s']:.2f}",
+                      f"{node['idle_s']:.2f}", f"{node['predicted_idle_s']:.2f}")
+    table.add_row("total", "", "", f"{summary['tokens']:,}", f"{summary['compute_s']:.2f}", f"{summary['wait_s']:.2f}",
+                  f"{summary['comm_s']:.2f}", f"{summary['idle_s']:.2f}", f"{summary['predicted_idle_s']:.2f}",
+                  style="bold")
+    if len(summary["nodes"]) > 40:
+        console.print(f"{len(summary['nodes'])} nodes; per-node rows left out (use --json or --out)")
+    else:
+        console.print(table)
+    console.print(f"wall {summary['wall_s']:.1f} s; waiting {summary['wait_s']:.2f} s; "
+                  f"tokens per round {summary['tokens_per_round']:,.0f}; tokens per hour {summary['tokens_per_hour']:,.0f}; "
+                  f"outer-average weighting: {summary['weighting']}")
