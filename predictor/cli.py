@@ -1,6 +1,166 @@
-"""Subcommands of the `geodiloco` command that belong to predictor/."""
+"""Subcommands of the `geodiloco` command that belong to predictor/: ``geodiloco predict``."""
 from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from predictor.schema import ConfigError
+
+_COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
+
+EPILOG = """\
+examples:
+  geodiloco predict --gpu A30 --gpu A30 --model llama-150m --batch-size 4 --seq-len 1024 --precision fp16
+  geodiloco predict --gpu "4 x RTX 2080 Ti" --model llama-150m --batch-size 4 --seq-len 1024 --json
+  geodiloco predict --model small --batch-size 8 --seq-len 128 --precision fp32   (no --gpu: this CPU)
+  geodiloco predict --detect
+  geodiloco predict --list-gpus
+"""
 
 
 def register(subparsers) -> None:
     """Add this package's subcommands to the `geodiloco` parser."""
+    parser = subparsers.add_parser(
+        "predict", help="predict a node's step time from its GPUs and the model",
+        description="Predict one node's training step time from GPU datasheets and the model's cost.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu", action="append", default=[], metavar="NAME",
+                        help="one GPU of the node; repeat per GPU, or '4 x A30' (none: this machine's CPU)")
+    parser.add_argument("--model", default="tiny", metavar="PRESET_OR_FILE",
+                        help="preset (tiny, small, llama-150m) or a JSON/YAML file of dims (Hugging Face keys ok)")
+    parser.add_argument("--batch-size", type=int, default=4, help="samples per step for the whole node")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample")
+    parser.add_argument("--precision", choices=["bf16", "fp16", "fp32", "tf32"], default="bf16",
+                        help="bf16/fp16 = autocast mixed precision; fp32; tf32 = fp32 with TF32 matmuls")
+    parser.add_argument("--micro-batch-size", type=int, default=None,
+                        help="samples per GPU per forward pass (gradient accumulation above it)")
+    parser.add_argument("--split", choices=["equal", "by_speed"], default="equal",
+                        help="how the node's batch is divided among its GPUs")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute block activations in the backward pass")
+    parser.add_argument("--gpu-file", action="append", default=[], metavar="YAML",
+                        help="extra GPU datasheet rows (same shape as predictor/data/gpus.yaml)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--detect", action="store_true", help="describe this machine's GPUs or CPU")
+    parser.add_argument("--list-gpus", action="store_true", help="print the known GPUs and their rates")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="measure this CPU again instead of using the cached peaks")
+    parser.set_defaults(func=run_predict)
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    from predictor.specs import load_user_gpus
+
+    for path in args.gpu_file:
+        load_user_gpus(path)
+    if args.remeasure:
+        from predictor.detect import cpu_peak
+        cpu_peak(refresh=True)
+    if args.detect:
+        return print_detect(args.json)
+    if args.list_gpus:
+        return print_gpus(args.json)
+    return print_prediction(args)
+
+
+def print_prediction(args: argparse.Namespace) -> int:
+    from predictor.model import node_step_model
+    from predictor.workload import parameter_count, resolve_dims, training_flops
+
+    if args.batch_size < 1 or args.seq_len < 1:
+        raise ConfigError("--batch-size and --seq-len must be >= 1")
+    dims = resolve_dims(args.model)
+    if args.seq_len > dims.max_seq_len:
+        raise ConfigError(f"--seq-len {args.seq_len} exceeds the model's max_seq_len {dims.max_seq_len}")
+    gpus = expand_counts(args.gpu)
+    model = node_step_model(gpus, dims, args.seq_len, args.precision, args.micro_batch_size, args.split,
+                            args.activation_checkpointing)
+    info = model.explain(args.batch_size)
+    info["gpus"] = [device.name for device in model.devices]
+    info["model"] = args.model
+    info["parameters"] = parameter_count(dims)
+    info["flops_per_step"] = training_flops(dims, args.batch_size, args.seq_len, args.activation_checkpointing)
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        print(human_prediction(info))
+    return 0
+
+
+def expand_counts(values: list[str]) -> list[str]:
+    """Accept '4 x A30' as four 'A30' entries, like the cluster file does."""
+    expanded: list[str] = []
+    for value in values:
+        match = _COUNT_PREFIX.match(value)
+        expanded.extend([match.group(2)] * int(match.group(1)) if match else [value])
+    return expanded
+
+
+def human_prediction(info: dict) -> str:
+    ms = 1e3
+    gpus = ", ".join(f"{info['gpus'].count(name)} x {name}" for name in dict.fromkeys(info["gpus"]))
+    lines = [
+        f"node: {gpus}",
+        f"model: {info['model']} ({info['parameters'] / 1e6:.1f} M parameters), batch {info['batch_size']} x "
+        f"seq {info['seq_len']}, {info['precision']}",
+        f"step time: {info['step_time_s'] * ms:.2f} ms ({info['tokens_per_s']:,.0f} tokens/s), "
+        f"bound by {info['bound']}",
+        f"pace set by: {info['pacing_gpu']} at {info['rate_tflops']:g} TFLOPS ({info['rate_column']}), "
+        f"{info['memory_bandwidth_gbps']:g} GB/s",
+        f"  matmul compute {info['compute_s'] * ms:.2f} ms (attention {info['attention_s'] * ms:.2f}), "
+        f"memory traffic {info['memory_s'] * ms:.2f} ms (elementwise {info['elementwise_s'] * ms:.2f}, "
+        f"optimizer {info['optimizer_s'] * ms:.2f}), host overhead {info['host_overhead_s'] * ms:.2f} ms",
+        f"  intra-node all-reduce {info['allreduce_s'] * ms:.2f} ms, exposed {info['allreduce_exposed_s'] * ms:.2f} ms",
+        f"samples per GPU: {info['samples_per_gpu']} ({info['split']} split), micro-batch {info['micro_batch_size']}"
+        f" x {info['grad_accum_steps']}",
+        f"memory per GPU: {info['memory_gb']:.2f} GiB; largest batch without accumulation: {info['max_batch_size']}",
+    ]
+    lines += [f"note: {note}" for note in info["notes"]]
+    return "\n".join(lines)
+
+
+def print_detect(as_json: bool) -> int:
+    from predictor.detect import describe_this_machine
+
+    machine = describe_this_machine()
+    if as_json:
+        print(json.dumps(machine, indent=2, sort_keys=True))
+        return 0
+    lines = [f"detected by: {machine['source']}"]
+    for gpu in machine["gpus"]:
+        lines.append(f"GPU {gpu['index']}: {gpu['name']}, {gpu['memory_gb']} GiB, "
+                     f"datasheet row: {gpu.get('datasheet') or 'none (add one with --gpu-file)'}")
+    cpu = machine["cpu"]
+    lines.append(f"CPU: {cpu['model']}, {cpu['logical_cores']} cores, {cpu['memory_gb']} GiB, "
+                 f"{cpu['threads']} compute threads")
+    if "matmul_tflops" in cpu:
+        lines.append(f"  measured: {cpu['matmul_tflops'] * 1e3:.1f} GFLOP/s fp32 matmul, "
+                     f"{cpu['memory_bandwidth_gbps']:.1f} GB/s copy, {cpu['host_op_us']:.2f} us per eager op")
+    lines += [f"fallback: {reason}" for reason in machine["fallback_reasons"]]
+    print("\n".join(lines))
+    return 0
+
+
+def print_gpus(as_json: bool) -> int:
+    from dataclasses import asdict
+
+    from predictor.specs import known_gpus
+
+    specs = known_gpus()
+    if as_json:
+        print(json.dumps([{k: v for k, v in asdict(spec).items() if k != "extra"} for spec in specs], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="GPU datasheet rows (dense TFLOPS)")
+    for column in ("name", "arch", "SMs", "GiB", "GB/s", "FP32", "TF32", "FP16", "FP16/32acc", "BF16"):
+        table.add_column(column)
+    for spec in specs:
+        table.add_row(spec.name, spec.architecture, str(spec.sm_count), f"{spec.memory_gb:g}",
+                      f"{spec.memory_bandwidth_gbps:g}", *(f"{v:g}" if v else "-" for v in (
+                          spec.fp32_tflops, spec.tf32_tflops, spec.fp16_tflops, spec.fp16_fp32acc_tflops,
+                          spec.bf16_tflops)))
+    Console().print(table)
+    return 0

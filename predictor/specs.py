@@ -76,11 +76,13 @@ class GpuSpec:
             return self.fp16_fp32acc_tflops, "fp16_fp32acc_tflops", note
         return self.fp32_tflops, "fp32_tflops", (note + "; " if note else "") + "no FP16 tensor rate; FP32 used"
 
-    def link_gbps(self) -> float:
-        """One-direction bandwidth (GB/s) of this GPU's best link to its peers."""
-        if self.nvlink_gbps:
-            return self.nvlink_gbps / 2
+    def pcie_gbps(self) -> float:
+        """One-direction bandwidth (GB/s) of this GPU's x16 host link (gen 3 if unknown)."""
         return PCIE_X16_GBPS.get(self.pcie_gen or 3, PCIE_X16_GBPS[3])
+
+    def link_gbps(self) -> float:
+        """One-direction bandwidth (GB/s) of this GPU's best link to identical peers."""
+        return self.nvlink_gbps / 2 if self.nvlink_gbps else self.pcie_gbps()
 
 
 class GpuRow(StrictModel):

@@ -1,0 +1,231 @@
+"""Accuracy of the step-time predictor on this machine, and its view of the paper's cluster.
+
+Measured: real training steps of the `tiny` and `small` presets on this CPU
+(runtime.models.build_model, AdamW, gradient clipping, fp32, one thread).
+
+1. Cold: predict every test point from the measured CPU peak alone
+   (matmul FLOP/s, copy bandwidth, per-op overhead; predictor.detect).
+2. Warm: feed 5 measured steps (batch 1, 2, 4, 8, 16 at seq 128; each after
+   one unmeasured warm-up step at that shape, plus the run's very first step,
+   which the online model discards as warm-up) to OnlineStepTimeModel, then
+   predict batch 3, 6, 12 at seq 64 and 256, none seen in calibration.
+   Truth = median of 3 timed steps after one warm-up step.
+3. The four nodes of the source paper (Table 1) for llama-150m, batch 4,
+   seq 1024, fp16 mixed precision: predicted relative speed beside the one
+   nominal FP16 TFLOPS gives.
+
+Run:  .venv/bin/python experiments/predictor/bench_accuracy.py
+Writes experiments/results/predictor/{accuracy.json, accuracy.md, accuracy.png, paper_cluster.md}.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from predictor.detect import cpu_model_name, cpu_peak
+from predictor.model import node_step_model
+from predictor.online import OnlineStepTimeModel
+from predictor.specs import lookup_gpu
+from predictor.workload import preset_dims
+from runtime.models import build_model
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "predictor"
+CALIBRATION_SEQ = 128
+CALIBRATION_BATCHES = (1, 2, 4, 8, 16)
+TEST_BATCHES = (3, 6, 12)
+TEST_SEQS = (64, 256)
+PAPER_NODES = {
+    "node 1": ["RTX 2080 Ti"] * 4,
+    "node 2": ["RTX 2080 Ti"] * 3 + ["TITAN RTX"],
+    "node 3": ["A30"] * 4,
+    "node 4": ["RTX 3090"] * 2 + ["V100-SXM2-32GB"] * 2,
+}
+
+
+class Trainer:
+    """A plain training loop: AdamW, gradient clipping 1.0, random tokens."""
+
+    def __init__(self, preset: str) -> None:
+        self.dims = preset_dims(preset)
+        self.model = build_model(self.dims, seed=0)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4, weight_decay=0.1)
+        self.generator = torch.Generator().manual_seed(0)
+
+    def step_s(self, batch_size: int, seq_len: int) -> float:
+        tokens = torch.randint(0, self.dims.vocab_size, (batch_size, seq_len + 1), generator=self.generator)
+        start = time.perf_counter()
+        loss = self.model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    def measured_s(self, batch_size: int, seq_len: int, repeats: int = 3) -> float:
+        self.step_s(batch_size, seq_len)
+        return statistics.median(self.step_s(batch_size, seq_len) for _ in range(repeats))
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured
+
+
+def bench_preset(preset: str) -> dict:
+    trainer = Trainer(preset)
+    dims = trainer.dims
+    online = OnlineStepTimeModel(node_step_model([], dims, CALIBRATION_SEQ, "fp32"))
+    online.update(CALIBRATION_BATCHES[0], trainer.step_s(CALIBRATION_BATCHES[0], CALIBRATION_SEQ))
+    calibration = []
+    for batch in CALIBRATION_BATCHES:
+        trainer.step_s(batch, CALIBRATION_SEQ)
+        seconds = trainer.step_s(batch, CALIBRATION_SEQ)
+        online.update(batch, seconds)
+        calibration.append({"batch_size": batch, "seq_len": CALIBRATION_SEQ, "step_time_s": seconds})
+    points = []
+    for seq in TEST_SEQS:
+        cold = node_step_model([], dims, seq, "fp32")
+        warm = online.with_prior(cold)
+        for batch in TEST_BATCHES:
+            measured = trainer.measured_s(batch, seq)
+            point = {"preset": preset, "batch_size": batch, "seq_len": seq, "measured_s": measured,
+                     "cold_s": cold.predict(batch), "warm_s": warm.predict(batch),
+                     "warm_uncertainty": warm.uncertainty(batch), "bound": cold.explain(batch)["bound"]}
+            point["cold_error"] = relative_error(point["cold_s"], measured)
+            point["warm_error"] = relative_error(point["warm_s"], measured)
+            points.append(point)
+            print(f"{preset:6s} B={batch:3d} S={seq:4d} measured {measured * 1e3:8.1f} ms  "
+                  f"cold {point['cold_s'] * 1e3:8.1f} ms ({point['cold_error']:6.1%})  "
+                  f"warm {point['warm_s'] * 1e3:8.1f} ms ({point['warm_error']:6.1%})", flush=True)
+    w_fixed, w_scaling = online.weights
+    return {"calibration": calibration, "points": points, "w_fixed": w_fixed, "w_scaling": w_scaling}
+
+
+def paper_cluster() -> list[dict]:
+    dims = preset_dims("llama-150m")
+    rows = []
+    for name, gpus in PAPER_NODES.items():
+        equal = node_step_model(gpus, dims, 1024, "fp16").explain(4)
+        by_speed = node_step_model(gpus, dims, 1024, "fp16", split="by_speed").explain(4)
+        nominal = statistics.mean(lookup_gpu(gpu).fp16_tflops for gpu in gpus)
+        rows.append({"node": name, "gpus": gpus, "nominal_fp16_tflops": nominal,
+                     "step_time_s": equal["step_time_s"], "step_time_by_speed_s": by_speed["step_time_s"],
+                     "bound": equal["bound"], "pacing_gpu": equal["pacing_gpu"], "rate_tflops": equal["rate_tflops"],
+                     "max_batch_size": equal["max_batch_size"]})
+    slowest = max(row["step_time_s"] for row in rows)
+    lowest_nominal = min(row["nominal_fp16_tflops"] for row in rows)
+    for row in rows:
+        row["predicted_relative_speed"] = slowest / row["step_time_s"]
+        row["nominal_relative_speed"] = row["nominal_fp16_tflops"] / lowest_nominal
+    return rows
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def write_markdown(summary: dict, cluster: list[dict]) -> None:
+    lines = [
+        "# Step-time predictor accuracy on this machine",
+        "",
+        f"Machine: {summary['machine']}; {summary['threads']} torch thread; measured peak "
+        f"{summary['cpu_peak']['matmul_tflops'] * 1e3:.1f} GFLOP/s fp32 matmul, "
+        f"{summary['cpu_peak']['memory_bandwidth_gbps']:.1f} GB/s copy, "
+        f"{summary['cpu_peak']['host_op_us']:.2f} us per eager op.",
+        f"Command: `{summary['command']}` ({summary['wall_s']:.0f} s).",
+        "",
+        f"- warm (5 measured steps at seq {CALIBRATION_SEQ}): median error **{summary['warm_median_error']:.1%}** "
+        f"(max {summary['warm_max_error']:.1%}); goal <= 5 %",
+        f"- cold (measured CPU peak only): median error **{summary['cold_median_error']:.1%}** "
+        f"(max {summary['cold_max_error']:.1%}); goal <= 30 %",
+        "",
+        "| preset | batch | seq | measured ms | cold ms | cold err | warm ms | warm err | warm +-1 sigma | bound |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in summary["points"]:
+        lines.append(f"| {p['preset']} | {p['batch_size']} | {p['seq_len']} | {p['measured_s'] * 1e3:.1f} | "
+                     f"{p['cold_s'] * 1e3:.1f} | {p['cold_error']:.1%} | {p['warm_s'] * 1e3:.1f} | "
+                     f"{p['warm_error']:.1%} | {p['warm_uncertainty']:.1%} | {p['bound']} |")
+    (RESULTS / "accuracy.md").write_text("\n".join(lines) + "\n")
+
+    table = [
+        "# The source paper's cluster as the predictor sees it",
+        "",
+        "llama-150m, batch 4 per node, seq 1024, fp16 mixed precision, four GPUs per node in",
+        "synchronous data parallel (PyTorch DDP, equal split), gradient all-reduce over PCIe/NVLink.",
+        "Nominal = mean FP16 TFLOPS (FP16-accumulate headline) normalized to the lowest node, as the paper did.",
+        "Predicted relative speed = slowest predicted step time / this node's.",
+        "",
+        "| node | GPUs | nominal FP16 TFLOPS | nominal relative | predicted step ms | predicted relative | "
+        "pacing GPU (rate TFLOPS) | bound | step ms, batch split by GPU speed | max batch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in cluster:
+        gpus = ", ".join(f"{row['gpus'].count(g)} x {g}" for g in dict.fromkeys(row["gpus"]))
+        table.append(f"| {row['node']} | {gpus} | {row['nominal_fp16_tflops']:.1f} | {row['nominal_relative_speed']:.3f} | "
+                     f"{row['step_time_s'] * 1e3:.1f} | {row['predicted_relative_speed']:.3f} | "
+                     f"{row['pacing_gpu']} ({row['rate_tflops']:g}) | {row['bound']} | "
+                     f"{row['step_time_by_speed_s'] * 1e3:.1f} | {row['max_batch_size']} |")
+    (RESULTS / "paper_cluster.md").write_text("\n".join(table) + "\n")
+
+
+def plot(points: list[dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(5.5, 5))
+    measured = [p["measured_s"] * 1e3 for p in points]
+    axis.scatter(measured, [p["cold_s"] * 1e3 for p in points], marker="x", label="cold (CPU peak only)")
+    axis.scatter(measured, [p["warm_s"] * 1e3 for p in points], marker="o", facecolors="none",
+                 edgecolors="C1", label="warm (after 5 measured steps)")
+    low, high = min(measured) * 0.7, max(measured) * 1.3
+    axis.plot([low, high], [low, high], color="grey", linewidth=0.8)
+    axis.set(xscale="log", yscale="log", xlabel="measured step time (ms)", ylabel="predicted step time (ms)",
+             title="tiny + small presets, batch 3/6/12, seq 64/256")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(RESULTS / "accuracy.png", dpi=120)
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    peak = cpu_peak(refresh=True)
+    points: list[dict] = []
+    details = {}
+    for preset in ("tiny", "small"):
+        details[preset] = bench_preset(preset)
+        points.extend(details[preset]["points"])
+    cluster = paper_cluster()
+    summary = {
+        "machine": f"{cpu_model_name()} ({platform.machine()}), Python {platform.python_version()}, "
+                   f"torch {torch.__version__}",
+        "threads": torch.get_num_threads(),
+        "cpu_peak": peak,
+        "command": "python experiments/predictor/bench_accuracy.py",
+        "warm_median_error": median([p["warm_error"] for p in points]),
+        "warm_max_error": max(p["warm_error"] for p in points),
+        "cold_median_error": median([p["cold_error"] for p in points]),
+        "cold_max_error": max(p["cold_error"] for p in points),
+        "points": points,
+        "calibration": {preset: {k: v for k, v in d.items() if k != "points"} for preset, d in details.items()},
+        "paper_cluster": cluster,
+    }
+    summary["wall_s"] = time.perf_counter() - started
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "accuracy.json").write_text(json.dumps(summary, indent=2))
+    write_markdown(summary, cluster)
+    plot(points)
+    print(f"warm median error {summary['warm_median_error']:.1%}, cold median error {summary['cold_median_error']:.1%}")
+    print((RESULTS / "paper_cluster.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Describe this machine: GPUs through NVML (or torch.cuda), else the CPU with
+its measured matmul rate, memory bandwidth and per-op overhead.
+
+CPU measurements take about a second, so they are cached as JSON under
+``$GEODILOCO_CACHE_DIR`` (default ``~/.cache/geodiloco``), keyed by CPU model,
+thread count and library. Nothing here raises when NVML or a GPU is missing:
+the reason is logged and returned.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from predictor.schema import ConfigError
+from predictor.specs import GpuSpec, lookup_gpu
+
+log = logging.getLogger("geodiloco.predictor")
+
+CACHE_FILE_NAME = "cpu_peak.json"
+MATMUL_SIZE = 1024
+COPY_BYTES = 64 * 2**20
+
+
+def cache_dir() -> Path:
+    """Where measurements are cached: $GEODILOCO_CACHE_DIR or ~/.cache/geodiloco."""
+    configured = os.environ.get("GEODILOCO_CACHE_DIR")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "geodiloco"
+
+
+# ---------------------------------------------------------------- GPUs
+
+
+def _datasheet_name(name: str) -> Optional[str]:
+    try:
+        return lookup_gpu(name).name
+    except ConfigError:
+        return None
+
+
+def nvml_gpus() -> tuple[list[dict], str]:
+    """GPUs seen by NVML, and '' or the reason NVML could not be used."""
+    try:
+        import pynvml
+    except ImportError as err:
+        return [], f"nvidia-ml-py is not installed ({err})"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        return [], f"NVML unavailable: {err}"
+    try:
+        gpus = [_nvml_device(pynvml, index) for index in range(pynvml.nvmlDeviceGetCount())]
+    except pynvml.NVMLError as err:
+        return [], f"NVML query failed: {err}"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+    return gpus, ""
+
+
+def _nvml_device(pynvml, index: int) -> dict:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    name = pynvml.nvmlDeviceGetName(handle)
+    if isinstance(name, bytes):
+        name = name.decode()
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    info = {"index": index, "name": name, "memory_gb": round(memory.total / 2**30, 2),
+            "datasheet": _datasheet_name(name)}
+    for key, clock in (("sm_clock_max_mhz", "NVML_CLOCK_SM"), ("memory_clock_max_mhz", "NVML_CLOCK_MEM")):
+        try:
+            info[key] = pynvml.nvmlDeviceGetMaxClockInfo(handle, getattr(pynvml, clock))
+        except pynvml.NVMLError:
+            info[key] = None
+    if info["datasheet"]:
+        info["sm_count"] = lookup_gpu(info["datasheet"]).sm_count
+    return info
+
+
+def torch_cuda_gpus() -> tuple[list[dict], str]:
+    """GPUs seen by torch.cuda, and '' or the reason it could not be used."""
+    try:
+        import torch
+    except ImportError:
+        return [], "torch is not installed"
+    if not torch.cuda.is_available():
+        return [], "torch.cuda reports no GPU"
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        gpus.append({"index": index, "name": props.name, "memory_gb": round(props.total_memory / 2**30, 2),
+                     "sm_count": props.multi_processor_count, "datasheet": _datasheet_name(props.name)})
+    return gpus, ""
+
+
+# ---------------------------------------------------------------- CPU
+
+
+def cpu_model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def memory_total_gb() -> float:
+    """Physical memory in GiB."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return 0.0
+
+
+def _torch():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def compute_threads() -> int:
+    """Threads the training process uses for math (torch's setting, else all cores)."""
+    torch = _torch()
+    return torch.get_num_threads() if torch is not None else (os.cpu_count() or 1)
+
+
+def _best_time_s(action: Callable[[], object], repeats: int) -> float:
+    action()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_cpu(size: int = MATMUL_SIZE, copy_bytes: int = COPY_BYTES, repeats: int = 5) -> dict:
+    """Measure fp32 matmul TFLOPS, copy bandwidth (GB/s, read + write) and
+    per-op overhead (microseconds of one tiny eager op recorded by autograd), with torch if present."""
+    torch = _torch()
+    elements = copy_bytes // 4
+    if torch is not None:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        matmul_s = _best_time_s(lambda: torch.mm(a, b), repeats)
+        src, dst = torch.empty(elements), torch.empty(elements)
+        src.fill_(1.0)
+        copy_s = _best_time_s(lambda: dst.copy_(src), repeats)
+        x, y = torch.ones(8, requires_grad=True), torch.ones(8)
+        ops = 2000
+        op_s = _best_time_s(lambda: [torch.mul(x, y) for _ in range(ops)], 3) / ops
+        library = f"torch {torch.__version__}"
+    else:
+        a = np.random.rand(size, size).astype(np.float32)
+        b = np.random.rand(size, size).astype(np.float32)
+        matmul_s = _best_time_s(lambda: a @ b, repeats)
+        src, dst = np.ones(elements, dtype=np.float32), np.empty(elements, dtype=np.float32)
+        copy_s = _best_time_s(lambda: np.copyto(dst, src), repeats)
+        op_s = 5e-6
+        library = f"numpy {np.__version__}"
+    return {
+        "matmul_tflops": 2.0 * size**3 / matmul_s / 1e12,
+        "memory_bandwidth_gbps": 2.0 * elements * 4 / copy_s / 1e9,
+        "host_op_us": op_s * 1e6,
+        "library": library,
+        "matmul_size": size,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _cache_key(threads: int) -> str:
+    torch = _torch()
+    library = f"torch {torch.__version__}" if torch is not None else f"numpy {np.__version__}"
+    return f"{cpu_model_name()}|threads={threads}|{library}"
+
+
+def cpu_peak(refresh: bool = False) -> dict:
+    """This CPU's measured peaks at the current thread count, cached on disk."""
+    threads = compute_threads()
+    key = _cache_key(threads)
+    path = cache_dir() / CACHE_FILE_NAME
+    cached: dict = {}
+    if path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            log.info("ignoring unreadable CPU cache %s: %s", path, err)
+    if not refresh and key in cached:
+        return cached[key]
+    measured = measure_cpu()
+    measured["threads"] = threads
+    cached[key] = measured
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cached, indent=2, sort_keys=True))
+    except OSError as err:
+        log.warning("could not cache CPU measurements in %s: %s", path, err)
+    return measured
+
+
+def cpu_spec(refresh: bool = False) -> GpuSpec:
+    """This CPU as a device row for the step-time model (rates measured, not nominal)."""
+    peak = cpu_peak(refresh)
+    return GpuSpec(
+        name=f"CPU ({cpu_model_name()}, {peak['threads']} threads)", architecture="cpu",
+        sm_count=int(peak["threads"]), memory_gb=round(memory_total_gb(), 2),
+        memory_bandwidth_gbps=peak["memory_bandwidth_gbps"], fp32_tflops=peak["matmul_tflops"],
+        tf32_tflops=None, fp16_tflops=None, fp16_fp32acc_tflops=None, bf16_tflops=None,
+        consumer=False, kind="cpu", host_op_us=peak["host_op_us"],
+        source=f"measured on this machine with {peak['library']} ({peak['measured_at']})")
+
+
+def describe_this_machine(measure: bool = True) -> dict:
+    """GPUs (NVML, else torch.cuda) or, without any, the CPU with measured peaks.
+
+    Keys: ``kind`` ('gpu' or 'cpu'), ``source``, ``gpus`` (list), ``cpu``
+    (dict), ``fallback_reasons`` (why NVML / torch.cuda were not used).
+    """
+    reasons: list[str] = []
+    gpus, reason = nvml_gpus()
+    source = "nvml"
+    if not gpus:
+        reasons.append(reason)
+        log.info("GPU detection: %s; trying torch.cuda", reason)
+        gpus, reason = torch_cuda_gpus()
+        source = "torch.cuda"
+        if not gpus:
+            reasons.append(reason)
+            log.info("GPU detection: %s; describing the CPU", reason)
+            source = "cpu"
+    cpu = {"model": cpu_model_name(), "logical_cores": os.cpu_count() or 1,
+           "memory_gb": round(memory_total_gb(), 2), "threads": compute_threads()}
+    if not gpus and measure:
+        cpu.update(cpu_peak())
+    return {"kind": "gpu" if gpus else "cpu", "source": source, "gpus": gpus,
+            "cpu": cpu, "fallback_reasons": [r for r in reasons if r]}

@@ -1,0 +1,141 @@
+"""Time of one device's share of a training step, kernel class by kernel class.
+
+Roofline per matmul (compute time vs bytes / bandwidth, whichever is longer,
+with wave quantization over the GPU's SMs), flash attention as compute,
+elementwise kernels and the optimizer as memory traffic, and a per-op host
+cost (Python + dispatch + launch). Efficiencies are global constants per
+device kind (fractions of the datasheet peak a well-behaved kernel reaches),
+never fitted per GPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from predictor.specs import GpuSpec
+from predictor.workload import (
+    ModelDims, activation_bytes, elementwise_bytes_per_token, layer_linear_shapes,
+    optimizer_bytes, parameter_tensor_count,
+)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of datasheet peaks reached in practice, and host costs.
+
+    ``matmul``: of the matmul TFLOPS; ``attention``: of the same rate for
+    flash attention; ``memory``: of the memory bandwidth; ``link``: of the
+    intra-node link bandwidth; ``host_op_us``: microseconds per eager op when
+    the device row has no measured value; ``tile``: matmul output tile edge
+    used for wave quantization (0 = none).
+    """
+
+    matmul: float
+    attention: float
+    memory: float
+    link: float
+    host_op_us: float
+    tile: int
+
+
+GPU_EFFICIENCY = Efficiency(matmul=0.70, attention=0.45, memory=0.75, link=0.70, host_op_us=10.0, tile=128)
+# CPU rates are measured (matmul at 1024^3, copy bandwidth), so they are already achieved rates.
+CPU_EFFICIENCY = Efficiency(matmul=1.0, attention=0.5, memory=1.0, link=1.0, host_op_us=5.0, tile=0)
+
+# Eager ops per block per micro-batch (forward ~45, backward ~75) and for embedding, head and loss.
+OPS_PER_LAYER = 120
+OPS_HEAD = 30
+
+
+def efficiency_for(device: GpuSpec) -> Efficiency:
+    return CPU_EFFICIENCY if device.is_cpu else GPU_EFFICIENCY
+
+
+@dataclass(frozen=True)
+class MicroBatchTime:
+    """Seconds of device work for one micro-batch, by kernel class, and its op count."""
+
+    matmul_compute_s: float
+    matmul_memory_s: float
+    attention_s: float
+    elementwise_s: float
+    host_ops: int
+
+    @property
+    def device_s(self) -> float:
+        return self.matmul_compute_s + self.matmul_memory_s + self.attention_s + self.elementwise_s
+
+
+def wave_efficiency(rows: int, cols: int, sm_count: int, tile: int) -> float:
+    """Share of SM time doing useful work when output tiles run in waves over the SMs."""
+    if tile <= 0:
+        return 1.0
+    tiles = math.ceil(rows / tile) * math.ceil(cols / tile)
+    waves = math.ceil(tiles / sm_count)
+    return tiles / (waves * sm_count)
+
+
+def matmul_time_s(m: int, n: int, k: int, device: GpuSpec, rate_tflops: float,
+                  element_bytes: int, eff: Efficiency) -> tuple[float, bool]:
+    """(seconds, compute-bound?) of an (m x k) @ (k x n) product."""
+    compute_s = 2.0 * m * n * k / (rate_tflops * 1e12 * eff.matmul * wave_efficiency(m, n, device.sm_count, eff.tile))
+    memory_s = element_bytes * (m * k + k * n + m * n) / (device.memory_bandwidth_gbps * 1e9 * eff.memory)
+    return (compute_s, True) if compute_s >= memory_s else (memory_s, False)
+
+
+def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: str, samples: int,
+                     activation_checkpointing: bool = False) -> MicroBatchTime:
+    """Forward + backward of ``samples`` sequences on one device."""
+    eff = efficiency_for(device)
+    rate, _, _ = device.matmul_rate(precision)
+    e = activation_bytes(precision) if not device.is_cpu else 4
+    tokens = samples * seq_len
+    compute_s = memory_s = 0.0
+    block_passes = 4 if activation_checkpointing else 3
+
+    def add(m: int, n: int, k: int, repeats: int) -> None:
+        nonlocal compute_s, memory_s
+        seconds, compute_bound = matmul_time_s(m, n, k, device, rate, e, eff)
+        if compute_bound:
+            compute_s += seconds * repeats
+        else:
+            memory_s += seconds * repeats
+
+    for n_in, n_out in layer_linear_shapes(dims):
+        layers = dims.num_layers
+        add(tokens, n_out, n_in, layers * (block_passes - 2))  # forward (+ recompute)
+        add(tokens, n_in, n_out, layers)                        # input gradient
+        add(n_in, n_out, tokens, layers)                        # weight gradient
+    head = dims.hidden_size, dims.vocab_size
+    add(tokens, head[1], head[0], 1)
+    add(tokens, head[0], head[1], 1)
+    add(head[0], head[1], tokens, 1)
+
+    attention_forward_flops = 2.0 * samples * seq_len**2 * dims.hidden_size * dims.num_layers
+    attention_passes = 3.5 + (1.0 if activation_checkpointing else 0.0)
+    attention_s = attention_forward_flops * attention_passes / (rate * 1e12 * eff.attention)
+
+    elementwise_s = tokens * elementwise_bytes_per_token(dims, seq_len, "fp32" if device.is_cpu else precision)
+    elementwise_s /= device.memory_bandwidth_gbps * 1e9 * eff.memory
+    ops = dims.num_layers * OPS_PER_LAYER + OPS_HEAD
+    return MicroBatchTime(compute_s, memory_s, attention_s, elementwise_s, ops)
+
+
+def optimizer_time(device: GpuSpec, dims: ModelDims, precision: str, micro_batches: int) -> tuple[float, int]:
+    """(device seconds, eager ops) of gradient clipping + AdamW + grad accumulation.
+
+    On CPU PyTorch's AdamW loops over tensors (about 16 ops each with clipping);
+    on GPU it uses multi-tensor kernels (a few dozen launches in all).
+    """
+    eff = efficiency_for(device)
+    moved = optimizer_bytes(dims, "fp32" if device.is_cpu else precision, micro_batches)
+    seconds = moved / (device.memory_bandwidth_gbps * 1e9 * eff.memory)
+    tensors = parameter_tensor_count(dims)
+    ops = 16 * tensors if device.is_cpu else 40 + tensors
+    return seconds, ops
+
+
+def host_op_s(device: GpuSpec) -> float:
+    """Seconds of host work per eager op (measured on CPUs, a constant on GPUs)."""
+    micros = device.host_op_us if device.host_op_us is not None else efficiency_for(device).host_op_us
+    return micros * 1e-6

@@ -1,0 +1,266 @@
+"""Step-time model of one node: t(B) from its devices' datasheets and the workload.
+
+A node trains synchronous data parallel over its GPUs. With ``split="equal"``
+(PyTorch DDP) every GPU gets the same share of the batch and the slowest GPU
+sets the pace; with ``split="by_speed"`` the batch is divided so all GPUs
+finish together (the runtime must then feed uneven per-GPU batches). The
+gradient all-reduce inside the node overlaps with the backward pass except for
+its last bucket. A batch that does not fit in memory runs as micro-batches
+with gradient accumulation.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal, Optional
+
+from predictor.kernels import efficiency_for, host_op_s, micro_batch_time, optimizer_time
+from predictor.schema import ConfigError
+from predictor.specs import GpuSpec, lookup_gpu
+from predictor.workload import ModelDims, check_precision, gradient_bytes, training_memory_bytes
+
+Split = Literal["equal", "by_speed"]
+
+# Memory a GPU cannot give to tensors: CUDA context, library workspaces (GiB),
+# and the share lost to allocator fragmentation.
+GPU_RESERVED_GB = 0.75
+ALLOCATOR_HEADROOM = 0.95
+CPU_USABLE_FRACTION = 0.8
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True)
+class DeviceStep:
+    """One device's time for its share of a step (seconds)."""
+
+    samples: int
+    micro_batch_size: int
+    micro_batches: int
+    matmul_compute_s: float
+    matmul_memory_s: float
+    attention_s: float
+    elementwise_s: float
+    optimizer_s: float
+    host_s: float
+    last_micro_device_s: float
+    step_s: float
+    is_cpu: bool
+
+    @property
+    def scaling_s(self) -> float:
+        """The part that grows with the batch (forward/backward kernels)."""
+        return self.matmul_compute_s + self.matmul_memory_s + self.attention_s + self.elementwise_s
+
+    @property
+    def bound(self) -> str:
+        """'compute', 'memory' or 'host' (Python/launch overhead): the largest share."""
+        shares = {"compute": self.matmul_compute_s + self.attention_s,
+                  "memory": self.matmul_memory_s + self.elementwise_s + self.optimizer_s,
+                  "host": self.host_s}
+        return max(shares, key=shares.get)
+
+
+class NodeStepModel:
+    """t(B) for one node from specs; satisfies predictor.base.StepTimeModel.
+
+    ``update`` records nothing: this is the cold prior. Wrap it in
+    predictor.online.OnlineStepTimeModel to learn from measured steps.
+    """
+
+    def __init__(self, devices: list[GpuSpec], dims: ModelDims, seq_len: int, precision: str = "bf16",
+                 micro_batch_size: Optional[int] = None, split: Split = "equal",
+                 activation_checkpointing: bool = False) -> None:
+        check_precision(precision)
+        if not devices:
+            raise ConfigError("a node needs at least one device")
+        if seq_len < 1:
+            raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if split not in ("equal", "by_speed"):
+            raise ConfigError(f"split must be 'equal' or 'by_speed', got {split!r}")
+        self.devices = list(devices)
+        self.dims = dims
+        self.seq_len = seq_len
+        self.precision = precision
+        self.micro_batch_size = micro_batch_size
+        self.split = split
+        self.activation_checkpointing = activation_checkpointing
+        self._device_step = lru_cache(maxsize=4096)(self._device_step_uncached)
+
+    # ------------------------------------------------------------ memory
+
+    def usable_memory_bytes(self, device: GpuSpec) -> float:
+        if device.is_cpu:
+            return device.memory_gb * 2**30 * CPU_USABLE_FRACTION
+        return (device.memory_gb - GPU_RESERVED_GB) * 2**30 * ALLOCATOR_HEADROOM
+
+    def memory_bytes(self, micro_batch_size: int) -> float:
+        """Peak bytes on one device at ``micro_batch_size`` samples per micro-batch."""
+        return training_memory_bytes(self.dims, micro_batch_size, self.seq_len, self.precision,
+                                     self.activation_checkpointing).total
+
+    def max_micro_batch_size(self, device: GpuSpec) -> int:
+        """Largest micro-batch that fits on ``device`` (0: not even the weights fit)."""
+        static = self.memory_bytes(0)
+        per_sample = self.memory_bytes(1) - static
+        free = self.usable_memory_bytes(device) - static
+        return max(0, int(free // per_sample))
+
+    def max_batch_size(self) -> int:
+        """Largest node batch that runs without gradient accumulation."""
+        capacities = [self.max_micro_batch_size(device) for device in self.devices]
+        if self.split == "by_speed":
+            return sum(capacities)
+        return len(self.devices) * min(capacities)
+
+    # ------------------------------------------------------------ time
+
+    def _device_step_uncached(self, device: GpuSpec, samples: int) -> DeviceStep:
+        capacity = self.max_micro_batch_size(device)
+        if capacity < 1:
+            raise ConfigError(f"{self.dims.num_layers}-layer model with hidden {self.dims.hidden_size} does not fit "
+                              f"in {device.name} memory ({device.memory_gb} GiB) even at batch 1; use a smaller "
+                              "model, activation checkpointing or a larger GPU")
+        micro = min(samples, self.micro_batch_size or capacity, capacity) if samples else 0
+        micro_batches = math.ceil(samples / micro) if micro else 0
+        parts = [0.0] * 4
+        ops = 0
+        last_device_s = 0.0
+        for index in range(micro_batches):
+            size = min(micro, samples - index * micro)
+            work = micro_batch_time(device, self.dims, self.seq_len, self.precision, size,
+                                    self.activation_checkpointing)
+            for slot, value in enumerate((work.matmul_compute_s, work.matmul_memory_s, work.attention_s,
+                                          work.elementwise_s)):
+                parts[slot] += value
+            ops += work.host_ops
+            last_device_s = work.device_s
+        optimizer_s, optimizer_ops = optimizer_time(device, self.dims, self.precision, max(1, micro_batches))
+        host_s = (ops + optimizer_ops) * host_op_s(device)
+        device_s = sum(parts) + optimizer_s
+        step_s = device_s + host_s if device.is_cpu else max(device_s, host_s)
+        exposed_host_s = host_s if device.is_cpu else max(0.0, host_s - device_s)
+        return DeviceStep(samples, micro, micro_batches, *parts, optimizer_s, exposed_host_s,
+                          last_device_s, step_s, device.is_cpu)
+
+    def device_step(self, device_index: int, samples: int) -> DeviceStep:
+        return self._device_step(self.devices[device_index], samples)
+
+    def split_batch(self, batch_size: int) -> list[int]:
+        """Samples per device for a node batch of ``batch_size``."""
+        count = len(self.devices)
+        if self.split == "equal" or count == 1:
+            return [batch_size // count + (1 if index < batch_size % count else 0) for index in range(count)]
+        shares = [0] * count
+        heap = [(self.device_step(index, 1).step_s, index) for index in range(count)]
+        heapq.heapify(heap)
+        for _ in range(batch_size):
+            _, index = heapq.heappop(heap)
+            shares[index] += 1
+            heapq.heappush(heap, (self.device_step(index, shares[index] + 1).step_s, index))
+        return shares
+
+    def allreduce_s(self) -> float:
+        """Ring all-reduce of the fp32 gradients (seconds): NVLink between identical NVLink GPUs, else the slowest PCIe link."""
+        count = len(self.devices)
+        if count == 1:
+            return 0.0
+        if len({device.name for device in self.devices}) == 1:
+            link_gbps = self.devices[0].link_gbps()
+        else:
+            link_gbps = min(device.pcie_gbps() for device in self.devices)
+        link = link_gbps * 1e9 * efficiency_for(self.devices[0]).link
+        return 2.0 * (count - 1) / count * gradient_bytes(self.dims) / link
+
+    def _exposed_allreduce_s(self, pacing: DeviceStep) -> float:
+        total = self.allreduce_s()
+        if total == 0.0:
+            return 0.0
+        backward_s = pacing.last_micro_device_s * 2.0 / 3.0
+        last_bucket = total * min(1.0, DDP_BUCKET_BYTES / gradient_bytes(self.dims))
+        return max(0.0, total - backward_s) + last_bucket
+
+    def _node_step(self, batch_size: int) -> tuple[list[int], list[DeviceStep], int, float]:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        shares = self.split_batch(batch_size)
+        steps = [self.device_step(index, share) for index, share in enumerate(shares)]
+        pacing = max(range(len(steps)), key=lambda index: steps[index].step_s)
+        return shares, steps, pacing, self._exposed_allreduce_s(steps[pacing])
+
+    def predict(self, batch_size: int) -> float:
+        """Seconds for one inner step of the whole node at ``batch_size`` samples."""
+        _, steps, pacing, allreduce = self._node_step(batch_size)
+        return steps[pacing].step_s + allreduce
+
+    def update(self, batch_size: int, step_time_s: float) -> None:
+        """The spec model does not learn; OnlineStepTimeModel does."""
+
+    def fixed_and_scaling_s(self, batch_size: int) -> tuple[float, float]:
+        """(seconds that do not grow with the batch, seconds that do) of ``predict``."""
+        _, steps, pacing, allreduce = self._node_step(batch_size)
+        scaling = steps[pacing].scaling_s
+        return steps[pacing].step_s + allreduce - scaling, scaling
+
+    def explain(self, batch_size: int) -> dict:
+        """The estimate and where it comes from (seconds, TFLOPS, GiB)."""
+        shares, steps, pacing, allreduce = self._node_step(batch_size)
+        device, step = self.devices[pacing], steps[pacing]
+        rate, column, note = device.matmul_rate(self.precision)
+        step_time_s = step.step_s + allreduce
+        bound = "allreduce" if allreduce > max(step.scaling_s, step.host_s, step.optimizer_s) else step.bound
+        notes = [note] if note else []
+        if len(self.devices) > 1 and self.split == "equal" and len({d.name for d in self.devices}) > 1:
+            notes.append(f"equal split: the slowest GPU ({device.name}) sets the pace; split='by_speed' would "
+                         "balance the GPUs")
+        if step.micro_batches > 1:
+            notes.append(f"{step.micro_batches} micro-batches of {step.micro_batch_size} per GPU "
+                         "(gradient accumulation)")
+        return {
+            "step_time_s": step_time_s,
+            "tokens_per_s": batch_size * self.seq_len / step_time_s,
+            "batch_size": batch_size,
+            "seq_len": self.seq_len,
+            "precision": self.precision,
+            "bound": bound,
+            "pacing_gpu": device.name,
+            "rate_tflops": rate,
+            "rate_column": column,
+            "memory_bandwidth_gbps": device.memory_bandwidth_gbps,
+            "samples_per_gpu": shares,
+            "split": self.split,
+            "micro_batch_size": step.micro_batch_size,
+            "grad_accum_steps": step.micro_batches,
+            "compute_s": step.matmul_compute_s + step.attention_s,
+            "matmul_s": step.matmul_compute_s + step.matmul_memory_s,
+            "attention_s": step.attention_s,
+            "memory_s": step.matmul_memory_s + step.elementwise_s + step.optimizer_s,
+            "elementwise_s": step.elementwise_s,
+            "optimizer_s": step.optimizer_s,
+            "host_overhead_s": step.host_s,
+            "allreduce_s": self.allreduce_s(),
+            "allreduce_exposed_s": allreduce,
+            "memory_gb": self.memory_bytes(step.micro_batch_size) / 2**30,
+            "max_batch_size": self.max_batch_size(),
+            "per_gpu_step_s": [s.step_s for s in steps],
+            "notes": notes,
+        }
+
+
+def resolve_devices(gpus: list[str]) -> list[GpuSpec]:
+    """Datasheet rows for GPU names; an empty list means this machine's CPU (measured)."""
+    if not gpus:
+        from predictor.detect import cpu_spec
+        return [cpu_spec()]
+    return [lookup_gpu(name) for name in gpus]
+
+
+def node_step_model(gpus: list[str], dims: ModelDims, seq_len: int, precision: str = "bf16",
+                    micro_batch_size: int | None = None, split: Split = "equal",
+                    activation_checkpointing: bool = False) -> NodeStepModel:
+    """Cold step-time model of a node with these GPUs (one name per GPU; [] = this CPU)."""
+    return NodeStepModel(resolve_devices(gpus), dims, seq_len, precision, micro_batch_size, split,
+                         activation_checkpointing)
