@@ -4,6 +4,7 @@ The runtime and the simulator write the same files, so the report works on both.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,16 @@ IDLE_LOG = "idle.jsonl"
 PLAN_LOG = "plan.jsonl"
 METRICS_LOG = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
+GPU_COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
+
+
+def expand_gpu_names(names: list[str]) -> list[str]:
+    """``["4 x A30"]`` -> four ``"A30"``: the cluster config's shorthand, also accepted in logs."""
+    expanded: list[str] = []
+    for name in names:
+        match = GPU_COUNT_PREFIX.match(name)
+        expanded.extend([match.group(2)] * int(match.group(1)) if match else [name])
+    return expanded
 
 
 @dataclass
@@ -52,8 +63,14 @@ class RunLogs:
         nodes = self.config.get("nodes")
         if not isinstance(nodes, list):
             return {}
-        return {str(node["name"]): [str(gpu) for gpu in node.get("gpus") or []]
+        return {str(node["name"]): expand_gpu_names(_as_names(node.get("gpus")))
                 for node in nodes if isinstance(node, dict) and "name" in node}
+
+
+def _as_names(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def _read_config(path: Path, warnings: list[str]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from report.energy import NOT_AVAILABLE, EnergyTotals, energy_totals
 from report.errors import ReportError
 from report.pricing import PriceTable
 from report.records import NodeRound
-from report.run_dir import RunLogs
+from report.run_dir import RunLogs, expand_gpu_names
 
 SECONDS_PER_HOUR = 3600.0
 ROUNDS_PER_KILO = 1000.0
@@ -122,7 +122,7 @@ def node_gpu_names(logs: RunLogs, node: str) -> list[str]:
     """The node's GPU names from its log records, else from ``config.yaml``."""
     for record in logs.records:
         if record.node == node and record.gpus:
-            return list(record.gpus)
+            return expand_gpu_names(record.gpus)
     return logs.config_gpus().get(node, [])
 
 

@@ -1,0 +1,165 @@
+"""Each bad input gives one line on stderr and exit code 2, never a traceback."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from report.cli import main
+from test_report_support import default_records, default_run, write_run
+
+
+def _fails(capsys, argv: list[str], expected: str) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("idle_report.py: error: ")
+    assert expected in err, err
+    return err
+
+
+def test_missing_directory(tmp_path, capsys):
+    _fails(capsys, [str(tmp_path / "nope")], "no such directory")
+
+
+def test_file_instead_of_directory(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    _fails(capsys, [str(run / "idle.jsonl")], "not a directory")
+
+
+def test_directory_without_idle_log(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    _fails(capsys, [str(tmp_path / "empty")], "no idle.jsonl here")
+
+
+def test_empty_log(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "idle.jsonl").write_text("\n")
+    _fails(capsys, [str(tmp_path / "run")], "no complete record")
+
+
+def test_only_a_truncated_line(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "idle.jsonl").write_text('{"run_id": "x", "rou')
+    _fails(capsys, [str(tmp_path / "run")], "no complete record")
+
+
+def test_truncated_last_record_is_skipped_with_a_warning(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    full = json.dumps(default_records(rounds=4)[-1])
+    with open(run / "idle.jsonl", "a") as handle:
+        handle.write(full[: len(full) // 2])
+    assert main([str(run), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "line 7: truncated last record skipped" in captured.err
+    report = json.loads(captured.out)
+    assert report["runs"][0]["rounds"] == [0, 1, 2]
+    assert report["runs"][0]["total"]["idle_gpu_s"] == pytest.approx(42)
+
+
+def test_corrupt_line_in_the_middle(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    lines = (run / "idle.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:20]
+    (run / "idle.jsonl").write_text("\n".join(lines) + "\n")
+    _fails(capsys, [str(run)], "line 2: not valid JSON")
+
+
+def test_missing_required_key_names_line_and_key(tmp_path, capsys):
+    records = default_records()
+    del records[3]["wait_s"]
+    run = write_run(tmp_path / "run", records)
+    _fails(capsys, [str(run)], "line 4: wait_s: Field required")
+
+
+def test_wrong_type_and_negative_time(tmp_path, capsys):
+    records = default_records()
+    records[0]["compute_s"] = "fast"
+    _fails(capsys, [str(write_run(tmp_path / "a", records))], "line 1: compute_s")
+    records = default_records()
+    records[0]["wait_s"] = -1.0
+    _fails(capsys, [str(write_run(tmp_path / "b", records))], "greater than or equal to 0")
+    records = default_records()
+    records[0]["round_end"] = 0.0
+    _fails(capsys, [str(write_run(tmp_path / "c", records))], "round_end (0.0) is before round_start")
+
+
+def test_runs_mixed_in_one_directory(tmp_path, capsys):
+    records = default_records() + default_records(run_id="run-9")[:2]
+    err = _fails(capsys, [str(write_run(tmp_path / "run", records))], "records of 2 runs mixed")
+    assert "'run-1' (6 records)" in err and "'run-9' (2 records)" in err
+
+
+def test_same_round_logged_twice(tmp_path, capsys):
+    records = default_records() + default_records()[:1]
+    _fails(capsys, [str(write_run(tmp_path / "run", records))], "two records for node 'a' in round 0")
+
+
+def test_metrics_of_another_run(tmp_path, capsys):
+    run = write_run(tmp_path / "run", default_records(), metrics=[{"round": 0, "run_id": "other", "loss": 1.0}])
+    _fails(capsys, [str(run)], "metrics of run(s) 'other' mixed")
+
+
+def test_unknown_gpu_in_price_table(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    err = _fails(capsys, [str(run), "--price", "A-30=0.6", "--price", "RTX 2080 Ti=0.25"], "unknown GPU 'A-30'")
+    assert "did you mean 'A30'?" in err
+
+
+def test_gpu_without_a_price(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    _fails(capsys, [str(run), "--price", "A30=0.6"], "no price for GPU 'RTX 2080 Ti' of node 'b'")
+
+
+def test_bad_price_values(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    _fails(capsys, [str(run), "--price", "A30"], "expected NAME=USD_PER_GPU_HOUR")
+    _fails(capsys, [str(run), "--price", "A30=cheap"], "must be a number")
+    _fails(capsys, [str(run), "--price", "A30=-1"], ">= 0 USD per GPU-hour")
+    price_file = tmp_path / "prices.yaml"
+    price_file.write_text("- A30\n")
+    _fails(capsys, [str(run), "--price", str(price_file)], "must be a YAML mapping")
+
+
+def test_price_file_that_does_not_exist(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    _fails(capsys, [str(run), "--price", str(tmp_path / "missing.yaml")], "or the path of a YAML price file")
+
+
+def test_prices_for_a_run_whose_gpus_are_not_named(tmp_path, capsys):
+    records = default_records()
+    for record in records:
+        record["gpus"] = []
+    run = write_run(tmp_path / "run", records)
+    _fails(capsys, [str(run), "--price", "A30=0.6"], "(GPUs in the logs: none named)")
+
+
+def test_skip_rounds_out_of_range(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    _fails(capsys, [str(run), "--skip-rounds", "3"], "leaves no round to report")
+    _fails(capsys, [str(run), "--skip-rounds", "-1"], "must be >= 0")
+
+
+def test_plot_destination_checked(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    _fails(capsys, [str(run), "--plot", str(tmp_path / "out.jpg")], "name the file *.png")
+    _fails(capsys, [str(run), "--plot", str(tmp_path / "no" / "out.png")], "does not exist")
+
+
+def test_plan_log_with_a_bad_line(tmp_path, capsys):
+    run = write_run(tmp_path / "run", default_records(), plans=[{"round": 0}])
+    _fails(capsys, [str(run)], "plan.jsonl line 1: nodes: Field required")
+
+
+def test_not_utf8(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "idle.jsonl").write_bytes(b"\xff\xfe\x00garbage")
+    _fails(capsys, [str(tmp_path / "run")], "not a UTF-8 text file")
+
+
+def test_json_line_that_is_not_an_object(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "idle.jsonl").write_text("[1, 2]\n" + json.dumps(default_records()[0]) + "\n")
+    _fails(capsys, [str(tmp_path / "run")], "line 1: expected a JSON object, got list")

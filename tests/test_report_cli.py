@@ -1,0 +1,136 @@
+"""The report's entry points: tables, --rounds, --compare, --json, --html, --plot, the script and geodiloco."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from report.cli import main
+from test_report_support import NODE_A, NODE_B, default_run, idle_record, write_run
+
+REPO = Path(__file__).resolve().parent.parent
+PRICES = ["--price", "A30=0.60", "--price", "RTX 2080 Ti=0.25"]
+
+
+def _tuned_run(directory: Path) -> Path:
+    """The default cluster under a better policy: a waits 1 s instead of 3 s, rounds of 8 s."""
+    records = [idle_record(r, dict(NODE_A, wait_s=1.0), run_id="run-2", policy="time", round_s=8.0) for r in range(3)]
+    records += [idle_record(r, dict(NODE_B, compute_s=6.5), run_id="run-2", policy="time", round_s=8.0)
+                for r in range(3)]
+    return write_run(directory, records, config={"run": {"name": "tuned"}})
+
+
+def test_terminal_report_shows_hand_computed_numbers(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    assert main([str(run), *PRICES, "--skip-rounds", "1", "--rounds"]) == 0
+    out = capsys.readouterr().out
+    assert "warm-up rounds 0 excluded (--skip-rounds 1)" in out
+    assert "2 rounds reported (1–2)" in out
+    # a: idle 8 s of 20 s = 40 %, 16 GPU-s; total 28 GPU-s of 120 = 23.3 %, 28/2*1000/3600 = 3.889 GPU-h
+    assert "40.0 %" in out and "16.0" in out
+    assert "28.0 GPU-s idle of 120 GPU-s (23.3 %); 3.889 GPU-h per 1,000 rounds" in out
+    # cost: (8 s x $1.20/h + 3 s x $1.00/h) / 3600 = $0.0035; per 1k rounds $1.75
+    assert "$0.0035 idle ($1.75 per 1,000 rounds)" in out
+    assert "4.00  H 100 B 4" in out
+    assert "Energy not available" in out
+
+
+def test_compare_shows_reduction_and_throughput(tmp_path, capsys):
+    base, tuned = default_run(tmp_path / "uniform"), _tuned_run(tmp_path / "time")
+    assert main([str(base), str(tuned), "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "-28.6 %" in out  # 30 / 42 - 1
+    assert "1.25×" in out  # 30 s / 24 s for the same tokens
+    assert "Least idle: tuned (time)" in out
+    assert "demo" in out and "tuned ★" in out
+
+
+def test_json_report(tmp_path, capsys):
+    base, tuned = default_run(tmp_path / "uniform"), _tuned_run(tmp_path / "time")
+    out_file = tmp_path / "report.json"
+    assert main([str(base), str(tuned), *PRICES, "--json", str(out_file)]) == 0
+    document = json.loads(out_file.read_text())
+    first, second = document["runs"]
+    assert first["total"]["idle_gpu_s"] == pytest.approx(42)
+    assert first["total"]["idle_cost_usd"] == pytest.approx((12 * 1.2 + 4.5) / 3600)
+    assert first["energy_available"] is False and first["total"]["energy"]["idle_energy_kwh"] is None
+    assert [node["node"] for node in second["nodes"]] == ["a", "b"]
+    assert document["comparison"][1]["idle_change"] == pytest.approx(30 / 42 - 1)
+    assert "GPU time per node" in capsys.readouterr().out  # a JSON file leaves the tables on stdout
+    assert main([str(base), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["run_id"] == "run-1"
+
+
+def test_html_export(tmp_path, capsys):
+    html = tmp_path / "report.html"
+    assert main([str(default_run(tmp_path / "run")), "--html", str(html)]) == 0
+    page = html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "GPU time per node" in page and "23.3 %" in page
+
+
+def test_plot_timeline_and_bars(tmp_path, capsys):
+    base, tuned = default_run(tmp_path / "uniform"), _tuned_run(tmp_path / "time")
+    single, both = tmp_path / "single.png", tmp_path / "both.png"
+    assert main([str(base), "--plot", str(single)]) == 0
+    assert main([str(base), str(tuned), "--compare", "--plot", str(both)]) == 0
+    single_image, both_image = matplotlib.image.imread(single), matplotlib.image.imread(both)
+    assert single.stat().st_size > 20_000
+    assert single_image.shape[1] == 1440 and single_image.shape[0] >= 300
+    assert both_image.shape[0] > 2 * single_image.shape[0]
+    assert single_image[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_script_runs_from_a_checkout(tmp_path):
+    run = default_run(tmp_path / "run")
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "idle_report.py"), str(run), "--json"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["runs"][0]["total"]["idle_gpu_s"] == pytest.approx(42)
+    broken = subprocess.run([sys.executable, str(REPO / "scripts" / "idle_report.py"), str(tmp_path / "nope")],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert broken.returncode == 2
+    assert broken.stderr.strip().startswith("idle_report.py: error:") and "Traceback" not in broken.stderr
+
+
+def test_geodiloco_report_subcommand(tmp_path, capsys):
+    from runtime.cli import main as geodiloco
+
+    assert geodiloco(["report", str(default_run(tmp_path / "run")), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["label"] == "demo"
+    assert geodiloco(["report", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.startswith("geodiloco report: error:")
+
+
+E2E_CONFIG = """\
+run: {name: report-e2e, out_dir: runs, seed: 0}
+model: {preset: tiny, seq_len: 32}
+data: {source: stdlib, max_bytes: 200000, eval_batches: 1, eval_batch_size: 2}
+diloco: {rounds: 2, local_steps: 2, batch_size: 2}
+balancing: {policy: uniform}
+checkpoint: {every_rounds: 5}
+nodes:
+  - {name: fast, site: seoul, gpus: ["A30"], emulate: {step_time_s: 0.02}}
+  - {name: slow, site: busan, gpus: ["RTX 2080 Ti"], emulate: {step_time_s: 0.3}}
+"""
+
+
+@pytest.mark.slow
+def test_report_of_a_real_run(tmp_path):
+    config, run_dir = tmp_path / "run.yaml", tmp_path / "run"
+    config.write_text(E2E_CONFIG)
+    launched = subprocess.run([sys.executable, "-m", "runtime.cli", "run", "--config", str(config),
+                               "--sites", "local", "--run-dir", str(run_dir), "--no-report"],
+                              capture_output=True, text=True, cwd=REPO, timeout=170)
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    assert main([str(run_dir), "--json", str(tmp_path / "report.json"), "--plot", str(tmp_path / "run.png")]) == 0
+    run = json.loads((tmp_path / "report.json").read_text())["runs"][0]
+    nodes = {node["node"]: node for node in run["nodes"]}
+    assert run["rounds"] == [0, 1] and run["sources"] == ["runtime"]
+    assert nodes["fast"]["wait_s"] > nodes["slow"]["wait_s"]  # the emulated A30 waits for the slow GPU
+    assert run["total"]["idle_gpu_s"] == pytest.approx(sum(node["idle_gpu_s"] for node in nodes.values()))
+    assert run["energy_note"].startswith("not available")
+    assert (tmp_path / "run.png").stat().st_size > 20_000

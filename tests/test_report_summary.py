@@ -1,0 +1,145 @@
+"""Report numbers on synthetic logs, each checked against a hand computation."""
+from __future__ import annotations
+
+import pytest
+
+from report.compare import compare, least_idle
+from report.errors import ReportError
+from report.pricing import parse_prices
+from report.run_dir import load_run
+from report.summary import summarize
+from test_report_support import NODE_A, NODE_B, default_records, default_run, idle_record, write_run
+
+PRICES = ["A30=0.60", "RTX 2080 Ti=0.25"]
+
+
+def _node(summary, name):
+    return next(node for node in summary.nodes if node.node == name)
+
+
+def test_idle_sums_shares_and_gpu_hours(tmp_path):
+    summary = summarize(load_run(default_run(tmp_path / "run")))
+    a, b, total = _node(summary, "a"), _node(summary, "b"), summary.total
+    # a: 3 rounds x (wait 3 + sync 1) = 12 s idle of 30 s wall; 2 GPUs -> 24 GPU-s
+    assert (a.compute_s, a.wait_s, a.comm_s, a.idle_s, a.wall_s) == pytest.approx((18, 9, 3, 12, 30))
+    assert a.idle_share == pytest.approx(0.4)
+    assert a.idle_gpu_s == pytest.approx(24)
+    assert a.idle_gpu_h_per_1k_rounds == pytest.approx(24 / 3 * 1000 / 3600)
+    # b: 3 x (sync 1 + other 0.5) = 4.5 s; 4 GPUs -> 18 GPU-s
+    assert (b.idle_s, b.overhead_s, b.idle_gpu_s) == pytest.approx((4.5, 1.5, 18))
+    assert b.idle_share == pytest.approx(0.15)
+    # total share is GPU-weighted: 42 idle GPU-s of 2*30 + 4*30 = 180 GPU-s
+    assert total.idle_gpu_s == pytest.approx(42)
+    assert total.idle_share == pytest.approx(42 / 180)
+    assert total.idle_gpu_h_per_1k_rounds == pytest.approx(42 / 3 * 1000 / 3600)
+    assert summary.run_wall_s == pytest.approx(30)
+    assert summary.tokens == 9000
+    assert summary.tokens_per_hour == pytest.approx(9000 / 30 * 3600)
+    assert summary.label == "demo" and summary.policy == "uniform"
+
+
+def test_skip_rounds_drops_warm_up(tmp_path):
+    summary = summarize(load_run(default_run(tmp_path / "run")), skip_rounds=1)
+    assert summary.rounds == [1, 2] and summary.skipped_rounds == [0]
+    assert _node(summary, "a").idle_s == pytest.approx(8)
+    assert summary.total.idle_gpu_s == pytest.approx(2 * 8 + 4 * 3)
+    assert summary.run_wall_s == pytest.approx(20)
+    with pytest.raises(ReportError, match="leaves no round"):
+        summarize(load_run(tmp_path / "run"), skip_rounds=3)
+
+
+def test_cost_from_price_table(tmp_path):
+    summary = summarize(load_run(default_run(tmp_path / "run")), prices=parse_prices(PRICES))
+    a, b = _node(summary, "a"), _node(summary, "b")
+    assert a.usd_per_hour == pytest.approx(1.20)
+    assert a.idle_cost_usd == pytest.approx(12 * 1.20 / 3600)
+    assert b.idle_cost_usd == pytest.approx(4.5 * 1.00 / 3600)
+    assert summary.total.idle_cost_usd == pytest.approx((12 * 1.2 + 4.5) / 3600)
+    assert summary.total.idle_cost_usd_per_1k_rounds == pytest.approx((12 * 1.2 + 4.5) / 3600 / 3 * 1000)
+
+
+def test_price_yaml_file_and_case_insensitive_names(tmp_path):
+    price_file = tmp_path / "prices.yaml"
+    price_file.write_text("a30: 0.5\n'rtx  2080 ti': 0.1\n")
+    table = parse_prices([str(price_file)])
+    assert table.price("A30") == 0.5 and table.price("RTX 2080 Ti") == 0.1
+
+
+def test_comparison_ratios(tmp_path):
+    base = load_run(default_run(tmp_path / "uniform"))
+    faster = [idle_record(r, dict(NODE_A, wait_s=1.0), run_id="run-2", policy="time", round_s=8.0)
+              for r in range(3)]
+    faster += [idle_record(r, dict(NODE_B, compute_s=6.5), run_id="run-2", policy="time", round_s=8.0)
+               for r in range(3)]
+    tuned = load_run(write_run(tmp_path / "time", faster))
+    summaries = [summarize(base), summarize(tuned)]
+    rows = compare(summaries)
+    # idle GPU-s: uniform 42, time (2*2 + 1.5*4) * 3 = 30 -> 30/42 - 1
+    assert rows[0].idle_change == pytest.approx(0.0)
+    assert rows[1].idle_change == pytest.approx(30 / 42 - 1)
+    # same tokens in 24 s instead of 30 s
+    assert rows[1].tokens_per_hour_ratio == pytest.approx(30 / 24)
+    assert least_idle(summaries) is summaries[1]
+
+
+def test_comparison_is_per_round_when_lengths_differ(tmp_path):
+    short = summarize(load_run(default_run(tmp_path / "short", rounds=2)))
+    long = summarize(load_run(write_run(tmp_path / "long", default_records(rounds=4, run_id="run-2"))))
+    assert short.total.idle_gpu_s == pytest.approx(28) and long.total.idle_gpu_s == pytest.approx(56)
+    assert compare([short, long])[1].idle_change == pytest.approx(0.0)
+
+
+def test_energy_estimated_from_power_and_measured_when_logged(tmp_path):
+    records = default_records()
+    for record in records:
+        if record["node"] == "a":
+            record.update(power_w=300.0, energy_j=3000.0, gpu_util=70.0)
+        elif record["round"] == 0:
+            record.update(power_w=500.0, energy_j=5000.0, idle_energy_j=400.0, gpu_util=90.0)
+    summary = summarize(load_run(write_run(tmp_path / "run", records)))
+    a, b = _node(summary, "a"), _node(summary, "b")
+    assert a.energy.energy_j == pytest.approx(9000)
+    assert a.energy.idle_energy_j == pytest.approx(3 * 300 * 4)
+    assert b.energy.idle_energy_j == pytest.approx(400) and b.energy.rounds_with_energy == 1
+    assert summary.total.energy.idle_energy_kwh == pytest.approx((3600 + 400) / 3.6e6)
+    assert summary.energy_available
+    assert "covers 4 of 6 node-rounds" in summary.energy_note
+
+
+def test_cpu_only_run_says_energy_not_available(tmp_path):
+    summary = summarize(load_run(default_run(tmp_path / "run")))
+    assert not summary.energy_available
+    assert summary.energy_note.startswith("not available")
+    assert summary.total.energy.idle_energy_j is None
+
+
+def test_predicted_idle_and_losses_from_plan_and_metrics(tmp_path):
+    plans = [{"policy": "uniform", "round": r, "nodes": [{"name": "a", "predicted_idle_s": 3.5},
+                                                          {"name": "b", "predicted_idle_s": 1.0}]}
+             for r in range(3)]
+    metrics = [{"round": 2, "node": "a", "loss": 3.0}, {"round": 2, "node": "b", "loss": 4.0},
+               {"round": 1, "loss": 5.0, "eval_loss": 4.5}, {"round": 2, "eval_loss": 3.9}]
+    summary = summarize(load_run(write_run(tmp_path / "run", default_records(), plans, metrics)))
+    assert _node(summary, "a").predicted_idle_s == pytest.approx(10.5)
+    assert summary.total.predicted_idle_s == pytest.approx(13.5)
+    assert summary.per_round[0].predicted_idle_s == pytest.approx(4.5)
+    assert summary.final_loss == pytest.approx(3.5) and summary.final_eval_loss == pytest.approx(3.9)
+
+
+def test_per_round_view(tmp_path):
+    records = default_records()
+    records[2]["local_steps"] = 120  # node a, round 1
+    summary = summarize(load_run(write_run(tmp_path / "run", records)))
+    row = summary.per_round[1]
+    assert row.round == 1 and row.wall_s == pytest.approx(10)
+    assert row.idle_gpu_s == pytest.approx(2 * 4 + 4 * 1.5)
+    assert row.nodes["a"].local_steps == 120 and row.nodes["b"].idle_s == pytest.approx(1.5)
+
+
+def test_gpu_count_falls_back_to_named_gpus(tmp_path):
+    records = default_records(rounds=1)
+    for record in records:
+        del record["num_gpus"]
+    summary = summarize(load_run(write_run(tmp_path / "run", records)))
+    assert _node(summary, "b").num_gpus == 4
+    assert summary.total.idle_gpu_s == pytest.approx(2 * 4 + 4 * 1.5)
