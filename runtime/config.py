@@ -21,10 +21,14 @@ DEFAULT_CONFIG_NAME = "default.yaml"
 
 
 class RunSection(StrictModel):
+    """``deterministic``: deterministic torch kernels (bitwise resume on CPU).
+    ``gpu_sample_interval_s``: NVML utilization/power sampling period (0 = off)."""
+
     name: str = Field(default="run", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     out_dir: str = "runs"
     seed: int = 0
     deterministic: bool = False
+    gpu_sample_interval_s: float = Field(default=1.0, ge=0)
 
 
 class ModelSection(StrictModel):

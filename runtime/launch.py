@@ -63,13 +63,8 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str]) -> Itera
     with stack:
         if mode == "netns":
             from runtime import sites
-            links = [sites.SiteLink(name=node.name,
-                                    bandwidth_mbps=node.wan.bandwidth_mbps if node.wan else None,
-                                    latency_ms=node.wan.latency_ms if node.wan else 0.0)
-                     for node in config.nodes]
-            site_set = stack.enter_context(sites.netns_sites(links))
-            master_addr = site_set.sites[0].address
-            port = 29500 + os.getpid() % 1000
+            site_set = stack.enter_context(sites.netns_sites(sites.site_links(config.nodes)))
+            master_addr, port = site_set.master_addr, 29500
         else:
             master_addr, port = "127.0.0.1", free_port()
         command = [sys.executable, "-m", "runtime.train", *train_args]
@@ -77,9 +72,8 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str]) -> Itera
             env = node_env(config, index, master_addr, port)
             argv = command
             if mode == "netns":
-                site = site_set.sites[index]
-                env.update(site_set.env_for(index))
-                argv = site_set.command_for(index, command)
+                env = site_set.env(index, master_port=port, base=env)
+                argv = site_set.command(index, command)
             processes.append(subprocess.Popen(argv, env=env))
         try:
             yield processes

@@ -30,6 +30,7 @@ from runtime.config import RunConfig, load_config
 from runtime.data import NodeShard, ShardCursor, eval_batches, load_corpus
 from runtime.diloco import COMPRESSION_DTYPES, OuterState, build_inner_optimizer, inner_lr, outer_weights
 from runtime.emulation import StepPacer
+from runtime.gpu_sampler import GpuSampler
 from runtime.idle import RoundClock
 from runtime.models import build_model
 from runtime.runlog import LOG_NAMES, RunLog
@@ -107,6 +108,7 @@ class NodeTrainer:
                                config.diloco.local_steps, config.diloco.batch_size, config.model.precision)
         self.measurements: list[RoundMeasurement] = []
         self.sync = TorchOuterSync(topology)
+        self.gpu_sampler = start_gpu_sampler(config, topology, device)
 
     # ----- local phase -------------------------------------------------------------------
 
@@ -290,6 +292,8 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     try:
         return _train_rounds(trainer, resume)
     finally:
+        if trainer.gpu_sampler is not None:
+            trainer.gpu_sampler.stop()
         trainer.sync.close()
 
 
@@ -373,14 +377,28 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     return 0
 
 
+def start_gpu_sampler(config: RunConfig, topology: Topology, device: torch.device) -> Optional[GpuSampler]:
+    """The node leader samples its node's GPUs through NVML; None on CPU or when NVML fails."""
+    if not topology.is_leader or device.type != "cuda" or config.run.gpu_sample_interval_s == 0:
+        return None
+    sampler = GpuSampler(interval_s=config.run.gpu_sample_interval_s,
+                         device_indices=list(range(topology.local_world_size)))
+    if not sampler.start():
+        print(f"[geodiloco] node {topology.node_name}: GPU sampling off: {sampler.reason}", file=sys.stderr)
+        return None
+    return sampler
+
+
 def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalResult, clock: RoundClock) -> dict:
     node = trainer.node
+    gpu_values = (trainer.gpu_sampler.summary(clock.marks["start"], clock.marks["end"])
+                  if trainer.gpu_sampler is not None else {})
     record = IdleRecord(
         run_id=run_id, round=plan.round, node=node.name, site=node.site, policy=plan.policy,
         local_steps=result.steps, batch_size=plan.node(node.name).batch_size, tokens=result.tokens,
         compute_s=clock.compute_s, wait_s=clock.wait_s, comm_s=clock.comm_s,
         overhead_s=clock.overhead_s, round_start=clock.marks["start"], round_end=clock.marks["end"],
-        gpus=list(node.gpus), num_gpus=node.num_gpus, source="runtime")
+        gpus=list(node.gpus), num_gpus=node.num_gpus, source="runtime", **gpu_values)
     return asdict(record)
 
 
