@@ -1,0 +1,53 @@
+"""`geodiloco predict`: JSON keys, human explanation, errors as exit code 2."""
+import json
+
+from runtime.cli import main
+
+
+def run(capsys, *argv):
+    code = main(["predict", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_json_output_has_the_documented_keys(capsys):
+    code, out, _ = run(capsys, "--gpu", "A30", "--gpu", "A30", "--model", "llama-150m", "--batch-size", "4",
+                       "--seq-len", "1024", "--precision", "fp16", "--json")
+    info = json.loads(out)
+    assert code == 0
+    for key in ("step_time_s", "tokens_per_s", "memory_gb", "max_batch_size", "bound"):
+        assert key in info
+    assert info["gpus"] == ["A30", "A30"] and info["samples_per_gpu"] == [2, 2]
+    assert info["tokens_per_s"] * info["step_time_s"] == 4 * 1024
+
+
+def test_human_output_explains_the_pace(capsys):
+    code, out, _ = run(capsys, "--gpu", "3 x RTX 2080 Ti", "--gpu", "Titan RTX", "--model", "llama-150m",
+                       "--batch-size", "4", "--seq-len", "1024", "--precision", "fp16")
+    assert code == 0
+    assert "pace set by: RTX 2080 Ti at 56.9 TFLOPS (fp16_fp32acc_tflops)" in out
+    assert "bound by" in out and "slowest GPU" in out
+
+
+def test_unknown_gpu_exits_2_with_one_line(capsys):
+    code, _, err = run(capsys, "--gpu", "RTX 2080", "--model", "tiny")
+    assert code == 2
+    assert "unknown GPU 'RTX 2080'" in err and "RTX 2080 Ti" in err and err.count("\n") == 1
+
+
+def test_model_file_and_seq_len_check(capsys, tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_text("hidden_size: 256\nintermediate_size: 512\nnum_hidden_layers: 2\nnum_attention_heads: 4\n"
+                    "vocab_size: 1000\nmax_position_embeddings: 128\n")
+    code, out, _ = run(capsys, "--gpu", "L4", "--model", str(path), "--seq-len", "128", "--json")
+    assert code == 0 and json.loads(out)["seq_len"] == 128
+    code, _, err = run(capsys, "--gpu", "L4", "--model", str(path), "--seq-len", "256")
+    assert code == 2 and "max_seq_len 128" in err
+
+
+def test_gpu_file_adds_a_gpu(capsys, tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text("gpus:\n  - {name: Lab X, architecture: ada, sm_count: 20, memory_gb: 16, "
+                    "memory_bandwidth_gbps: 400, fp32_tflops: 20, bf16_tflops: 80, source: lab sheet}\n")
+    code, out, _ = run(capsys, "--gpu-file", str(path), "--gpu", "lab x", "--model", "small", "--json")
+    assert code == 0 and json.loads(out)["rate_tflops"] == 80

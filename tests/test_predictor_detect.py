@@ -1,0 +1,97 @@
+"""Detection: NVML through a mock at its boundary, CPU fallback, on-disk cache."""
+import json
+import sys
+import types
+
+import pytest
+
+from predictor import detect
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+def fake_pynvml(init_error=None, devices=()):
+    module = types.ModuleType("pynvml")
+    module.NVMLError = FakeNVMLError
+    module.NVML_CLOCK_SM, module.NVML_CLOCK_MEM = 1, 2
+
+    def init():
+        if init_error:
+            raise FakeNVMLError(init_error)
+
+    module.nvmlInit = init
+    module.nvmlShutdown = lambda: None
+    module.nvmlDeviceGetCount = lambda: len(devices)
+    module.nvmlDeviceGetHandleByIndex = lambda index: devices[index]
+    module.nvmlDeviceGetName = lambda handle: handle["name"]
+    module.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(total=handle["bytes"])
+    module.nvmlDeviceGetMaxClockInfo = lambda handle, clock: 1410 if clock == 1 else 1215
+    return module
+
+
+@pytest.fixture
+def cached_cpu(tmp_path, monkeypatch):
+    """A CPU cache entry so nothing is measured."""
+    monkeypatch.setenv("GEODILOCO_CACHE_DIR", str(tmp_path))
+    key = detect._cache_key(detect.compute_threads())
+    entry = {"matmul_tflops": 0.05, "memory_bandwidth_gbps": 8.0, "host_op_us": 4.0, "library": "test",
+             "matmul_size": 1024, "measured_at": "now", "threads": detect.compute_threads()}
+    (tmp_path / detect.CACHE_FILE_NAME).write_text(json.dumps({key: entry}))
+    return entry
+
+
+def test_nvml_library_missing_falls_back_to_cpu_with_reason(monkeypatch, cached_cpu):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error="NVML Shared Library Not Found"))
+    monkeypatch.setattr(detect, "torch_cuda_gpus", lambda: ([], "torch.cuda reports no GPU"))
+    machine = detect.describe_this_machine()
+    assert machine["kind"] == "cpu" and machine["gpus"] == []
+    assert any("NVML Shared Library Not Found" in reason for reason in machine["fallback_reasons"])
+    assert machine["cpu"]["matmul_tflops"] == 0.05
+
+
+def test_nvml_gpus_are_read_and_matched_to_datasheet_rows(monkeypatch):
+    devices = [{"name": "NVIDIA A100-SXM4-40GB", "bytes": 40 * 2**30},
+               {"name": b"Tesla V100-SXM2-32GB", "bytes": 32 * 2**30}]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices=devices))
+    machine = detect.describe_this_machine(measure=False)
+    assert machine["kind"] == "gpu" and machine["source"] == "nvml"
+    first, second = machine["gpus"]
+    assert (first["datasheet"], first["sm_count"], first["memory_gb"]) == ("A100-SXM4-40GB", 108, 40.0)
+    assert second["datasheet"] == "V100-SXM2-32GB" and first["sm_clock_max_mhz"] == 1410
+
+
+def test_unknown_gpu_name_from_nvml_has_no_datasheet_row(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices=[{"name": "NVIDIA Mystery", "bytes": 2**30}]))
+    [gpu] = detect.describe_this_machine(measure=False)["gpus"]
+    assert gpu["datasheet"] is None and "sm_count" not in gpu
+
+
+def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEODILOCO_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+
+    def fake_measure():
+        calls.append(1)
+        return {"matmul_tflops": 0.2, "memory_bandwidth_gbps": 9.0, "host_op_us": 3.0, "library": "x",
+                "matmul_size": 1024, "measured_at": "now"}
+
+    monkeypatch.setattr(detect, "measure_cpu", fake_measure)
+    assert detect.cpu_peak()["matmul_tflops"] == 0.2
+    assert detect.cpu_peak()["matmul_tflops"] == 0.2
+    assert len(calls) == 1
+    assert (tmp_path / "cache" / detect.CACHE_FILE_NAME).is_file()
+    detect.cpu_peak(refresh=True)
+    assert len(calls) == 2
+
+
+def test_cpu_spec_uses_the_measured_rates(cached_cpu):
+    spec = detect.cpu_spec()
+    assert spec.is_cpu and spec.fp32_tflops == 0.05 and spec.memory_bandwidth_gbps == 8.0
+    assert spec.matmul_rate("bf16")[0] == 0.05
+
+
+def test_measure_cpu_returns_positive_rates():
+    measured = detect.measure_cpu(size=128, copy_bytes=2**20, repeats=1)
+    assert measured["matmul_tflops"] > 0 and measured["memory_bandwidth_gbps"] > 0 and measured["host_op_us"] > 0

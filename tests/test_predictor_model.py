@@ -1,0 +1,116 @@
+"""Node step-time model: pacing, splits, memory limits, all-reduce, CPU nodes."""
+import json
+
+import pytest
+
+from predictor import detect
+from predictor.base import StepTimeModel
+from predictor.model import GPU_RESERVED_GB, ALLOCATOR_HEADROOM, node_step_model
+from predictor.schema import ConfigError
+from predictor.specs import lookup_gpu
+from predictor.workload import PRESETS, gradient_bytes, training_memory_bytes
+
+LLAMA = PRESETS["llama-150m"]
+
+
+def test_satisfies_protocol_and_grows_with_batch():
+    model = node_step_model(["A30"], LLAMA, 1024, "bf16")
+    assert isinstance(model, StepTimeModel)
+    times = [model.predict(batch) for batch in (1, 2, 4, 8)]
+    assert times == sorted(times) and times[-1] > 1.5 * times[1]
+
+
+def test_explain_reports_the_estimate_and_its_parts():
+    info = node_step_model(["A30"], LLAMA, 1024, "bf16").explain(4)
+    assert info["step_time_s"] == pytest.approx(node_step_model(["A30"], LLAMA, 1024, "bf16").predict(4))
+    assert info["bound"] in {"compute", "memory", "host", "allreduce"}
+    assert info["pacing_gpu"] == "A30" and info["rate_tflops"] == 165
+    assert info["tokens_per_s"] == pytest.approx(4 * 1024 / info["step_time_s"])
+
+
+def test_compute_bound_ratio_follows_the_rate_mixed_precision_gets():
+    # Large batch, fp16 mixed: TITAN RTX (130.5 TFLOPS FP32-acc) vs RTX 2080 Ti (56.9): matmuls ~2.3x faster.
+    titan = node_step_model(["TITAN RTX"], LLAMA, 1024, "fp16").explain(8)
+    geforce = node_step_model(["RTX 2080 Ti"], LLAMA, 1024, "fp16").explain(8)
+    assert geforce["compute_s"] / titan["compute_s"] == pytest.approx(130.5 / 56.9, rel=0.15)
+
+
+def test_mixed_node_is_paced_by_its_slowest_gpu_under_equal_split():
+    mixed = node_step_model(["RTX 2080 Ti"] * 3 + ["TITAN RTX"], LLAMA, 1024, "fp16")
+    uniform = node_step_model(["RTX 2080 Ti"] * 4, LLAMA, 1024, "fp16")
+    info = mixed.explain(8)
+    assert info["pacing_gpu"] == "RTX 2080 Ti" and info["samples_per_gpu"] == [2, 2, 2, 2]
+    assert mixed.predict(8) == pytest.approx(uniform.predict(8))
+
+
+def test_split_by_speed_gives_the_fast_gpu_more_and_is_not_slower():
+    gpus = ["RTX 2080 Ti", "A100-SXM4-40GB"]
+    equal = node_step_model(gpus, LLAMA, 512, "bf16")
+    by_speed = node_step_model(gpus, LLAMA, 512, "bf16", split="by_speed")
+    shares = by_speed.split_batch(16)
+    assert sum(shares) == 16 and shares[1] > shares[0]
+    assert by_speed.predict(16) < equal.predict(16)
+
+
+def test_max_batch_size_fits_and_one_more_does_not():
+    model = node_step_model(["RTX 2080 Ti"], LLAMA, 1024, "bf16")
+    usable = (11 - GPU_RESERVED_GB) * 2**30 * ALLOCATOR_HEADROOM
+    largest = model.max_batch_size()
+    assert largest >= 1
+    assert training_memory_bytes(LLAMA, largest, 1024, "bf16").total <= usable
+    assert training_memory_bytes(LLAMA, largest + 1, 1024, "bf16").total > usable
+    assert node_step_model(["A30"] * 4, LLAMA, 1024, "bf16").max_batch_size() > 4 * largest
+
+
+def test_batch_above_memory_runs_as_gradient_accumulation():
+    model = node_step_model(["RTX 2080 Ti"], LLAMA, 1024, "bf16")
+    largest = model.max_batch_size()
+    info = model.explain(2 * largest + 1)
+    assert info["grad_accum_steps"] == 3 and info["micro_batch_size"] == largest
+    assert model.predict(2 * largest + 1) > 2 * model.predict(largest)
+
+
+def test_explicit_micro_batch_size_is_used():
+    info = node_step_model(["A30"], LLAMA, 1024, "bf16", micro_batch_size=2).explain(8)
+    assert (info["micro_batch_size"], info["grad_accum_steps"]) == (2, 4)
+
+
+def test_allreduce_is_a_ring_over_the_slowest_link():
+    model = node_step_model(["RTX 3090", "V100-SXM2-32GB"], LLAMA, 1024, "fp16")
+    # Mixed node: PCIe gen 3 (the V100's) at 15.75 GB/s one way, 70 % efficiency, ring of 2: 1 x gradient bytes.
+    assert model.allreduce_s() == pytest.approx(gradient_bytes(LLAMA) / (15.75e9 * 0.7))
+    nvlink = node_step_model(["A100-SXM4-40GB"] * 4, LLAMA, 1024, "bf16")
+    assert nvlink.allreduce_s() == pytest.approx(1.5 * gradient_bytes(LLAMA) / (300e9 * 0.7))
+    assert node_step_model(["A30"], LLAMA, 1024, "bf16").allreduce_s() == 0.0
+
+
+def test_model_too_large_for_the_gpu_is_a_config_error(tmp_path):
+    huge = PRESETS["llama-150m"].__class__(hidden_size=8192, intermediate_size=28672, num_layers=80,
+                                           num_heads=64, vocab_size=32000, max_seq_len=4096)
+    model = node_step_model(["T4"], huge, 1024, "bf16")
+    assert model.max_batch_size() == 0
+    with pytest.raises(ConfigError, match="does not fit"):
+        model.predict(1)
+
+
+def test_empty_gpu_list_means_this_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEODILOCO_CACHE_DIR", str(tmp_path))
+    key = detect._cache_key(detect.compute_threads())
+    (tmp_path / detect.CACHE_FILE_NAME).write_text(json.dumps({key: {
+        "matmul_tflops": 0.1, "memory_bandwidth_gbps": 10.0, "host_op_us": 5.0, "library": "test",
+        "matmul_size": 1024, "measured_at": "now", "threads": detect.compute_threads()}}))
+    model = node_step_model([], PRESETS["tiny"], 64, "fp32")
+    assert model.devices[0].is_cpu and model.devices[0].fp32_tflops == 0.1
+    info = model.explain(4)
+    # The compute-bound matmuls run at 0.1 TFLOPS: their time is at least their FLOPs / rate.
+    assert info["compute_s"] > 0 and info["host_overhead_s"] > 0
+    assert info["step_time_s"] == pytest.approx(info["compute_s"] + info["memory_s"] + info["host_overhead_s"])
+
+
+def test_bad_inputs_are_config_errors():
+    with pytest.raises(ConfigError, match="precision"):
+        node_step_model(["A30"], LLAMA, 1024, "int8")
+    with pytest.raises(ConfigError, match="batch_size"):
+        node_step_model(["A30"], LLAMA, 1024).predict(0)
+    with pytest.raises(ConfigError, match="unknown GPU"):
+        node_step_model(["A31"], LLAMA, 1024)

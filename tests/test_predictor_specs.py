@@ -1,0 +1,98 @@
+"""GPU datasheet table: spellings, errors, user rows, the rate mixed precision really gets."""
+import pytest
+
+from predictor.schema import ConfigError
+from predictor.specs import GpuRegistry, load_user_gpus, lookup_gpu, normalize_name, read_gpu_file
+
+REQUIRED_GPUS = ["RTX 2080 Ti", "TITAN RTX", "RTX 3090", "RTX 4090", "A30", "V100-PCIE-16GB", "V100-PCIE-32GB",
+                 "V100-SXM2-16GB", "V100-SXM2-32GB", "T4", "A10", "L4", "L40S", "A100-SXM4-40GB",
+                 "A100-SXM4-80GB", "H100-SXM", "H100-PCIE", "H200"]
+
+
+@pytest.mark.parametrize("spelling, expected", [
+    ("NVIDIA GeForce RTX 2080 Ti", "RTX 2080 Ti"),
+    ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),
+    ("Tesla V100-PCIE-16GB", "V100-PCIE-16GB"),
+    ("NVIDIA A30", "A30"),
+    ("nvidia titan rtx", "TITAN RTX"),
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+])
+def test_vendor_spellings_resolve(spelling, expected):
+    assert lookup_gpu(spelling).name == expected
+
+
+def test_required_gpus_have_rows_with_sources():
+    for name in REQUIRED_GPUS:
+        spec = lookup_gpu(name)
+        assert spec.source and spec.sm_count > 0 and spec.memory_bandwidth_gbps > 0
+
+
+def test_unknown_gpu_names_closest_rows():
+    with pytest.raises(ConfigError) as err:
+        lookup_gpu("RTX 2080")
+    assert "RTX 2080 Ti" in str(err.value) and "closest known" in str(err.value)
+
+
+def test_geforce_mixed_precision_runs_at_half_the_headline():
+    spec = lookup_gpu("RTX 3090")
+    rate, column, _ = spec.matmul_rate("fp16")
+    assert (rate, column) == (71, "fp16_fp32acc_tflops")
+    assert rate == spec.fp16_tflops / 2
+
+
+def test_datacenter_bf16_and_fp32_rates():
+    assert lookup_gpu("A30").matmul_rate("bf16")[0] == 165
+    assert lookup_gpu("A30").matmul_rate("fp32")[0] == 10.3
+    assert lookup_gpu("A30").matmul_rate("tf32")[0] == 82
+
+
+def test_bf16_without_hardware_falls_back_to_fp16_with_a_note():
+    rate, column, note = lookup_gpu("V100-SXM2-32GB").matmul_rate("bf16")
+    assert rate == 125 and column == "fp16_fp32acc_tflops" and "no BF16" in note
+
+
+def test_normalize_name_drops_vendor_words():
+    assert normalize_name("NVIDIA GeForce RTX 2080 Ti") == "rtx2080ti"
+
+
+USER_ROW = """
+gpus:
+  - name: Lab Card 9000
+    aliases: [NVIDIA Lab Card 9000]
+    architecture: ampere
+    sm_count: 10
+    memory_gb: 8
+    memory_bandwidth_gbps: 100
+    fp32_tflops: 5
+    fp16_fp32acc_tflops: 20
+    source: "our lab's measurement sheet"
+"""
+
+
+def test_user_gpu_file_adds_a_row(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text(USER_ROW)
+    [spec] = load_user_gpus(path)
+    assert lookup_gpu("nvidia lab card 9000") == spec
+    assert spec.matmul_rate("bf16")[0] == 20
+
+
+def test_user_gpu_file_errors_name_the_field(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text(USER_ROW.replace("sm_count: 10", "sm_count: -1"))
+    with pytest.raises(ConfigError) as err:
+        read_gpu_file(path)
+    assert "gpus[0].sm_count" in str(err.value)
+
+
+def test_registry_later_rows_override_earlier(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text(USER_ROW)
+    [first] = read_gpu_file(path)
+    path.write_text(USER_ROW.replace("memory_gb: 8", "memory_gb: 16"))
+    [second] = read_gpu_file(path)
+    registry = GpuRegistry()
+    registry.add(first)
+    registry.add(second)
+    assert registry.lookup("Lab Card 9000").memory_gb == 16

@@ -1,0 +1,76 @@
+"""Workload cost model: parameters, FLOPs, memory, dims files."""
+import json
+
+import pytest
+
+from predictor.schema import ConfigError
+from predictor.workload import (
+    PRESETS, activation_memory_bytes, forward_flops_per_token, parameter_count, resolve_dims,
+    static_memory_bytes, training_flops, training_memory_bytes,
+)
+
+
+def test_tiny_parameter_count_by_hand():
+    h, inter, layers, vocab = 128, 352, 2, 256
+    per_layer = h * 3 * h + h * h + 3 * h * inter + 2 * h
+    assert parameter_count(PRESETS["tiny"]) == vocab * h + layers * per_layer + h + vocab * h
+
+
+def test_attention_flops_grow_with_sequence_length():
+    dims = PRESETS["small"]
+    short, long = forward_flops_per_token(dims, 64), forward_flops_per_token(dims, 256)
+    # 4 x layers x hidden per token per extra position of context
+    assert long - short == pytest.approx(4 * dims.num_layers * dims.hidden_size * (256 - 64))
+
+
+def test_training_flops_are_three_forwards_and_four_with_recompute():
+    dims = PRESETS["tiny"]
+    forward = 2 * 64 * forward_flops_per_token(dims, 64)
+    assert training_flops(dims, 2, 64) == pytest.approx(3 * forward)
+    assert training_flops(dims, 2, 64, activation_checkpointing=True) == pytest.approx(4 * forward)
+
+
+def test_static_memory_is_16_bytes_per_param_fp32_and_18_mixed():
+    dims = PRESETS["small"]
+    params = parameter_count(dims)
+    assert static_memory_bytes(dims, "fp32").total == 16 * params
+    assert static_memory_bytes(dims, "bf16").total == 18 * params
+
+
+def test_activation_memory_linear_in_batch_and_smaller_with_checkpointing():
+    dims = PRESETS["llama-150m"]
+    one = activation_memory_bytes(dims, 1, 1024, "bf16")
+    assert activation_memory_bytes(dims, 4, 1024, "bf16") == pytest.approx(4 * one)
+    assert activation_memory_bytes(dims, 4, 1024, "bf16", activation_checkpointing=True) < 0.5 * 4 * one
+    assert activation_memory_bytes(dims, 1, 1024, "fp32") > one
+    total = training_memory_bytes(dims, 4, 1024, "bf16")
+    assert total.total == pytest.approx(static_memory_bytes(dims, "bf16").total + 4 * one)
+
+
+def test_resolve_dims_preset_and_hugging_face_json(tmp_path):
+    assert resolve_dims("tiny") is PRESETS["tiny"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 6,
+                                "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 32000,
+                                "max_position_embeddings": 2048, "rope_theta": 10000.0}))
+    dims = resolve_dims(str(path))
+    assert (dims.num_layers, dims.num_heads, dims.num_kv_heads, dims.max_seq_len) == (6, 8, 2, 2048)
+    assert dims.kv_hidden_size == 128
+
+
+def test_resolve_dims_yaml_with_our_names(tmp_path):
+    path = tmp_path / "dims.yaml"
+    path.write_text("hidden_size: 64\nintermediate_size: 128\nnum_layers: 1\nnum_heads: 2\nvocab_size: 100\n")
+    assert resolve_dims(str(path)).hidden_size == 64
+
+
+def test_resolve_dims_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not a preset"):
+        resolve_dims("huge")
+    path = tmp_path / "bad.yaml"
+    path.write_text("hidden_size: 64\n")
+    with pytest.raises(ConfigError, match="missing intermediate_size|missing num_layers"):
+        resolve_dims(str(path))
+    path.write_text("hidden_size: 65\nintermediate_size: 1\nnum_layers: 1\nnum_heads: 2\nvocab_size: 3\n")
+    with pytest.raises(ConfigError, match="divisible"):
+        resolve_dims(str(path))
