@@ -1,0 +1,41 @@
+"""The source paper's cluster (experiments/configs/clusters/paper4.yaml) with the real predictor."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from balancer.cluster import load_cluster
+from balancer.config import BalancingConfig
+from balancer.planner import Planner
+from balancer.simulate import simulate
+from predictor.workload import resolve_dims
+
+PAPER4 = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "clusters" / "paper4.yaml"
+EXACT = {"simulation": {"model_error": 0.0, "step_noise": 0.0}}
+
+
+def run(policy, rounds=10, **options):
+    planner = Planner(BalancingConfig(policy=policy, **options), load_cluster(PAPER4).nodes,
+                      resolve_dims("llama-150m"), 1024, 100, 4)
+    return simulate(planner, rounds)
+
+
+@pytest.mark.parametrize("policy, table3_idle_s", [
+    ("uniform", [1.1, 0.0, 14.6, 4.9]),
+    ("steps_by_flops", [2.1, 0.0, 8.6, 1.9]),
+])
+def test_measured_step_times_reproduce_table_3(policy, table3_idle_s):
+    result = run(policy, rounds=2, **EXACT)
+    assert result.wait_s.mean(axis=0) == pytest.approx(table3_idle_s, abs=0.2)
+
+
+def test_steps_by_flops_reproduces_table_2_from_the_datasheet():
+    planner = Planner(BalancingConfig(policy="steps_by_flops"), load_cluster(PAPER4).nodes,
+                      resolve_dims("llama-150m"), 1024, 100, 4)
+    assert [node.local_steps for node in planner.plan(0).nodes] == [100, 104, 145, 117]
+
+
+@pytest.mark.parametrize("policy", ["time", "hybrid", "adaptive", "deadline"])
+def test_time_based_policies_cut_waiting_by_90_percent(policy):
+    baseline = run("uniform").wait_s.sum()
+    assert run(policy).wait_s.sum() < 0.1 * baseline

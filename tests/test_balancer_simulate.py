@@ -1,0 +1,156 @@
+import json
+
+import numpy as np
+import pytest
+
+from balancer.cluster import NodeSpec
+from balancer.plan import Plan
+from balancer.simulate import Slowdown, simulate
+from runtime.cli import main
+from test_balancer_helpers import nodes, planner
+
+EXACT = {"simulation": {"model_error": 0.0, "step_noise": 0.0}}
+
+
+def measured_nodes(fast_step_s=0.2):
+    return [NodeSpec(name="n1", gpus=["slow"]),
+            NodeSpec(name="n2", gpus=["fast"], measured={"batch_size": 4, "step_time_s": fast_step_s})]
+
+
+def test_uniform_waits_for_the_slowest_node():
+    result = simulate(planner("uniform", nodes("slow", "fast"), **EXACT), rounds=3)
+    # 100 steps: 30 s on the slow node, 10 s on the fast one
+    assert result.wait_s[:, 1] == pytest.approx([20.0, 20.0, 20.0])
+    assert result.wait_s[:, 0] == pytest.approx([0.0, 0.0, 0.0])
+    assert result.round_end[-1] == pytest.approx(90.0)
+    assert result.summary()["tokens"] == 3 * 2 * 100 * 4 * 128
+
+
+def test_time_policy_calibrates_after_the_first_round():
+    result = simulate(planner("time", measured_nodes(), **EXACT), rounds=3)
+    # specs say 0.1 s on n2, truth is 0.2 s: 300 steps take 60 s in round 0, then 150 steps
+    assert list(result.local_steps[:, 1]) == [300, 150, 150]
+    assert result.wait_s[0, 0] == pytest.approx(30.0)
+    assert result.wait_s[1:].sum() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_deadline_bounds_idle_by_one_step_even_when_predictions_are_wrong():
+    result = simulate(planner("deadline", measured_nodes(), **EXACT), rounds=2)
+    assert result.local_steps[0, 1] == 150
+    step_s = np.array([0.3, 0.2])
+    assert np.all(result.wait_s < step_s[None, :])
+
+
+def test_adaptive_recovers_the_round_after_a_slowdown():
+    result = simulate(planner("adaptive", nodes("slow", "fast", "mid"), **EXACT), rounds=5,
+                      slowdowns=[Slowdown(node="n2", from_round=2, factor=2.0)])
+    waits = result.wait_s.sum(axis=1)
+    assert waits[2] > 10.0
+    assert np.all(waits[[0, 1, 3, 4]] < 0.3)
+
+
+def test_emulated_slowdown_schedule_is_ground_truth():
+    specs = [NodeSpec(name="a", emulate={"step_time_s": 0.1, "batch_size": 4,
+                                         "slowdown": [{"from_round": 1, "factor": 3.0, "until_round": 2}]}),
+             NodeSpec(name="b", emulate={"step_time_s": 0.1, "batch_size": 4})]
+    result = simulate(planner("uniform", specs, **EXACT), rounds=3)
+    assert result.compute_s[:, 0] == pytest.approx([10.0, 30.0, 10.0])
+    assert result.wait_s[:, 1] == pytest.approx([0.0, 20.0, 0.0])
+
+
+def test_measured_fixed_fraction_scales_the_truth_with_batch():
+    specs = [NodeSpec(name="a", gpus=["slow"], measured={"batch_size": 4, "step_time_s": 0.4, "fixed_fraction": 0.5}),
+             NodeSpec(name="b", gpus=["slow"])]
+    result = simulate(planner("uniform", specs, batch_size=8, **EXACT), rounds=1)
+    # 100 steps x 0.4 s x (0.5 + 0.5 x 8/4)
+    assert result.compute_s[0, 0] == pytest.approx(60.0)
+
+
+def test_noise_is_reproducible_by_seed():
+    def run(seed):
+        options = {"simulation": {"step_noise": 0.05, "model_error": 0.2, "seed": seed}}
+        return simulate(planner("deadline", nodes("slow", "fast", "mid"), **options), rounds=4).compute_s
+    assert np.array_equal(run(1), run(1))
+    assert not np.array_equal(run(1), run(2))
+
+
+def test_round_time_is_compute_plus_wait_plus_sync():
+    specs = nodes("slow", "fast", "mid", wan={"bandwidth_mbps": 10, "latency_ms": 20})
+    result = simulate(planner("deadline", specs, simulation={"step_noise": 0.05}), rounds=3)
+    totals = result.compute_s + result.wait_s + result.comm_s
+    assert totals == pytest.approx(np.repeat((result.round_end - result.round_start)[:, None], 3, axis=1))
+    assert np.all(result.comm_s > 0)
+
+
+def test_out_dir_has_idle_and_plan_logs(tmp_path):
+    result = simulate(planner("time", nodes("slow", "fast"), **EXACT), rounds=2, keep_plans=True)
+    result.write(tmp_path, "sim-x", {"run": {"name": "sim-x"}})
+    records = [json.loads(line) for line in (tmp_path / "idle.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    assert {r["source"] for r in records} == {"simulate"}
+    assert records[1]["node"] == "n2" and records[1]["local_steps"] == 300 and records[1]["tokens"] == 300 * 4 * 128
+    plans = [Plan.from_dict(json.loads(line)) for line in (tmp_path / "plan.jsonl").read_text().splitlines()]
+    assert [p.round for p in plans] == [0, 1]
+    assert plans[0].node("n2").local_steps == 300
+    assert (tmp_path / "config.yaml").is_file()
+
+
+def test_many_nodes_are_simulated_together():
+    kinds = ["slow", "fast", "mid", "overhead"]
+    specs = [NodeSpec(name=f"n{i}", gpus=[kinds[i % 4]]) for i in range(2000)]
+    result = simulate(planner("adaptive", specs), rounds=10)
+    assert result.compute_s.shape == (10, 2000)
+    phase_s = (result.compute_s + result.wait_s)[:, 0]
+    waiting_share = result.wait_s.sum(axis=1) / (phase_s * 2000)
+    # round 0 runs on specs that are 10 % off; once calibrated only per-step noise is left
+    assert waiting_share[0] > 0.05
+    assert np.all(waiting_share[2:] < 0.03)
+
+
+CLUSTER = """
+nodes:
+  - {name: a, emulate: {step_time_s: 0.3, batch_size: 4}, wan: {bandwidth_mbps: 100}}
+  - {name: b, emulate: {step_time_s: 0.1, batch_size: 4}, wan: {bandwidth_mbps: 100}}
+"""
+
+
+def test_cli_simulate_json_and_out(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    code = main(["simulate", "--cluster", str(cluster), "--policy", "time", "--rounds", "2", "--model", "tiny",
+                 "--seq-len", "64", "--step-noise", "0", "--json", "--out", str(tmp_path / "run")])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [n["local_steps"] for n in summary["nodes"]] == [100, 300]
+    assert summary["wait_s"] == pytest.approx(0.0, abs=1e-6)
+    assert summary["comm_s"] > 0
+    assert len((tmp_path / "run" / "idle.jsonl").read_text().splitlines()) == 4
+
+
+def test_cli_plan_json(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    assert main(["plan", "--cluster", str(cluster), "--policy", "uniform", "--model", "tiny", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["policy"] == "uniform"
+    assert [n["predicted_compute_s"] for n in plan["nodes"]] == pytest.approx([30.0, 10.0])
+    assert plan["nodes"][1]["predicted_idle_s"] == pytest.approx(20.0 + plan["nodes"][1]["predicted_comm_s"])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--slowdown", "a:five:2"], "ROUND must be an integer"),
+    (["--slowdown", "zz:1:2"], "unknown node 'zz'"),
+    (["--set", "hysteresis=2"], "balancing.hysteresis"),
+    (["--set", "reference_node=q"], "no node named 'q'"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    code = main(["simulate", "--cluster", str(cluster), "--policy", "adaptive", "--model", "tiny", *extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_missing_cluster_file(tmp_path, capsys):
+    assert main(["plan", "--cluster", str(tmp_path / "none.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
