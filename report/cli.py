@@ -47,31 +47,6 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run_report)
 
 
-def _unique_labels(runs) -> list[str]:
-    labels = [logs.name for logs in runs]
-    for candidate in ([f"{logs.name}/{logs.policy}" for logs in runs], [logs.run_dir.name for logs in runs]):
-        if len(set(labels)) == len(labels):
-            break
-        labels = candidate
-    if len(set(labels)) < len(labels):
-        labels = [f"{label}#{index + 1}" for index, label in enumerate(labels)]
-    return labels
-
-
-def build_report(args: argparse.Namespace):
-    """Load, check and summarize every run directory named in ``args``."""
-    from report.pricing import parse_prices
-    from report.run_dir import load_run
-    from report.summary import run_gpu_names, summarize
-
-    runs = [load_run(run_dir) for run_dir in args.run_dirs]
-    prices = parse_prices(args.price)
-    if prices:
-        prices.check_known({gpu for logs in runs for gpu in run_gpu_names(logs)})
-    return [summarize(logs, skip_rounds=args.skip_rounds, prices=prices or None, label=label)
-            for logs, label in zip(runs, _unique_labels(runs))]
-
-
 def _renderables(summaries, args: argparse.Namespace) -> list:
     from report.tables import render_comparison, render_run
 
@@ -86,12 +61,12 @@ def _renderables(summaries, args: argparse.Namespace) -> list:
 def _report(args: argparse.Namespace) -> int:
     from report.export import write_html, write_json
     from report.plots import write_plot
+    from report.runs import summarize_runs
 
-    summaries = build_report(args)
-    errors = Console(stderr=True)
+    summaries = summarize_runs(args.run_dirs, args.price, args.skip_rounds)
     for summary in summaries:
         for warning in summary.warnings:
-            errors.print(f"warning: {summary.run_dir}: {warning}", style="yellow", highlight=False)
+            print(f"warning: {summary.run_dir}: {warning}", file=sys.stderr)
     renderables = _renderables(summaries, args)
     if args.json is not None:
         text = write_json(summaries, args.json)
@@ -105,10 +80,10 @@ def _report(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if args.html:
         write_html(renderables, args.html)
-        errors.print(f"wrote {args.html}", highlight=False)
+        print(f"wrote {args.html}", file=sys.stderr)
     if args.plot:
         write_plot(summaries, args.plot)
-        errors.print(f"wrote {args.plot}", highlight=False)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -12,6 +12,7 @@ from report.summary import NodeSummary, RunSummary
 
 IDLE_STYLE = "bold red"
 GOOD_STYLE = "bold green"
+BLANK = Text("")
 
 
 def _round_span(rounds: list[int]) -> str:
@@ -145,10 +146,10 @@ def round_table(summary: RunSummary) -> Table:
 
 def render_run(summary: RunSummary, show_rounds: bool = False) -> list[RenderableType]:
     """The full report of one run, top to bottom."""
-    parts: list[RenderableType] = [run_header(summary), node_table(summary), waste_line(summary)]
+    parts: list[RenderableType] = [run_header(summary), BLANK, node_table(summary), waste_line(summary), BLANK]
     if show_rounds:
-        parts.append(round_table(summary))
-    parts.append(energy_view(summary))
+        parts += [round_table(summary), BLANK]
+    parts += [energy_view(summary), BLANK]
     return parts
 
 
@@ -217,7 +218,8 @@ def verdict(summaries: list[RunSummary]) -> Text:
 
 def render_comparison(summaries: list[RunSummary]) -> list[RenderableType]:
     skipped = {len(summary.skipped_rounds) for summary in summaries}
-    parts: list[RenderableType] = [comparison_table(summaries), idle_by_node_table(summaries), verdict(summaries)]
+    parts: list[RenderableType] = [comparison_table(summaries), BLANK, idle_by_node_table(summaries),
+                                   verdict(summaries)]
     if skipped != {0}:
         parts.append(Text(f"warm-up rounds excluded: --skip-rounds {max(skipped)}", style="yellow"))
     return parts

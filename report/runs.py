@@ -1,0 +1,28 @@
+"""Load, check and summarize several run directories with one price table: what the CLI and scripts call."""
+from __future__ import annotations
+
+from report.pricing import parse_prices
+from report.run_dir import RunLogs, load_run
+from report.summary import RunSummary, run_gpu_names, summarize
+
+
+def unique_labels(runs: list[RunLogs]) -> list[str]:
+    """Run names; where two runs share one, name/policy, then the directory name, then a number."""
+    labels = [logs.name for logs in runs]
+    for candidate in ([f"{logs.name}/{logs.policy}" for logs in runs], [logs.run_dir.name for logs in runs]):
+        if len(set(labels)) == len(labels):
+            break
+        labels = candidate
+    if len(set(labels)) < len(labels):
+        labels = [f"{label}#{index + 1}" for index, label in enumerate(labels)]
+    return labels
+
+
+def summarize_runs(run_dirs: list[str], price_specs: list[str], skip_rounds: int = 0) -> list[RunSummary]:
+    """One summary per run directory; raises ReportError with a one-line reason on bad input."""
+    runs = [load_run(run_dir) for run_dir in run_dirs]
+    prices = parse_prices(price_specs)
+    if prices:
+        prices.check_known({gpu for logs in runs for gpu in run_gpu_names(logs)})
+    return [summarize(logs, skip_rounds=skip_rounds, prices=prices or None, label=label)
+            for logs, label in zip(runs, unique_labels(runs))]
