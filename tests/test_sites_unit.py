@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,15 @@ from runtime.sites import Site, SiteLink, Sites, parse_rate_mbps, site_links, tb
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "scripts" / "launch_site.sh"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location(
+        "bench_outer_sync", REPO / "experiments" / "runtime" / "bench_outer_sync.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_sites() -> Sites:
@@ -158,3 +169,24 @@ def test_launch_site_rejects_bad_arguments(args, message):
     result = run_launch(*args)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_bench_parameter_count_and_ideal_ring_time():
+    bench = load_bench()
+    # tiny: embedding 256*128 + 2 layers * (4*128^2 + 3*128*352 + 2*128) + norm 128 + head 128*256
+    assert bench.llama_param_count("tiny") == 32768 + 2 * (65536 + 135168 + 256) + 128 + 32768
+    # llama-150m: 32000*1024 twice + 12 * (4*1024^2 + 3*1024*4096 + 2048) + 1024
+    assert bench.llama_param_count("llama-150m") == 266_888_192
+    assert bench.ideal_ring_s(2, 1_000_000_000, 1000.0) == pytest.approx(8.0)
+    assert bench.ideal_ring_s(4, 1_000_000_000, 1000.0) == pytest.approx(12.0)
+
+
+def test_bench_row_link_use_is_ideal_over_measured():
+    bench = load_bench()
+    args = argparse.Namespace(numel=250_000_000, rate_mbps=1000.0)
+    row = bench.make_row(2, "float16", [5.0, 4.0, 6.0], args)
+    assert row.payload_mb == 500.0
+    assert row.ideal_s == pytest.approx(4.0)
+    assert row.median_s == 5.0 and row.best_s == 4.0
+    assert row.link_use == pytest.approx(0.8)
+    assert row.bus_mbps == pytest.approx(800.0)
