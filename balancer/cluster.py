@@ -29,13 +29,17 @@ class EmulateSpec(StrictModel):
 
     Target at batch B: ``step_time_s * (fixed_fraction + (1 - fixed_fraction) * B / batch_size)``
     (``fixed_fraction`` = share of the step that does not grow with the batch), or the
-    predictor's t(B) for ``gpu`` (a GPU name, a list of names, or ``from_gpus`` = the node's gpus).
+    predictor's t(B) for ``gpu`` (a GPU name, a list of names, or ``from_gpus`` = the node's gpus)
+    running ``model`` (a preset or dims file; default the run's model) at ``seq_len`` (default
+    the run's). ``time_scale`` multiplies every target (e.g. to shorten a reproduction).
     """
 
     step_time_s: Optional[float] = Field(default=None, gt=0)
     batch_size: Optional[int] = Field(default=None, ge=1)
     fixed_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
     gpu: Optional[Union[str, list[str]]] = None
+    model: Optional[str] = None
+    seq_len: Optional[int] = Field(default=None, ge=1)
     time_scale: float = Field(default=1.0, gt=0)
     jitter: float = Field(default=0.0, ge=0.0, lt=1.0)
     slowdown: list[SlowdownEvent] = Field(default_factory=list)
@@ -44,7 +48,15 @@ class EmulateSpec(StrictModel):
     def _one_source(self) -> "EmulateSpec":
         if (self.step_time_s is None) == (self.gpu is None):
             raise ValueError("give exactly one of emulate.step_time_s (seconds per step) or emulate.gpu (a GPU name, a list, or 'from_gpus')")
+        if self.gpu is None and (self.model is not None or self.seq_len is not None):
+            raise ValueError("emulate.model and emulate.seq_len only apply with emulate.gpu")
         return self
+
+    def gpu_names(self, node_gpus: list[str]) -> list[str]:
+        """The GPUs whose time is emulated (``from_gpus`` = the node's own)."""
+        if self.gpu == "from_gpus":
+            return list(node_gpus)
+        return [self.gpu] if isinstance(self.gpu, str) else list(self.gpu or [])
 
     def slowdown_factor(self, round_idx: int) -> float:
         """Product of the slowdown factors active in ``round_idx``."""

@@ -23,9 +23,14 @@ from balancer.cluster import EmulateSpec, NodeSpec
 from predictor.workload import ModelDims
 
 
-def gpu_time_model(gpus: list[str], dims: ModelDims, seq_len: int, precision: str) -> Callable[[int], float]:
+def gpu_time_model(node: NodeSpec, dims: ModelDims, seq_len: int, precision: str) -> Callable[[int], float]:
+    """t(B) of the node's emulated GPUs running ``emulate.model`` (default: the run's model)."""
     from predictor import model as predictor_model
-    step_model = predictor_model.node_step_model(gpus, dims, seq_len, precision=precision)
+    from predictor.workload import resolve_dims
+    spec = node.emulate
+    emulated_dims = resolve_dims(spec.model) if spec.model else dims
+    step_model = predictor_model.node_step_model(spec.gpu_names(node.gpus), emulated_dims,
+                                                 spec.seq_len or seq_len, precision=precision)
     return step_model.predict
 
 
@@ -39,9 +44,7 @@ class StepPacer:
         self.slow_steps = 0
         self._time_for_batch: Optional[Callable[[int], float]] = None
         if self.spec is not None and self.spec.gpu is not None:
-            gpus = node.gpus if self.spec.gpu == "from_gpus" else (
-                [self.spec.gpu] if isinstance(self.spec.gpu, str) else list(self.spec.gpu))
-            self._time_for_batch = gpu_time_model(gpus, dims, seq_len, precision)
+            self._time_for_batch = gpu_time_model(node, dims, seq_len, precision)
 
     @property
     def active(self) -> bool:
