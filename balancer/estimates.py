@@ -107,8 +107,9 @@ class StepTimeBank:
         emulate = node.emulate
         if emulate is not None and emulate.step_time_s is not None:
             batch = emulate.batch_size or 1
-            key = ("linear", emulate.step_time_s, batch, emulate.fixed_fraction)
-            return key, NodeGroup(gpus=(), linear=LinearStepModel(emulate.step_time_s, batch, emulate.fixed_fraction))
+            step_time_s = emulate.step_time_s * emulate.time_scale
+            key = ("linear", step_time_s, batch, emulate.fixed_fraction)
+            return key, NodeGroup(gpus=(), linear=LinearStepModel(step_time_s, batch, emulate.fixed_fraction))
         raise ConfigError(f"node {node.name}: no gpus and no emulate.step_time_s; the planner cannot "
                           "estimate its step time; list its gpus or give emulate.step_time_s")
 

@@ -68,6 +68,8 @@ class GroundTruth:
             self.factor[position] = measured.step_time_s / prior_s
         elif emulate is not None and emulate.step_time_s is not None:
             self.factor[position] = 1.0
+        elif emulate is not None:
+            self.factor[position] *= emulate.time_scale
 
     def step_s(self, batch_size: np.ndarray, micro_batch_size: np.ndarray) -> np.ndarray:
         """True mean seconds per step at (batch, micro-batch), before slowdowns."""
