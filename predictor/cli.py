@@ -136,7 +136,7 @@ def print_detect(as_json: bool) -> int:
                  f"{cpu['threads']} compute threads")
     if "matmul_tflops" in cpu:
         lines.append(f"  measured: {cpu['matmul_tflops'] * 1e3:.1f} GFLOP/s fp32 matmul, "
-                     f"{cpu['memory_bandwidth_gbps']:.1f} GB/s copy, {cpu['host_op_us']:.2f} us per eager op")
+                     f"{cpu['memory_bandwidth_gbps']:.1f} GB/s copy, {cpu['host_op_us']:.2f} us per eager op (with backward)")
     lines += [f"fallback: {reason}" for reason in machine["fallback_reasons"]]
     print("\n".join(lines))
     return 0

@@ -25,7 +25,9 @@ log = logging.getLogger("geodiloco.predictor")
 
 CACHE_FILE_NAME = "cpu_peak.json"
 MATMUL_SIZE = 1024
-COPY_BYTES = 64 * 2**20
+# Working sets for the copy-bandwidth curve: in cache ... well beyond it.
+COPY_SIZES_MB = (0.25, 1.0, 4.0, 16.0, 64.0, 256.0)
+CACHE_VERSION = 2
 
 
 def cache_dir() -> Path:
@@ -145,33 +147,66 @@ def _best_time_s(action: Callable[[], object], repeats: int) -> float:
     return best
 
 
-def measure_cpu(size: int = MATMUL_SIZE, copy_bytes: int = COPY_BYTES, repeats: int = 5) -> dict:
-    """Measure fp32 matmul TFLOPS, copy bandwidth (GB/s, read + write) and
-    per-op overhead (microseconds of one tiny eager op recorded by autograd), with torch if present."""
+def _chain_op_s(torch) -> float:
+    """Seconds per tiny forward op, its autograd backward included."""
+    weight = torch.ones(8, requires_grad=True)
+    ops = 200
+
+    def chain() -> None:
+        hidden = weight
+        for _ in range(ops // 2):
+            hidden = hidden * 1.001 + 0.0
+        hidden.sum().backward()
+
+    return _best_time_s(chain, 5) / ops
+
+
+def _optimizer_tensor_s(torch) -> float:
+    """Seconds of AdamW + clipping per (tiny) parameter tensor: the host cost of the loop."""
+    params = [torch.nn.Parameter(torch.ones(8)) for _ in range(64)]
+    for param in params:
+        param.grad = torch.ones(8)
+    optimizer = torch.optim.AdamW(params)
+
+    def step() -> None:
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+
+    return _best_time_s(step, 5) / len(params)
+
+
+def measure_cpu(size: int = MATMUL_SIZE, copy_sizes_mb: tuple[float, ...] = COPY_SIZES_MB, repeats: int = 5) -> dict:
+    """Measure fp32 matmul TFLOPS at size^3, copy bandwidth (GB/s, read + write) at
+    several working-set sizes, and host costs (microseconds per eager op with its
+    backward, and per parameter tensor in AdamW), with torch if present."""
     torch = _torch()
-    elements = copy_bytes // 4
+    curve = []
     if torch is not None:
         a, b = torch.randn(size, size), torch.randn(size, size)
         matmul_s = _best_time_s(lambda: torch.mm(a, b), repeats)
-        src, dst = torch.empty(elements), torch.empty(elements)
-        src.fill_(1.0)
-        copy_s = _best_time_s(lambda: dst.copy_(src), repeats)
-        x, y = torch.ones(8, requires_grad=True), torch.ones(8)
-        ops = 2000
-        op_s = _best_time_s(lambda: [torch.mul(x, y) for _ in range(ops)], 3) / ops
+        for megabytes in copy_sizes_mb:
+            elements = int(megabytes * 2**20 / 4)
+            src, dst = torch.ones(elements), torch.empty(elements)
+            curve.append((elements * 4.0, 2.0 * elements * 4 / _best_time_s(lambda: dst.copy_(src), repeats) / 1e9))
+        host_op_us = _chain_op_s(torch) * 1e6
+        optimizer_us = _optimizer_tensor_s(torch) * 1e6
         library = f"torch {torch.__version__}"
     else:
         a = np.random.rand(size, size).astype(np.float32)
         b = np.random.rand(size, size).astype(np.float32)
         matmul_s = _best_time_s(lambda: a @ b, repeats)
-        src, dst = np.ones(elements, dtype=np.float32), np.empty(elements, dtype=np.float32)
-        copy_s = _best_time_s(lambda: np.copyto(dst, src), repeats)
-        op_s = 5e-6
+        for megabytes in copy_sizes_mb:
+            elements = int(megabytes * 2**20 / 4)
+            src, dst = np.ones(elements, dtype=np.float32), np.empty(elements, dtype=np.float32)
+            curve.append((elements * 4.0, 2.0 * elements * 4 / _best_time_s(lambda: np.copyto(dst, src), repeats) / 1e9))
+        host_op_us, optimizer_us = 5.0, 20.0
         library = f"numpy {np.__version__}"
     return {
         "matmul_tflops": 2.0 * size**3 / matmul_s / 1e12,
-        "memory_bandwidth_gbps": 2.0 * elements * 4 / copy_s / 1e9,
-        "host_op_us": op_s * 1e6,
+        "memory_bandwidth_gbps": curve[-1][1],
+        "bandwidth_curve": curve,
+        "host_op_us": host_op_us,
+        "host_optimizer_tensor_us": optimizer_us,
         "library": library,
         "matmul_size": size,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -181,7 +216,7 @@ def measure_cpu(size: int = MATMUL_SIZE, copy_bytes: int = COPY_BYTES, repeats: 
 def _cache_key(threads: int) -> str:
     torch = _torch()
     library = f"torch {torch.__version__}" if torch is not None else f"numpy {np.__version__}"
-    return f"{cpu_model_name()}|threads={threads}|{library}"
+    return f"{cpu_model_name()}|threads={threads}|{library}|v{CACHE_VERSION}"
 
 
 def cpu_peak(refresh: bool = False) -> dict:
@@ -217,6 +252,8 @@ def cpu_spec(refresh: bool = False) -> GpuSpec:
         memory_bandwidth_gbps=peak["memory_bandwidth_gbps"], fp32_tflops=peak["matmul_tflops"],
         tf32_tflops=None, fp16_tflops=None, fp16_fp32acc_tflops=None, bf16_tflops=None,
         consumer=False, kind="cpu", host_op_us=peak["host_op_us"],
+        host_optimizer_tensor_us=peak.get("host_optimizer_tensor_us"),
+        bandwidth_curve=tuple((float(size), float(rate)) for size, rate in peak.get("bandwidth_curve", ())),
         source=f"measured on this machine with {peak['library']} ({peak['measured_at']})")
 
 

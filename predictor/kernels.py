@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from predictor.specs import GpuSpec
 from predictor.workload import (
     ModelDims, activation_bytes, elementwise_bytes_per_token, layer_linear_shapes,
-    optimizer_bytes, parameter_tensor_count,
+    optimizer_traffic, parameter_count, parameter_tensor_count,
 )
 
 
@@ -25,9 +25,11 @@ class Efficiency:
 
     ``matmul``: of the matmul TFLOPS; ``attention``: of the same rate for
     flash attention; ``memory``: of the memory bandwidth; ``link``: of the
-    intra-node link bandwidth; ``host_op_us``: microseconds per eager op when
-    the device row has no measured value; ``tile``: matmul output tile edge
-    used for wave quantization (0 = none).
+    intra-node link bandwidth; ``host_op_us``: microseconds per eager forward
+    op (its backward included) when the device row has no measured value;
+    ``host_optimizer_tensor_us``: the same per parameter tensor in the
+    optimizer step; ``tile``: matmul output tile edge used for wave
+    quantization (0 = none).
     """
 
     matmul: float
@@ -35,16 +37,20 @@ class Efficiency:
     memory: float
     link: float
     host_op_us: float
+    host_optimizer_tensor_us: float
     tile: int
 
 
-GPU_EFFICIENCY = Efficiency(matmul=0.70, attention=0.45, memory=0.75, link=0.70, host_op_us=10.0, tile=128)
-# CPU rates are measured (matmul at 1024^3, copy bandwidth), so they are already achieved rates.
-CPU_EFFICIENCY = Efficiency(matmul=1.0, attention=0.5, memory=1.0, link=1.0, host_op_us=5.0, tile=0)
+GPU_EFFICIENCY = Efficiency(matmul=0.70, attention=0.45, memory=0.75, link=0.70, host_op_us=20.0,
+                            host_optimizer_tensor_us=3.0, tile=128)
+# CPU rates are measured (matmul at 1024^3, copy bandwidth curve, op costs), so they are achieved rates.
+CPU_EFFICIENCY = Efficiency(matmul=1.0, attention=0.5, memory=1.0, link=1.0, host_op_us=5.0,
+                            host_optimizer_tensor_us=20.0, tile=0)
 
-# Eager ops per block per micro-batch (forward ~45, backward ~75) and for embedding, head and loss.
-OPS_PER_LAYER = 120
-OPS_HEAD = 30
+# Eager forward ops per block (norms 12, q/k/v views 5, rotary 22, attention 3, output 1,
+# SwiGLU 5, residuals 2) and for embedding, head and loss; each brings its backward along.
+OPS_PER_LAYER = 51
+OPS_HEAD = 15
 
 
 def efficiency_for(device: GpuSpec) -> Efficiency:
@@ -79,7 +85,8 @@ def matmul_time_s(m: int, n: int, k: int, device: GpuSpec, rate_tflops: float,
                   element_bytes: int, eff: Efficiency) -> tuple[float, bool]:
     """(seconds, compute-bound?) of an (m x k) @ (k x n) product."""
     compute_s = 2.0 * m * n * k / (rate_tflops * 1e12 * eff.matmul * wave_efficiency(m, n, device.sm_count, eff.tile))
-    memory_s = element_bytes * (m * k + k * n + m * n) / (device.memory_bandwidth_gbps * 1e9 * eff.memory)
+    moved = element_bytes * (m * k + k * n + m * n)
+    memory_s = moved / (device.bandwidth_gbps_for(moved) * 1e9 * eff.memory)
     return (compute_s, True) if compute_s >= memory_s else (memory_s, False)
 
 
@@ -116,26 +123,35 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     attention_s = attention_forward_flops * attention_passes / (rate * 1e12 * eff.attention)
 
     elementwise_s = tokens * elementwise_bytes_per_token(dims, seq_len, "fp32" if device.is_cpu else precision)
-    elementwise_s /= device.memory_bandwidth_gbps * 1e9 * eff.memory
+    working_set = 3 * tokens * max(dims.hidden_size, dims.intermediate_size) * e
+    elementwise_s /= device.bandwidth_gbps_for(working_set) * 1e9 * eff.memory
     ops = dims.num_layers * OPS_PER_LAYER + OPS_HEAD
     return MicroBatchTime(compute_s, memory_s, attention_s, elementwise_s, ops)
 
 
-def optimizer_time(device: GpuSpec, dims: ModelDims, precision: str, micro_batches: int) -> tuple[float, int]:
-    """(device seconds, eager ops) of gradient clipping + AdamW + grad accumulation.
+def optimizer_time(device: GpuSpec, dims: ModelDims, precision: str, micro_batches: int) -> tuple[float, float]:
+    """(device seconds, host seconds) of gradient clipping + AdamW + grad accumulation.
 
-    On CPU PyTorch's AdamW loops over tensors (about 16 ops each with clipping);
-    on GPU it uses multi-tensor kernels (a few dozen launches in all).
+    The first touch of the optimizer state streams from memory at the
+    bandwidth of the whole state; the other passes over one tensor at a time
+    run at the bandwidth of that tensor's working set (cache on a CPU). The
+    host pays per parameter tensor (a loop of small ops on CPU, multi-tensor
+    launches on GPU).
     """
     eff = efficiency_for(device)
-    moved = optimizer_bytes(dims, "fp32" if device.is_cpu else precision, micro_batches)
-    seconds = moved / (device.memory_bandwidth_gbps * 1e9 * eff.memory)
-    tensors = parameter_tensor_count(dims)
-    ops = 16 * tensors if device.is_cpu else 40 + tensors
-    return seconds, ops
+    compulsory, retouched = optimizer_traffic(dims, "fp32" if device.is_cpu else precision, micro_batches)
+    params, tensors = parameter_count(dims), parameter_tensor_count(dims)
+    state_bytes = 16.0 * params
+    tensor_working_set = 5 * 4.0 * params / tensors
+    seconds = (compulsory / device.bandwidth_gbps_for(state_bytes)
+               + retouched / device.bandwidth_gbps_for(tensor_working_set)) / (1e9 * eff.memory)
+    per_tensor_us = device.host_optimizer_tensor_us
+    if per_tensor_us is None:
+        per_tensor_us = eff.host_optimizer_tensor_us
+    return seconds, tensors * per_tensor_us * 1e-6
 
 
 def host_op_s(device: GpuSpec) -> float:
-    """Seconds of host work per eager op (measured on CPUs, a constant on GPUs)."""
+    """Seconds of host work per forward op, its backward included (measured on CPUs, a constant on GPUs)."""
     micros = device.host_op_us if device.host_op_us is not None else efficiency_for(device).host_op_us
     return micros * 1e-6

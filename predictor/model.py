@@ -138,8 +138,8 @@ class NodeStepModel:
                 parts[slot] += value
             ops += work.host_ops
             last_device_s = work.device_s
-        optimizer_s, optimizer_ops = optimizer_time(device, self.dims, self.precision, max(1, micro_batches))
-        host_s = (ops + optimizer_ops) * host_op_s(device)
+        optimizer_s, optimizer_host_s = optimizer_time(device, self.dims, self.precision, max(1, micro_batches))
+        host_s = ops * host_op_s(device) + optimizer_host_s
         device_s = sum(parts) + optimizer_s
         step_s = device_s + host_s if device.is_cpu else max(device_s, host_s)
         exposed_host_s = host_s if device.is_cpu else max(0.0, host_s - device_s)

@@ -7,11 +7,13 @@ peaks in TFLOPS (1e12 FLOP/s), bandwidth in GB/s (1e9 B/s), memory in GiB.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
 
+import numpy as np
 from pydantic import Field
 
 from predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
@@ -45,6 +47,8 @@ class GpuSpec:
     nvlink_gbps: Optional[float] = None
     kind: str = "gpu"
     host_op_us: Optional[float] = None
+    host_optimizer_tensor_us: Optional[float] = None
+    bandwidth_curve: tuple[tuple[float, float], ...] = ()
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -75,6 +79,18 @@ class GpuSpec:
         if self.fp16_fp32acc_tflops:
             return self.fp16_fp32acc_tflops, "fp16_fp32acc_tflops", note
         return self.fp32_tflops, "fp32_tflops", (note + "; " if note else "") + "no FP16 tensor rate; FP32 used"
+
+    def bandwidth_gbps_for(self, working_set_bytes: float) -> float:
+        """Memory bandwidth (GB/s) for kernels touching ``working_set_bytes``.
+
+        CPUs carry a measured curve of (bytes, GB/s) points (caches make small
+        working sets faster), interpolated log-linearly; GPUs use the datasheet figure.
+        """
+        if not self.bandwidth_curve:
+            return self.memory_bandwidth_gbps
+        sizes = [math.log(size) for size, _ in self.bandwidth_curve]
+        rates = [rate for _, rate in self.bandwidth_curve]
+        return float(np.interp(math.log(max(working_set_bytes, 1.0)), sizes, rates))
 
     def pcie_gbps(self) -> float:
         """One-direction bandwidth (GB/s) of this GPU's x16 host link (gen 3 if unknown)."""

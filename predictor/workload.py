@@ -299,19 +299,33 @@ def elementwise_bytes_per_token(dims: ModelDims, seq_len: int, precision: str) -
     return 3.0 * (dims.num_layers * forward_block + loss)
 
 
-def optimizer_bytes(dims: ModelDims, precision: str, micro_batches: int = 1, grad_clip: bool = True) -> float:
-    """Bytes moved per step outside the forward/backward kernels.
+# AdamW as PyTorch runs it unfused (single-tensor loop on CPU, foreach on GPU):
+# decay mul_ 8, lerp_ 12, mul_ + addcmul_ 20, sqrt / div / add_ 24, addcdiv_ 16 = 80 B/param.
+ADAMW_BYTES_PER_PARAM = 80.0
+# Of those, reading param, grad and both moments once and writing back param and moments.
+ADAMW_COMPULSORY_BYTES_PER_PARAM = 28.0
 
-    AdamW reads param, grad and two moments and writes param and moments
-    (28 B/param); gradient clipping reads the grads and rescales them (12 B);
-    each extra micro-batch accumulates grads (12 B); autocast casts the weights
-    once per micro-batch (6 B).
+
+def optimizer_traffic(dims: ModelDims, precision: str, micro_batches: int = 1,
+                      grad_clip: bool = True) -> tuple[float, float]:
+    """(compulsory bytes, re-touched bytes) moved per step outside forward/backward.
+
+    Compulsory: AdamW's first touch of param, grad and moments (28 B/param) and
+    gradient accumulation of each extra micro-batch (12 B). Re-touched (hot in
+    cache on a CPU): AdamW's other passes (52 B), clipping's norm + rescale
+    (12 B), and autocast's per-micro-batch weight cast (6 B).
     """
     params = parameter_count(dims)
-    per_param = 28.0 + (12.0 if grad_clip else 0.0) + 12.0 * (micro_batches - 1)
+    compulsory = ADAMW_COMPULSORY_BYTES_PER_PARAM + 12.0 * (micro_batches - 1)
+    retouched = ADAMW_BYTES_PER_PARAM - ADAMW_COMPULSORY_BYTES_PER_PARAM + (12.0 if grad_clip else 0.0)
     if activation_bytes(precision) == 2:
-        per_param += 6.0 * micro_batches
-    return params * per_param
+        retouched += 6.0 * micro_batches
+    return params * compulsory, params * retouched
+
+
+def optimizer_bytes(dims: ModelDims, precision: str, micro_batches: int = 1, grad_clip: bool = True) -> float:
+    """All bytes moved per step by the optimizer, clipping, accumulation and weight casts."""
+    return sum(optimizer_traffic(dims, precision, micro_batches, grad_clip))
 
 
 def gradient_bytes(dims: ModelDims) -> float:

@@ -93,5 +93,6 @@ def test_cpu_spec_uses_the_measured_rates(cached_cpu):
 
 
 def test_measure_cpu_returns_positive_rates():
-    measured = detect.measure_cpu(size=128, copy_bytes=2**20, repeats=1)
+    measured = detect.measure_cpu(size=128, copy_sizes_mb=(0.25, 1.0), repeats=1)
     assert measured["matmul_tflops"] > 0 and measured["memory_bandwidth_gbps"] > 0 and measured["host_op_us"] > 0
+    assert [size for size, _ in measured["bandwidth_curve"]] == [0.25 * 2**20, 2**20]

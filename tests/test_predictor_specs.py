@@ -96,3 +96,12 @@ def test_registry_later_rows_override_earlier(tmp_path):
     registry.add(first)
     registry.add(second)
     assert registry.lookup("Lab Card 9000").memory_gb == 16
+
+
+def test_bandwidth_curve_interpolates_in_log_size():
+    from dataclasses import replace
+    cpu_like = replace(lookup_gpu("A30"), bandwidth_curve=((2**20, 60.0), (2**24, 20.0)))
+    assert cpu_like.bandwidth_gbps_for(2**10) == 60.0
+    assert cpu_like.bandwidth_gbps_for(2**22) == pytest.approx(40.0)
+    assert cpu_like.bandwidth_gbps_for(2**30) == 20.0
+    assert lookup_gpu("A30").bandwidth_gbps_for(2**22) == 933

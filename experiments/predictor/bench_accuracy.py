@@ -136,7 +136,7 @@ def write_markdown(summary: dict, cluster: list[dict]) -> None:
         f"Machine: {summary['machine']}; {summary['threads']} torch thread; measured peak "
         f"{summary['cpu_peak']['matmul_tflops'] * 1e3:.1f} GFLOP/s fp32 matmul, "
         f"{summary['cpu_peak']['memory_bandwidth_gbps']:.1f} GB/s copy, "
-        f"{summary['cpu_peak']['host_op_us']:.2f} us per eager op.",
+        f"{summary['cpu_peak']['host_op_us']:.2f} us per eager op (with its backward), {summary['cpu_peak']['host_optimizer_tensor_us']:.1f} us per tensor in AdamW.",
         f"Command: `{summary['command']}` ({summary['wall_s']:.0f} s).",
         "",
         f"- warm (5 measured steps at seq {CALIBRATION_SEQ}): median error **{summary['warm_median_error']:.1%}** "
