@@ -51,6 +51,23 @@ class LinearStepModel:
         return self.max_batch or UNLIMITED_BATCH
 
 
+class ScaledStepModel:
+    """A step-time model whose times are multiplied by ``time_scale`` (emulate.time_scale)."""
+
+    def __init__(self, inner: StepTimeModel, time_scale: float) -> None:
+        self.inner = inner
+        self.time_scale = time_scale
+
+    def predict(self, batch_size: int) -> float:
+        return self.inner.predict(batch_size) * self.time_scale
+
+    def update(self, batch_size: int, step_time_s: float) -> None:
+        self.inner.update(batch_size, step_time_s / self.time_scale)
+
+    def max_batch_size(self) -> int:
+        return self.inner.max_batch_size()
+
+
 def micro_batches(batch_size: np.ndarray, max_micro: np.ndarray) -> np.ndarray:
     """Micro-batch per node: the whole batch if it fits in memory, else the largest that fits."""
     return np.minimum(batch_size, max_micro)
@@ -68,10 +85,16 @@ def prior_gpus(node: NodeSpec) -> list[str]:
 
 @dataclass
 class NodeGroup:
-    """Nodes that share one prior: the same GPUs, or the same declared step time."""
+    """Nodes that share one prior: the same GPUs (and emulated workload), or the same declared step time.
+
+    ``workload`` = (model preset or file, seq_len) of an ``emulate.gpu`` node, whose
+    steps follow that workload's time scaled by ``time_scale``; empty = the run's model.
+    """
 
     gpus: tuple
     linear: Optional[LinearStepModel]
+    workload: tuple = ()
+    time_scale: float = 1.0
     models: dict = field(default_factory=dict)
     cache: dict = field(default_factory=dict)
 
@@ -83,9 +106,11 @@ class StepTimeBank:
     """
 
     def __init__(self, nodes: Sequence[NodeSpec], model_factory: ModelFactory,
-                 memory_headroom: float = 0.0) -> None:
+                 memory_headroom: float = 0.0,
+                 workload_factory: Optional[Callable[[Optional[str], Optional[int]], ModelFactory]] = None) -> None:
         self.names = [node.name for node in nodes]
         self.model_factory = model_factory
+        self.workload_factory = workload_factory
         self.groups: list[NodeGroup] = []
         keys: dict = {}
         group_index = np.empty(len(nodes), dtype=np.int64)
@@ -101,17 +126,26 @@ class StepTimeBank:
 
     @staticmethod
     def _group_for(node: NodeSpec) -> tuple:
-        gpus = prior_gpus(node)
-        if gpus:
-            return ("gpus", tuple(gpus)), NodeGroup(gpus=tuple(gpus), linear=None)
+        """The prior a node is planned with, in the order a real run would know it.
+
+        An ``emulate.gpu`` node runs at the predictor's time for its emulated GPUs and
+        workload; otherwise the node's ``gpus`` (at the run's model); a node with only
+        ``emulate.step_time_s`` at that declared time; a node with neither is this CPU.
+        """
         emulate = node.emulate
+        if emulate is not None and emulate.gpu is not None:
+            gpus = tuple(emulate.gpu_names(node.gpus))
+            workload = (emulate.model, emulate.seq_len)
+            key = ("emulated", gpus, workload, emulate.time_scale)
+            return key, NodeGroup(gpus=gpus, linear=None, workload=workload, time_scale=emulate.time_scale)
+        if node.gpus:
+            return ("gpus", tuple(node.gpus)), NodeGroup(gpus=tuple(node.gpus), linear=None)
         if emulate is not None and emulate.step_time_s is not None:
             batch = emulate.batch_size or 1
             step_time_s = emulate.step_time_s * emulate.time_scale
             key = ("linear", step_time_s, batch, emulate.fixed_fraction)
             return key, NodeGroup(gpus=(), linear=LinearStepModel(step_time_s, batch, emulate.fixed_fraction))
-        raise ConfigError(f"node {node.name}: no gpus and no emulate.step_time_s; the planner cannot "
-                          "estimate its step time; list its gpus or give emulate.step_time_s")
+        return ("gpus", ()), NodeGroup(gpus=(), linear=None)
 
     def model(self, group_id: int, micro_batch_size: Optional[int] = None) -> StepTimeModel:
         """The group's prior model (``micro_batch_size`` None = whole batch in one pass)."""
@@ -119,7 +153,12 @@ class StepTimeBank:
         if group.linear is not None:
             return group.linear
         if micro_batch_size not in group.models:
-            group.models[micro_batch_size] = self.model_factory(list(group.gpus), micro_batch_size)
+            factory = self.model_factory
+            if group.workload and self.workload_factory is not None:
+                factory = self.workload_factory(*group.workload)
+            model = factory(list(group.gpus), micro_batch_size)
+            group.models[micro_batch_size] = (ScaledStepModel(model, group.time_scale)
+                                              if group.time_scale != 1.0 else model)
         return group.models[micro_batch_size]
 
     def _max_micro(self, memory_headroom: float) -> np.ndarray:

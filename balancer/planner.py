@@ -25,7 +25,7 @@ from balancer.network import OuterSyncModel
 from balancer.plan import NodePlan, Plan, RoundMeasurement
 from balancer.policies import POLICIES, POLICY_WEIGHTING, Assignment, PolicyInputs
 from predictor.schema import ConfigError
-from predictor.workload import ModelDims, parameter_count
+from predictor.workload import ModelDims, parameter_count, resolve_dims
 
 STATIC_POLICIES = ("uniform", "batch_by_flops", "max_batch_by_memory", "steps_by_flops")
 CALIBRATED_ONCE = ("time", "hybrid")
@@ -104,7 +104,10 @@ class Planner:
         self.precision = precision
         self._check_reference()
         factory = model_factory or predictor_model_factory(dims, seq_len, precision)
-        self.bank = StepTimeBank(self.nodes, factory, balancing.memory_headroom)
+        workload_factory = None if model_factory else (
+            lambda model, seq: predictor_model_factory(resolve_dims(model) if model else dims,
+                                                       seq or seq_len, precision))
+        self.bank = StepTimeBank(self.nodes, factory, balancing.memory_headroom, workload_factory)
         self.tflops_lookup = tflops_lookup or predictor_tflops_lookup(balancing.flops_field)
         self.calibration = Calibration(len(self.nodes), balancing.ewma_alpha, balancing.change_threshold)
         self.sync = OuterSyncModel(self.nodes, parameter_count(dims), balancing.sync_dtype)

@@ -21,12 +21,24 @@ import torch.distributed as dist
 
 
 class OuterSync(Protocol):
+    """What the training loop needs from an outer-sync backend."""
+
     def exchange(self, stats: Any) -> list[Any]:
-        """Block until every rank is ready; return all ranks' ``stats`` ordered by rank."""
+        """Block until the participating ranks are ready; return their ``stats`` (rank order).
+
+        The nodes present this round are the ones whose leader's stats come back.
+        """
         ...
 
-    def all_reduce_sum(self, flat: torch.Tensor) -> None:
-        """In-place sum of ``flat`` over the node leaders."""
+    def reduce_weighted(self, flat: torch.Tensor, weight: float, wire_dtype: torch.dtype) -> torch.Tensor:
+        """sum_i weight_i * flat_i over the node leaders, sent as ``wire_dtype``; returns fp32."""
+        ...
+
+    def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
+        """Leader -> the other ranks of its node."""
+        ...
+
+    def barrier(self) -> None:
         ...
 
     def close(self) -> None:
@@ -126,9 +138,12 @@ class TorchOuterSync:
         dist.all_gather_object(gathered, stats)
         return gathered
 
-    def all_reduce_sum(self, flat: torch.Tensor) -> None:
+    def reduce_weighted(self, flat: torch.Tensor, weight: float, wire_dtype: torch.dtype) -> torch.Tensor:
+        """Scale by this node's weight, cast to the wire dtype, all-reduce SUM over leaders."""
+        wire = flat.mul_(weight).to(wire_dtype) if wire_dtype != flat.dtype else flat.mul_(weight)
         if self.topology.num_nodes > 1:
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.topology.leaders_group)
+            dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.topology.leaders_group)
+        return wire.to(torch.float32)
 
     def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
         """Leader -> other ranks of the node, after the outer step."""

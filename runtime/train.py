@@ -173,18 +173,18 @@ class NodeTrainer:
         return plan.weighting if mode == "auto" else mode
 
     def outer_sync(self, plan: Plan, stats_by_node: dict[str, dict]) -> None:
-        """Weighted pseudo-gradient all-reduce among leaders, outer step, in-node broadcast."""
+        """Weighted pseudo-gradient reduction among the present nodes' leaders, outer step,
+        in-node broadcast. ``stats_by_node`` holds the nodes present this round."""
         if self.outer is not None:
-            names = [node.name for node in self.config.nodes]
+            present = list(stats_by_node)
             weights = outer_weights(self.weighting(plan),
-                                    [stats_by_node[name]["tokens"] for name in names],
-                                    [stats_by_node[name]["steps"] for name in names],
-                                    [stats_by_node[name]["batch_size"] for name in names])
-            flat = self.outer.pseudo_gradient(self.model, weights[self.topology.node_index])
-            dtype = COMPRESSION_DTYPES[self.config.diloco.compression]
-            wire = flat.to(dtype) if dtype != torch.float32 else flat
-            self.sync.all_reduce_sum(wire)
-            self.outer.apply(wire.to(torch.float32) if wire is not flat else flat)
+                                    [stats_by_node[name]["tokens"] for name in present],
+                                    [stats_by_node[name]["steps"] for name in present],
+                                    [stats_by_node[name]["batch_size"] for name in present])
+            flat = self.outer.pseudo_gradient(self.model)
+            averaged = self.sync.reduce_weighted(flat, weights[present.index(self.node.name)],
+                                                 COMPRESSION_DTYPES[self.config.diloco.compression])
+            self.outer.apply(averaged)
             self.outer.load_into(self.model)
         self.sync.broadcast_in_node([param.data for param in self.model.parameters()])
 
@@ -349,11 +349,11 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
                            previous_record=pending_record if topology.is_leader else None)
         gathered = trainer.sync.exchange(asdict(stats))
         clock.mark("ready")
-        stats_by_node = {item["node"]: item for item in gathered if item["local_rank"] == 0}
+        leaders = {item["node"]: item for item in gathered if item["local_rank"] == 0}
+        stats_by_node = {name: leaders[name] for name in names if name in leaders}
         trainer.outer_sync(plan, stats_by_node)
         clock.mark("synced")
-        for name in names:
-            item = stats_by_node[name]
+        for name, item in stats_by_node.items():
             measurement = RoundMeasurement(node=name, round=round_idx, batch_size=item["batch_size"],
                                            local_steps=item["steps"], step_times_s=item["step_times_s"],
                                            compute_s=item["compute_s"])
