@@ -18,6 +18,7 @@ from report.summary import RunSummary  # noqa: E402
 PHASE_COLORS = {"compute": "#4c9a5b", "wait for peers": "#e8a33d", "WAN sync": "#c8453b", "other": "#9a9a9a"}
 BAR_HEIGHT = 0.6
 MAX_ROUND_LABELS = 25
+MAX_ROUND_LINES = 200
 
 
 def _phases(record) -> list[tuple[str, float]]:
@@ -30,20 +31,24 @@ def draw_timeline(axes: Axes, summary: RunSummary) -> None:
     nodes = [node.node for node in summary.nodes]
     origin_s = min(record.round_start for record in summary.records)
     for row, name in enumerate(nodes):
+        spans: dict[str, list[tuple[float, float]]] = {phase: [] for phase in PHASE_COLORS}
         for record in (record for record in summary.records if record.node == name):
             start_s = record.round_start - origin_s
             for phase, duration_s in _phases(record):
                 if duration_s > 0:
-                    axes.broken_barh([(start_s, duration_s)], (row - BAR_HEIGHT / 2, BAR_HEIGHT),
-                                     facecolors=PHASE_COLORS[phase], edgecolor="white", linewidth=0.3)
+                    spans[phase].append((start_s, duration_s))
                     start_s += duration_s
+        for phase, phase_spans in spans.items():
+            axes.broken_barh(phase_spans, (row - BAR_HEIGHT / 2, BAR_HEIGHT),
+                             facecolors=PHASE_COLORS[phase], edgecolor="white", linewidth=0.3)
     first_start_s: dict[int, float] = {}
     for record in summary.records:
         first_start_s[record.round] = min(first_start_s.get(record.round, np.inf), record.round_start - origin_s)
     round_starts = sorted(first_start_s.items())
     label_every = max(1, int(np.ceil(len(round_starts) / MAX_ROUND_LABELS)))
     for position, (round_index, start_s) in enumerate(round_starts):
-        axes.axvline(start_s, color="#444444", linewidth=0.5, linestyle=":", zorder=0)
+        if len(round_starts) <= MAX_ROUND_LINES or position % label_every == 0:
+            axes.axvline(start_s, color="#444444", linewidth=0.5, linestyle=":", zorder=0)
         if position % label_every == 0:
             axes.text(start_s, -BAR_HEIGHT / 2 - 0.08, f" round {round_index}", fontsize=7, color="#444444",
                       va="bottom")
