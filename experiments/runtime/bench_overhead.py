@@ -3,12 +3,12 @@
 Both loops run in one process, interleaved block by block, so machine noise hits
 them alike; the figure is the ratio of medians. The runtime side is the real
 local phase (NodeTrainer.local_phase: lr schedule, micro-batching, clipping,
-pacer, step timing); the bare side is model + AdamW + clipping on the same
-batches. The per-round cost of the outer machinery (readiness exchange,
+pacer, step timing); the bare side fetches batches from its own shard the same
+way and runs model + AdamW + clipping. The per-round cost of the outer machinery (readiness exchange,
 pseudo-gradient, all-reduce, outer step, logs) is reported separately,
 amortized over the configured local steps.
 
-Usage: python experiments/runtime/bench_overhead.py [--preset tiny] [--blocks 7]
+Usage: python experiments/runtime/bench_overhead.py [--blocks 5] [--steps 20]
 Writes experiments/results/runtime/overhead.{md,json}.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch.distributed as dist
 from balancer.plan import NodePlan
 from runtime.comm import build_topology
 from runtime.config import parse_config
+from runtime.data import NodeShard
 from runtime.models import build_model
 from runtime.train import NodeTrainer
 
@@ -45,10 +46,12 @@ def make_trainer(preset: str, seq_len: int, batch_size: int, run_dir: Path) -> N
     return NodeTrainer(config, topology, run_dir, torch.device("cpu"))
 
 
-def bare_loop(model, optimizer, batches, grad_clip: float) -> list[float]:
+def bare_loop(model, optimizer, shard: NodeShard, steps: int, batch_size: int, grad_clip: float) -> list[float]:
+    """The plain loop: fetch a batch, forward, backward, clip, AdamW step."""
     times_s = []
-    for inputs, targets in batches:
+    for _ in range(steps):
         started = time.perf_counter()
+        inputs, targets = shard.next_batch(batch_size)
         model(inputs, targets).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
@@ -63,11 +66,12 @@ def measure(preset: str, seq_len: int, batch_size: int, steps: int, blocks: int)
         trainer.warm_up(batch_size)
         bare_model = build_model(trainer.dims, 0)
         bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=3e-4, weight_decay=0.1)
+        bare_shard = NodeShard(trainer.shard.tokens.numpy().astype("uint8"), 0, 1, seq_len, seed=1)
         plan = NodePlan(name="solo", local_steps=steps, batch_size=batch_size)
         runtime_step_s, bare_step_s, round_extra_s = [], [], []
         for block in range(blocks):
-            batches = [trainer.shard.next_batch(batch_size) for _ in range(steps)]
-            bare_step_s.append(statistics.median(bare_loop(bare_model, bare_optimizer, batches, 1.0)))
+            bare_step_s.append(statistics.median(
+                bare_loop(bare_model, bare_optimizer, bare_shard, steps, batch_size, 1.0)))
             result = trainer.local_phase(block, plan, time.perf_counter())
             runtime_step_s.append(statistics.median(result.step_times_s))
             started = time.perf_counter()
@@ -85,13 +89,13 @@ def measure(preset: str, seq_len: int, batch_size: int, steps: int, blocks: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--blocks", type=int, default=7)
+    parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29617", "RANK": "0", "WORLD_SIZE": "1"})
     dist.init_process_group("gloo")
-    rows = [measure("tiny", 128, 8, args.steps, args.blocks), measure("small", 128, 8, args.steps, args.blocks)]
+    rows = [measure("tiny", 128, 8, args.steps, args.blocks), measure("small", 128, 8, args.steps // 2, args.blocks)]
     dist.destroy_process_group()
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "overhead.json").write_text(json.dumps(rows, indent=2))
