@@ -27,7 +27,9 @@ def signed_percent(fraction: Optional[float]) -> str:
 def usd(value: Optional[float]) -> str:
     if value is None:
         return DASH
-    return f"${value:,.4f}" if abs(value) < 0.01 else f"${value:,.2f}"
+    if abs(value) < 0.01:
+        return f"${value:,.4f}"
+    return f"${value:,.3f}" if abs(value) < 1 else f"${value:,.2f}"
 
 
 def count(value: Optional[float]) -> str:

@@ -49,8 +49,9 @@ def waste_line(summary: RunSummary) -> Text:
     text.append(f" of {fmt.seconds(total.wall_gpu_s)} GPU-s ({fmt.percent(total.idle_share)}); "
                 f"{fmt.number(total.idle_gpu_h_per_1k_rounds, 3)} GPU-h per 1,000 rounds")
     if total.idle_cost_usd is not None:
-        text.append(f"; {fmt.usd(total.idle_cost_usd)} idle ({fmt.usd(total.idle_cost_usd_per_1k_rounds)} "
-                    "per 1,000 rounds)", style=IDLE_STYLE)
+        text.append("; ")
+        text.append(f"{fmt.usd(total.idle_cost_usd)} idle", style=IDLE_STYLE)
+        text.append(f" ({fmt.usd(total.idle_cost_usd_per_1k_rounds)} per 1,000 rounds)")
     return text
 
 

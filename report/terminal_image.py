@@ -63,12 +63,24 @@ def _text_kwargs(style: Optional[Style]) -> dict:
             "alpha": 0.6 if style is not None and style.dim else 1.0}
 
 
-def save_terminal_png(renderables: list[RenderableType], path: str | Path, width_chars: int = 150,
-                      command: Optional[str] = None, dpi: int = 110) -> Path:
-    """Write the renderables as a terminal screenshot; ``command`` is shown as a prompt line on top."""
+def prompt_lines(command_words: list[str], width_chars: int) -> list[str]:
+    """``$ command`` broken between words into lines ending in `` \\`` that fit ``width_chars``."""
+    lines, current = [], "$"
+    for word in command_words:
+        if len(current) + 1 + len(word) + 2 > width_chars and current.strip() not in ("$", ""):
+            lines.append(current + " \\")
+            current = "   "
+        current = f"{current} {word}"
+    return lines + [current]
+
+
+def save_terminal_png(renderables: list[RenderableType], path: str | Path, width_chars: int = 160,
+                      command_words: Optional[list[str]] = None, dpi: int = 110) -> Path:
+    """Write the renderables as a terminal screenshot; ``command_words`` are shown as a prompt on top."""
     lines = render_lines(renderables, width_chars)
-    if command:
-        lines.insert(0, [Segment(f"$ {command}", Style(color=PROMPT_COLOR, bold=True))])
+    prompt_style = Style(color=PROMPT_COLOR, bold=True)
+    lines[:0] = [[Segment(text, prompt_style)] for text in prompt_lines(command_words or [], width_chars)
+                 if command_words]
     char_w_in = FONT_SIZE_PT * CHAR_WIDTH_EM / 72
     line_h_in = FONT_SIZE_PT * LINE_HEIGHT_EM / 72
     columns = width_chars + 2 * MARGIN_CHARS
@@ -79,7 +91,8 @@ def save_terminal_png(renderables: list[RenderableType], path: str | Path, width
         for column, text, style in _merged(line):
             if text.strip():
                 figure.text((MARGIN_CHARS + column) * char_w_in / width_in, y, text, family=FONT_FAMILY,
-                            fontsize=FONT_SIZE_PT, va="center", ha="left", **_text_kwargs(style))
+                            fontsize=FONT_SIZE_PT, va="center", ha="left", parse_math=False,
+                            **_text_kwargs(style))
     target = Path(path)
     figure.savefig(target, dpi=dpi, facecolor=BACKGROUND)
     plt.close(figure)

@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib.image
 from rich.table import Table
 
-from report.terminal_image import render_lines, save_terminal_png
+from report.terminal_image import prompt_lines, render_lines, save_terminal_png
 from test_report_support import default_run
 
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "report" / "make_readme_figures.py"
@@ -46,6 +46,14 @@ def test_terminal_lines_keep_columns_aligned(tmp_path):
     table.add_row("bb", "4.50")
     lines = ["".join(segment.text for segment in line) for line in render_lines([table], 40)]
     assert lines[3].index("12.0") == lines[4].index("4.50")
-    image = save_terminal_png([table], tmp_path / "t.png", width_chars=40, command="geodiloco report x")
+    image = save_terminal_png([table], tmp_path / "t.png", width_chars=40, command_words=["geodiloco", "report"])
     height, width = matplotlib.image.imread(image).shape[:2]
     assert width < 500 and height > 50
+
+
+def test_long_prompt_is_broken_between_words():
+    words = ["geodiloco", "report", "runs/demo", "--price", "'RTX 2080 Ti=0.25'", "--price", "A30=0.60"]
+    lines = prompt_lines(words, 40)
+    # every line keeps room for " \\", so the 39-character "    'RTX 2080 Ti=0.25' --price A30=0.60" is split
+    assert lines == ["$ geodiloco report runs/demo --price \\", "    'RTX 2080 Ti=0.25' --price \\", "    A30=0.60"]
+    assert all(len(line) <= 40 for line in lines)

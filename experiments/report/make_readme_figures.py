@@ -12,6 +12,7 @@ rerun `geodiloco run` (it prints its run directory) and then this script.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -38,15 +39,16 @@ def make_figures(run_dirs: list[str], out_dir: Path, prices: list[str], skip_rou
     summaries = summarize_runs(run_dirs, prices, skip_rounds)
     for summary, run_dir in zip(summaries, run_dirs):
         summary.run_dir = _shown_path(run_dir)
-    options = [f"--skip-rounds {skip_rounds}"] if skip_rounds else []
-    options += [f'--price "{price}"' for price in prices]
+    options = ["--skip-rounds", str(skip_rounds)] if skip_rounds else []
+    for price in prices:
+        options += ["--price", shlex.quote(price)]
     if len(summaries) > 1:
         renderables, options = render_comparison(summaries), ["--compare"] + options
     else:
         renderables, options = render_run(summaries[0], show_rounds=True), ["--rounds"] + options
-    command = " ".join(["geodiloco report", *(_shown_path(run_dir) for run_dir in run_dirs), *options])
+    command = ["geodiloco", "report", *(_shown_path(run_dir) for run_dir in run_dirs), *options]
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [save_terminal_png(renderables, out_dir / TERMINAL_PNG, command=command),
+    return [save_terminal_png(renderables, out_dir / TERMINAL_PNG, command_words=command),
             write_plot(summaries, out_dir / TIMELINE_PNG)]
 
 
