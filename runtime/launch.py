@@ -52,6 +52,8 @@ def node_env(config: RunConfig, index: int, master_addr: str, master_port: int) 
         "GEODILOCO_DEVICE": "cpu", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
         "PYTHONUNBUFFERED": "1",
     })
+    # Inside a namespace the host name has no reverse lookup; c10d warns about it on every connect.
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     return env
 
 
