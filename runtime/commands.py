@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -28,11 +29,9 @@ def register(subparsers) -> None:
     run.add_argument("--no-report", action="store_true", help="do not print the idle report at the end")
     run.set_defaults(func=run_command)
 
-    train = subparsers.add_parser("train", help="train one node (the torchrun entry at each site)",
-                                  description="Same as `python -m runtime.train`: start it under torchrun at "
-                                              "every site with the same config and --node-name NAME.")
-    from runtime.train import add_train_arguments
-    add_train_arguments(train)
+    train = subparsers.add_parser("train", help="train one node (the torchrun entry at each site)", add_help=False,
+                                  description="Same as `python -m runtime.train` (its --help lists the options).")
+    train.add_argument("train_args", nargs=argparse.REMAINDER)
     train.set_defaults(func=train_command)
 
 
@@ -42,7 +41,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     if args.resume and not args.run_dir:
-        print("geodiloco run: error: --resume needs --run-dir (the run directory to continue)")
+        print("geodiloco run: error: --resume needs --run-dir (the run directory to continue)", file=sys.stderr)
         return 2
     run_dir = Path(args.run_dir) if args.run_dir else (
         Path(config.run.out_dir) / f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -62,5 +61,6 @@ def print_report(run_dir: Path) -> int:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from runtime.train import train_from_args
-    return train_from_args(args)
+    """Listed here for --help; runtime.cli hands ``geodiloco train ...`` to runtime.train's own parser."""
+    from runtime.train import main as train_main
+    return train_main(args.train_args)
