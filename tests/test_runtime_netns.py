@@ -1,10 +1,12 @@
 """A 2-site run across two network namespaces linked by tbf-shaped veths."""
+import os
 import subprocess
+import sys
 
 import pytest
 
 from runtime import sites
-from tests.runtime_helpers import geodiloco, read_jsonl, small_config, write_config
+from tests.runtime_helpers import REPO_ROOT, read_jsonl, small_config, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -17,11 +19,14 @@ def test_two_sites_in_namespaces_with_a_shaped_link(tmp_path):
              {"name": "west", "site": "west", "emulate": {"step_time_s": 0.05}, "wan": {"bandwidth_mbps": 20}}]
     config = small_config(nodes)
     run_dir = tmp_path / "run"
-    before = set(sites.list_namespaces())
-    result = geodiloco("run", "--sites", "netns", "--no-report", "--config", str(write_config(tmp_path, config)),
-                       "--run-dir", str(run_dir), timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "sites: netns" in result.stdout
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "run", "--sites", "netns", "--no-report",
+         "--config", str(write_config(tmp_path, config)), "--run-dir", str(run_dir)],
+        cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    stdout, stderr = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "sites: netns" in stdout
     records = read_jsonl(run_dir / "idle.jsonl")
     assert len(records) == 4
     # tiny model: 467,584 fp32 parameters = 1.87 MB; a 2-node ring all-reduce moves 2 * 1/2 of it each way,
@@ -29,4 +34,6 @@ def test_two_sites_in_namespaces_with_a_shaped_link(tmp_path):
     minimum_sync_s = 467_584 * 4 * 8 / 20e6
     for record in records:
         assert record["comm_s"] >= 0.9 * minimum_sync_s, record
-    assert set(sites.list_namespaces()) == before
+    left_behind = [name for name in sites.list_namespaces()
+                   if (sites.namespace_owner(name, sites.DEFAULT_PREFIX) or "").split("x")[0] == str(launcher.pid)]
+    assert left_behind == []

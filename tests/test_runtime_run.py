@@ -169,3 +169,30 @@ def test_existing_run_directory_is_not_overwritten_without_resume(tmp_path):
     again = geodiloco("run", "--sites", "local", "--no-report", "--config", str(config_path), "--run-dir", str(tmp_path / "r"))
     assert again.returncode != 0
     assert "pass --resume" in again.stderr
+
+
+def test_sigterm_on_one_node_stops_the_whole_job_and_keeps_the_checkpoint(tmp_path):
+    nodes = [{"name": name, "local_steps": 3, "batch_size": 2, "emulate": {"step_time_s": 0.1}} for name in "abc"]
+    config = small_config(nodes)
+    config["diloco"]["rounds"] = 50
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, "-m", "runtime.cli", "run", "--sites", "local", "--no-report",
+                                 "--config", str(write_config(tmp_path, config)), "--run-dir", str(run_dir)],
+                                cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(run_dir, 0, launcher)
+    children = _children_of(launcher.pid)
+    assert len(children) == 3
+    os.kill(children[1], signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    assert "node stopped by SIGTERM" in stderr
+    for child in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+    saved_round = checkpoint.latest_round(run_dir)
+    assert saved_round is not None and saved_round < 49
+    state = checkpoint.load_global(run_dir, saved_round)
+    assert state["round"] == saved_round
+    for name in "abc":
+        assert checkpoint.load_node(run_dir, saved_round, name)["round"] == saved_round
