@@ -37,6 +37,8 @@ MAX_FRAME_BYTES = 65536
 FRAMES_PER_WAKEUP = 256
 NETNS_DIR = "/run/netns"
 WATCH_INTERVAL_S = 0.5
+DROPPED_WRITE_ERRNOS = (errno.EAGAIN, errno.EIO, errno.ENOBUFS, errno.ENOMEM)
+DEVICE_GONE_ERRNOS = (errno.EBADFD, errno.ENODEV)
 
 
 @dataclass
@@ -84,14 +86,20 @@ def read_frames(direction: Direction, due_s: float) -> None:
 
 
 def write_due_frames(direction: Direction, now_s: float) -> None:
-    """Write the frames whose time has come; a full TAP queue drops the frame like a full link."""
+    """Write the frames whose time has come.
+
+    A full TAP queue, or a destination that is still down (EIO: the other end is
+    brought up after this end, and IPv6 starts talking at once), drops the frame
+    like a real link would; only a vanished device ends the line.
+    """
     pending = direction.pending
     while pending and pending[0][0] <= now_s:
         _, frame = pending.popleft()
         try:
             os.write(direction.dst_fd, frame)
-        except BlockingIOError:
-            pass
+        except OSError as err:
+            if err.errno not in DROPPED_WRITE_ERRNOS:
+                raise
 
 
 def next_wakeup_s(directions: list[Direction], now_s: float, longest_s: float) -> float:
@@ -172,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         forward(fd_a, fd_b, args.delay_ms / 1000.0, stop_fd, (args.a[0], args.b[0]))
     except OSError as err:
-        if err.errno not in (errno.EBADFD, errno.EIO, errno.ENODEV, errno.EINVAL):
+        if err.errno not in DEVICE_GONE_ERRNOS:
             raise
+        print(f"delayline: TAP device gone ({err}); exiting", file=sys.stderr)
     return 0
 
 

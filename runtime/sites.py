@@ -42,7 +42,6 @@ BRIDGE_IFNAME = "br0"
 DEFAULT_PREFIX = "gdl"
 DEFAULT_SUBNET = "10.213.0.0/24"
 MANUAL_OWNER = "m"
-MAX_IFNAME_CHARS = 15
 TBF_MIN_BURST_BYTES = 64 * 1024
 TBF_BURST_S = 0.002
 TBF_QUEUE_LATENCY_MS = 50
@@ -265,8 +264,6 @@ def _validate(links: Sequence[SiteLink], prefix: str, subnet: str, mtu: int) -> 
         raise ValueError(f"subnet must be a private IPv4 network such as {DEFAULT_SUBNET}, got {subnet}")
     if network.num_addresses - 2 < len(links):
         raise ValueError(f"subnet {subnet} has room for {network.num_addresses - 2} sites, {len(links)} requested")
-    if len(f"s{len(links) - 1}") > MAX_IFNAME_CHARS:
-        raise ValueError("too many sites for interface names")
     return network
 
 
@@ -346,13 +343,19 @@ def _add_site(sites: Sites, index: int, link: SiteLink, address: str, prefixlen:
 
 def create_sites(links: Sequence[SiteLink], prefix: str = DEFAULT_PREFIX, owner: str | None = None,
                  subnet: str = DEFAULT_SUBNET, mtu: int = 1500, detached: bool = False) -> Sites:
-    """Build the namespaces, links, addresses and shaping; on any failure remove what was made and raise."""
+    """Build the namespaces, links, addresses and shaping; on any failure remove what was made and raise.
+
+    Namespaces already carrying this owner tag can only be left by an earlier process
+    with the same pid (pid reuse after a crash), so they are removed first.
+    """
     network = _validate(links, prefix, subnet, mtu)
     if any(link.latency_ms > 0 for link in links):
         ok, reason = can_use_tap()
         if not ok:
             raise SitesError(reason)
     owner = owner or f"{os.getpid()}x{next(_sequence)}"
+    if owner != MANUAL_OWNER:
+        delete_namespaces([ns for ns in list_namespaces() if namespace_owner(ns, prefix) == owner])
     sites = Sites(owner=owner, prefix=prefix, bridge_namespace=f"{prefix}-{owner}-br", sites=[],
                   subnet=str(network), mtu=mtu)
     hosts = network.hosts()

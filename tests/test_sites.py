@@ -167,9 +167,13 @@ HOLDER = textwrap.dedent("""
 
 
 def start_holder(mode: str) -> tuple[subprocess.Popen, list[str]]:
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, PREFIX, mode], stdout=subprocess.PIPE, text=True,
-                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    return holder, json.loads(holder.stdout.readline())
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, PREFIX, mode], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    line = holder.stdout.readline()
+    if not line:
+        holder.wait(timeout=30)
+        pytest.fail(f"the process holding the sites failed: {holder.stderr.read()[-2000:]}")
+    return holder, json.loads(line)
 
 
 def test_sigterm_tears_sites_down():

@@ -11,8 +11,9 @@ at the link rate, 2(N-1)/N * bytes / rate; "link use" = ideal / measured.
 
     sudo .venv/bin/python experiments/runtime/bench_outer_sync.py
 
-prints the table and writes experiments/results/runtime/outer_sync.{md,json,png}.
-Needs root (network namespaces). About 3 minutes with the defaults.
+prints the table (with the same all-reduce over unshaped links: the CPU
+floor) and writes experiments/results/runtime/outer_sync.{md,json,png}.
+Needs root (network namespaces). About 4 minutes with the defaults.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class Row:
     link_use: float
     bus_mbps: float
     samples_s: list[float]
+    unshaped_median_s: float | None = None
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -91,11 +93,11 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(num_sites: int, args: argparse.Namespace) -> dict[str, list[float]]:
-    """Per dtype, the slowest rank's time of each repeat."""
+def measure(num_sites: int, args: argparse.Namespace, rate_mbps: float | None) -> dict[str, list[float]]:
+    """Per dtype, the slowest rank's time of each repeat (``rate_mbps`` None = unshaped links)."""
     from runtime.sites import SiteLink, netns_sites
 
-    links = [SiteLink(f"site{i}", args.rate_mbps) for i in range(num_sites)]
+    links = [SiteLink(f"site{i}", rate_mbps) for i in range(num_sites)]
     with netns_sites(links, prefix="gdlb", mtu=args.mtu) as sites:
         processes = []
         for rank in range(num_sites):
@@ -126,13 +128,15 @@ def measure(num_sites: int, args: argparse.Namespace) -> dict[str, list[float]]:
     return times
 
 
-def make_row(num_sites: int, dtype_name: str, samples_s: list[float], args: argparse.Namespace) -> Row:
+def make_row(num_sites: int, dtype_name: str, samples_s: list[float], args: argparse.Namespace,
+             unshaped_s: list[float] | None = None) -> Row:
     payload_bytes = args.numel * BYTES_PER_ELEMENT[dtype_name]
     ideal_s = ideal_ring_s(num_sites, payload_bytes, args.rate_mbps)
     median_s = statistics.median(samples_s)
     bus_mbps = 2 * (num_sites - 1) / num_sites * payload_bytes * 8 / median_s / 1e6
     return Row(num_sites, dtype_name, payload_bytes / 1e6, ideal_s, median_s, min(samples_s),
-               ideal_s / median_s, bus_mbps, samples_s)
+               ideal_s / median_s, bus_mbps, samples_s,
+               statistics.median(unshaped_s) if unshaped_s else None)
 
 
 def machine_description() -> str:
@@ -157,6 +161,8 @@ def command_line(args: argparse.Namespace) -> str:
              "--repeats", str(args.repeats), "--mtu", str(args.mtu)]
     if args.numel_overridden:
         words += ["--numel", str(args.numel)]
+    if not args.unshaped:
+        words.append("--no-unshaped")
     return " ".join(words)
 
 
@@ -168,17 +174,20 @@ def markdown_table(rows: list[Row], args: argparse.Namespace, machine: str) -> s
         f"All-reduce of {args.numel:,} elements ({size_note}) between N emulated sites "
         f"(network namespaces, tbf {args.rate_mbps:g} Mbit/s on both ends of each site's link, MTU {args.mtu}). "
         f"Median of {args.repeats} runs; ideal = ring all-reduce 2(N-1)/N * bytes / rate; "
-        "link use = ideal / measured (goal >= 80 %).",
+        "link use = ideal / measured (goal >= 80 %). \"unshaped\" = the same all-reduce without tbf: "
+        "the floor set by this machine's CPUs (kernel networking and the reduction of every site on shared cores).",
         "",
         f"Machine: {machine}.",
         f"Command (as root): `{command_line(args)}`",
         "",
-        "| sites | dtype | payload (MB) | ideal (s) | measured median (s) | best (s) | bus bandwidth (Mbit/s) | link use |",
-        "|---|---|---|---|---|---|---|---|",
+        "| sites | dtype | payload (MB) | ideal (s) | measured median (s) | best (s) | bus bandwidth (Mbit/s) "
+        "| link use | unshaped (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(f"| {row.sites} | {row.dtype} | {row.payload_mb:.1f} | {row.ideal_s:.2f} | {row.median_s:.2f} "
-                     f"| {row.best_s:.2f} | {row.bus_mbps:.0f} | {row.link_use:.0%} |")
+                     f"| {row.best_s:.2f} | {row.bus_mbps:.0f} | {row.link_use:.0%} "
+                     f"| {'-' if row.unshaped_median_s is None else f'{row.unshaped_median_s:.2f}'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -213,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--numel", type=int, default=None, help="override the element count (quick checks)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=sorted(BYTES_PER_ELEMENT))
     parser.add_argument("--repeats", type=int, default=3, help="timed all-reduces per dtype and site count")
+    parser.add_argument("--no-unshaped", dest="unshaped", action="store_false",
+                        help="skip the unshaped (CPU floor) measurement")
     parser.add_argument("--mtu", type=int, default=1500, help="link MTU in bytes")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="give up on a site count after this")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where outer_sync.{md,json,png} go")
@@ -237,9 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     rows = []
     for num_sites in args.sites:
-        times = measure(num_sites, args)
+        times = measure(num_sites, args, args.rate_mbps)
+        floor = measure(num_sites, args, None) if args.unshaped else {}
         for dtype_name in args.dtypes:
-            rows.append(make_row(num_sites, dtype_name, times[dtype_name], args))
+            rows.append(make_row(num_sites, dtype_name, times[dtype_name], args, floor.get(dtype_name)))
             print(f"{num_sites} sites {dtype_name}: {rows[-1].median_s:.2f} s (ideal {rows[-1].ideal_s:.2f} s, "
                   f"link use {rows[-1].link_use:.0%})", flush=True)
     machine = f"{machine_description()}; 1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
