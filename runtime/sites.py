@@ -160,7 +160,7 @@ def can_use_netns() -> tuple[bool, str]:
     if not sys.platform.startswith("linux"):
         return False, f"network namespaces need Linux (this is {sys.platform})"
     if os.geteuid() != 0:
-        return False, "creating network namespaces needs root (run as root or with CAP_NET_ADMIN + CAP_SYS_ADMIN)"
+        return False, "creating network namespaces needs root (effective uid 0)"
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return False, f"`{tool}` (iproute2) is not installed"

@@ -216,3 +216,31 @@ def test_torchrun_agents_rendezvous_across_sites(tmp_path):
     assert [r["rank"] for r in records] == [0, 1]
     assert all(r["sum"] == 3.0 and r["world_size"] == 2 and r["ifname"] == "wan0" for r in records)
     assert sorted(r["node"] for r in records) == ["busan", "seoul"]
+
+
+def wan_emulate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "scripts" / "wan_emulate.sh"), *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
+
+
+def test_wan_emulate_up_status_down():
+    prefix = f"gw{os.getpid()}"
+    up = wan_emulate("up", "2", "--rate", "100mbit", "--latency-ms", "3", "--prefix", prefix)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert wan_emulate("up", "2", "--prefix", prefix).returncode == 2
+        status = wan_emulate("status", "--json", "--prefix", prefix)
+        rows = {row["namespace"]: row for row in json.loads(status.stdout)}
+        assert sorted(rows) == [f"{prefix}-m-br", f"{prefix}-m-s0", f"{prefix}-m-s1"]
+        assert rows[f"{prefix}-m-s1"]["addresses"] == ["10.213.0.2/24 on wan0"]
+        assert rows[f"{prefix}-m-s0"]["shaping"] == ["wan0: tbf 100 Mbit/s"]
+        assert sorted(rows[f"{prefix}-m-br"]["shaping"]) == ["s0: tbf 100 Mbit/s", "s1: tbf 100 Mbit/s"]
+        assert len(rows[f"{prefix}-m-s0"]["delay"]) == 1 and rows[f"{prefix}-m-s0"]["delay"][0].endswith("3.0 ms")
+    finally:
+        down = wan_emulate("down", "--prefix", prefix)
+    assert down.returncode == 0 and "removed 3 namespaces" in down.stdout
+    assert not [ns for ns in list_namespaces() if ns.startswith(f"{prefix}-")]
+    deadline = time.monotonic() + 5
+    while any(delay_lines_of(f"{prefix}-m-s{i}") for i in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(delay_lines_of(f"{prefix}-m-s{i}") for i in range(2))
