@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Launch one site's share of a GeoDiLoCo run under torchrun (c10d rendezvous).
 #
-#   scripts/launch_site.sh --config run.yaml --node NAME --nnodes N --nproc-per-node G \
+#   scripts/launch_site.sh --config run.yaml --node-name NAME --nnodes N --nproc-per-node G \
 #       --rdzv-endpoint HOST:PORT [--is-host] [--local-addr ADDR] [--ifname IFACE] \
 #       [--run-id ID] [--entry MODULE] [--dry-run] [-- extra args for the entry]
 #
@@ -13,7 +13,7 @@
 #   * GLOO_SOCKET_IFNAME: gloo binds to 127.0.0.1 unless given the WAN interface;
 #   * --local-addr: the address other sites reach this one on (missing = silent hang);
 #   * no --node-rank: c10d assigns ranks itself;
-#   * the node name travels in GEODILOCO_NODE, not as --node: torchrun's own
+#   * the node name travels in GEODILOCO_NODE, not as an option: torchrun's own
 #     parser rejects --node after -m MODULE (ambiguous with --node-rank).
 # Without --local-addr/--ifname both come from the route to HOST (or, on the host,
 # from the interface that holds HOST). --entry replaces the module torchrun runs
@@ -28,7 +28,7 @@ run_id="geodiloco" entry="runtime.train" dry_run=false extra=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --config) config="${2:-}"; shift 2 ;;
-        --node) node="${2:-}"; shift 2 ;;
+        --node-name|--node) node="${2:-}"; shift 2 ;;
         --nnodes) nnodes="${2:-}"; shift 2 ;;
         --nproc-per-node) nproc="${2:-}"; shift 2 ;;
         --rdzv-endpoint) endpoint="${2:-}"; shift 2 ;;
@@ -45,7 +45,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 [[ -n "$config" ]] || die "--config is required: the run's YAML file (the same file on every site)"
-[[ -n "$node" ]] || die "--node is required: this site's node name from the config's nodes: list"
+[[ -n "$node" ]] || die "--node-name is required: this site's node name from the config's nodes: list"
 [[ "$nnodes" =~ ^[1-9][0-9]*$ ]] || die "--nnodes must be a positive integer: the number of sites (got '$nnodes')"
 [[ "$nproc" =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node must be a positive integer: GPUs (or processes) at this site (got '$nproc')"
 [[ "$endpoint" =~ ^[^:]+:[0-9]+$ ]] || die "--rdzv-endpoint must be HOST:PORT of the site passing --is-host (got '$endpoint')"
