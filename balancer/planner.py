@@ -1,7 +1,9 @@
 """Planner: the one object the runtime and simulator use to get a plan per round.
 
 Interface (stable): ``Planner(balancing, nodes, dims, seq_len, local_steps,
-batch_size, precision)``, ``plan(round_idx) -> Plan``, ``observe(measurement)``.
+batch_size, precision)``, ``plan(round_idx, present=None) -> Plan``, ``observe(measurement)``.
+``present`` plans for a subset of the nodes (the ones present this round, when
+nodes come and go); the subset shares the calibration measured so far.
 The plan depends only on the config, the cluster and the measurements fed in,
 so every node that feeds the same measurements computes the same plan.
 
@@ -14,7 +16,7 @@ predicted to waste more than ``hysteresis`` of the local phase.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -102,6 +104,8 @@ class Planner:
         self.local_steps = local_steps
         self.batch_size = batch_size
         self.precision = precision
+        self._model_factory_arg = model_factory
+        self._subsets: dict = {}
         self._check_reference()
         factory = model_factory or predictor_model_factory(dims, seq_len, precision)
         workload_factory = None if model_factory else (
@@ -214,9 +218,36 @@ class Planner:
         self._issued.pop(round_idx - 2, None)
         return plan
 
-    def plan(self, round_idx: int) -> Plan:
-        """The plan of round ``round_idx`` (deterministic given the measurements observed so far)."""
-        return self.to_plan(self.plan_arrays(round_idx))
+    def plan(self, round_idx: int, present: Optional[Sequence[str]] = None) -> Plan:
+        """The plan of round ``round_idx`` (deterministic given the measurements observed so far).
+
+        ``present``: names of the nodes taking part this round; the plan then covers only
+        them, balanced among themselves. None (or every node) = the whole cluster.
+        """
+        if present is None or set(present) >= set(self.names):
+            return self.to_plan(self.plan_arrays(round_idx))
+        return self._subset_planner(present).plan(round_idx)
+
+    def _subset_planner(self, present: Sequence[str]) -> "Planner":
+        """A planner over ``present`` (config order), fed this planner's calibration."""
+        unknown = sorted(set(present) - set(self.index))
+        if unknown or not present:
+            raise ConfigError(f"plan for present nodes {list(present)}: unknown or empty "
+                              f"(unknown: {', '.join(unknown) or 'none'}); use names from nodes:")
+        positions = np.array(sorted(self.index[name] for name in set(present)), dtype=np.int64)
+        key = tuple(positions.tolist())
+        if key not in self._subsets:
+            balancing = self.balancing
+            if balancing.reference_node not in ("slowest", "fastest") and balancing.reference_node not in present:
+                balancing = balancing.model_copy(update={"reference_node": "slowest"})
+            self._subsets[key] = Planner(balancing, [self.nodes[i] for i in positions], self.dims, self.seq_len,
+                                         self.local_steps, self.batch_size, self.precision,
+                                         model_factory=self._model_factory_arg, tflops_lookup=self.tflops_lookup)
+        subset = self._subsets[key]
+        subset.calibration.factor[:] = self.calibration.factor[positions]
+        subset.calibration.seen[:] = self.calibration.seen[positions]
+        subset.rounds_observed = self.rounds_observed
+        return subset
 
     def to_plan(self, arrays: RoundPlan) -> Plan:
         """A Plan record (per-node NodePlan objects) from a round's arrays."""

@@ -7,7 +7,8 @@ over the WAN, then broadcasts the new global parameters inside its node.
 
 Backends implement ``OuterSync``: ``exchange`` (readiness + per-node round
 statistics: its duration on a node is that node's wait for its peers) and
-``all_reduce_sum`` (the pseudo-gradient sum over node leaders).
+``reduce_weighted`` (the weighted pseudo-gradient sum over node leaders).
+``TorchOuterSync`` is here; the hivemind backend is runtime/hivemind_sync.py.
 """
 from __future__ import annotations
 
@@ -30,8 +31,13 @@ class OuterSync(Protocol):
         """
         ...
 
-    def reduce_weighted(self, flat: torch.Tensor, weight: float, wire_dtype: torch.dtype) -> torch.Tensor:
-        """sum_i weight_i * flat_i over the node leaders, sent as ``wire_dtype``; returns fp32."""
+    def reduce_weighted(self, flat: torch.Tensor, weight: float, wire_dtype: torch.dtype,
+                        total_weight: Optional[float] = None) -> torch.Tensor:
+        """sum_i weight_i * flat_i over the node leaders, sent as ``wire_dtype``; returns fp32.
+
+        ``total_weight``: sum of the present nodes' weights, for a backend whose group can
+        shrink during the all-reduce (hivemind) to renormalize; a fixed world ignores it.
+        """
         ...
 
     def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
@@ -138,7 +144,8 @@ class TorchOuterSync:
         dist.all_gather_object(gathered, stats)
         return gathered
 
-    def reduce_weighted(self, flat: torch.Tensor, weight: float, wire_dtype: torch.dtype) -> torch.Tensor:
+    def reduce_weighted(self, flat: torch.Tensor, weight: float, wire_dtype: torch.dtype,
+                        total_weight: Optional[float] = None) -> torch.Tensor:
         """Scale by this node's weight, cast to the wire dtype, all-reduce SUM over leaders."""
         wire = flat.mul_(weight).to(wire_dtype) if wire_dtype != flat.dtype else flat.mul_(weight)
         if self.topology.num_nodes > 1:

@@ -100,17 +100,61 @@ class DilocoSection(StrictModel):
     compression: Literal["none", "fp16", "bf16"] = "none"
 
 
+class HivemindSection(StrictModel):
+    """Options of ``comm.backend: hivemind`` (decentralized outer sync; see docs/hivemind.md).
+
+    ``initial_peers``: multiaddrs of any running peer (empty on the first node; ``geodiloco run``
+    fills them in). ``host_maddrs``: where this node's DHT listens (``tcp/0`` = any free port).
+    ``announce_maddrs``: addresses to tell peers when they differ from ``host_maddrs`` (NAT).
+    ``start_wait_s``: how long the first nodes wait for each other before round 0.
+    ``round_timeout_s``: longest wait for a live but late peer at the outer sync; past it the
+    round completes with the peers present. ``heartbeat_ttl_s``: a node whose heartbeat is
+    older than this is dead and no longer awaited. ``matchmaking_time_s`` / ``request_timeout_s``:
+    hivemind's ``min_matchmaking_time`` / ``request_timeout`` (keep request < matchmaking).
+    ``allreduce_timeout_s``: longest all-reduce once a group formed; ``chunk_timeout_s``: a peer
+    that sends no data for this long is dropped from the all-reduce (or state download).
+    ``target_group_size``: peers per averaging group (None = every config node).
+    ``compression``: codec of the pseudo-gradients on the wire (none | fp16 | 8bit; none =
+    follow ``diloco.compression``). ``resync_tolerance``: a node whose parameter checksum at a
+    round start differs from the majority's by more than this (relative) reloads the global
+    state from a peer after the round.
+    """
+
+    initial_peers: list[str] = Field(default_factory=list)
+    host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    announce_maddrs: list[str] = Field(default_factory=list)
+    start_wait_s: float = Field(default=60.0, gt=0)
+    round_timeout_s: float = Field(default=300.0, gt=0)
+    heartbeat_ttl_s: float = Field(default=6.0, gt=0)
+    matchmaking_time_s: float = Field(default=2.0, gt=0)
+    request_timeout_s: float = Field(default=1.0, gt=0)
+    allreduce_timeout_s: float = Field(default=300.0, gt=0)
+    chunk_timeout_s: float = Field(default=10.0, gt=0)
+    target_group_size: Optional[int] = Field(default=None, ge=2)
+    compression: Literal["none", "fp16", "8bit"] = "none"
+    resync_tolerance: float = Field(default=1.0e-6, gt=0)
+
+    @model_validator(mode="after")
+    def _timeouts_ordered(self) -> "HivemindSection":
+        if self.request_timeout_s >= self.matchmaking_time_s:
+            raise ValueError(f"comm.hivemind.request_timeout_s ({self.request_timeout_s:g}) must be smaller than "
+                             f"matchmaking_time_s ({self.matchmaking_time_s:g}); hivemind may deadlock otherwise")
+        return self
+
+
 class CommSection(StrictModel):
     """Outer-sync transport. Timeouts are seconds and always finite.
 
     ``outer_device``: where the pseudo-gradient all-reduce runs: ``cpu`` (gloo, the usual
     choice over a WAN) or ``cuda`` (nccl). Inner data parallel inside a node uses nccl on GPUs.
+    ``hivemind``: options of the hivemind backend (ignored by ``torch``).
     """
 
     backend: Literal["torch", "hivemind"] = "torch"
     outer_device: Literal["cpu", "cuda"] = "cpu"
     timeout_s: float = Field(default=300.0, gt=0)
     init_timeout_s: float = Field(default=120.0, gt=0)
+    hivemind: HivemindSection = Field(default_factory=HivemindSection)
 
 
 class CheckpointSection(StrictModel):

@@ -6,6 +6,12 @@ shaped as the config's ``wan:`` says (``--sites netns``, needs root). Like
 torchrun, the launcher watches its children: if one fails, the others are
 stopped; Ctrl+C or SIGTERM stops them all, and the last complete checkpoint
 is kept.
+
+With ``comm.backend: hivemind`` the first node starts alone; once its DHT peer is up
+it writes its multiaddrs to ``RUN_DIR/hivemind_peers.txt`` and the others start with
+them as initial peers. Each node runs in its own session (process group) so that
+stopping it also stops its DHT, averager and p2pd processes, and a node that fails
+does not stop the others (there is no master to lose).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from typing import Iterator, Optional
 from runtime.config import RunConfig
 
 STOP_GRACE_S = 15.0
+PEERS_FILE = "hivemind_peers.txt"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,17 +77,43 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str]) -> Itera
         else:
             master_addr, port = "127.0.0.1", free_port()
         command = [sys.executable, "-m", "runtime.train", *train_args]
-        for index in range(len(config.nodes)):
-            env = node_env(config, index, master_addr, port)
-            argv = command
-            if mode == "netns":
-                env = site_set.env(index, master_port=port, base=env)
-                argv = site_set.command(index, command)
-            processes.append(subprocess.Popen(argv, env=env))
+        hivemind = config.comm.backend == "hivemind"
+        peers_file = Path(train_args[train_args.index("--run-dir") + 1]) / PEERS_FILE
         try:
+            for index in range(len(config.nodes)):
+                env = node_env(config, index, master_addr, port)
+                argv = command
+                if mode == "netns":
+                    env = site_set.env(index, master_port=port, base=env)
+                    argv = site_set.command(index, command)
+                if hivemind:
+                    env.update({"RANK": "0", "WORLD_SIZE": "1"})
+                    if index == 0:
+                        peers_file.unlink(missing_ok=True)
+                        env["GEODILOCO_MADDRS_FILE"] = str(peers_file)
+                    else:
+                        env["GEODILOCO_INITIAL_PEERS"] = ",".join(wait_for_peers(peers_file, processes[0],
+                                                                                 config.comm.init_timeout_s))
+                processes.append(subprocess.Popen(argv, env=env, start_new_session=hivemind))
             yield processes
         finally:
             stop_processes(processes)
+            if hivemind:
+                for process in processes:
+                    kill_session(process)
+
+
+def wait_for_peers(peers_file: Path, first: subprocess.Popen, timeout_s: float) -> list[str]:
+    """The first hivemind node's multiaddrs, once it has written them."""
+    deadline = time.monotonic() + timeout_s
+    while not peers_file.is_file():
+        if first.poll() is not None:
+            raise RuntimeError(f"the first node exited (code {first.returncode}) before its hivemind peer was up")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the first node's hivemind peer did not come up within comm.init_timeout_s "
+                               f"({timeout_s:g} s)")
+        time.sleep(0.1)
+    return [line.strip() for line in peers_file.read_text().splitlines() if line.strip()]
 
 
 def stop_processes(processes: list[subprocess.Popen]) -> None:
@@ -98,13 +131,27 @@ def stop_processes(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
-def watch(processes: list[subprocess.Popen]) -> int:
-    """Wait for all to finish; the first failure stops the rest and is returned."""
+def kill_session(process: subprocess.Popen) -> None:
+    """SIGKILL what is left in the process group of a node started in its own session
+    (its DHT, averager and p2pd processes outlive it when it is killed)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def watch(processes: list[subprocess.Popen], stop_on_failure: bool = True) -> int:
+    """Wait for all to finish; the first failure stops the rest and is returned (without
+    ``stop_on_failure`` the others go on, and the first failure is returned at the end)."""
+    cleaned: set = set()
     while True:
         codes = [process.poll() for process in processes]
         failed = [code for code in codes if code not in (None, 0)]
-        if failed:
+        if failed and (stop_on_failure or None not in codes):
             return failed[0]
+        if not stop_on_failure:
+            for process, code in zip(processes, codes):
+                if code is not None and process.pid not in cleaned:
+                    kill_session(process)
+                    cleaned.add(process.pid)
         if all(code == 0 for code in codes):
             return 0
         time.sleep(0.2)
@@ -126,7 +173,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool) -> 
     previous = signal.signal(signal.SIGTERM, forward_term)
     try:
         with site_processes(config, mode, train_args) as processes:
-            return watch(processes)
+            return watch(processes, stop_on_failure=config.comm.backend != "hivemind")
     except KeyboardInterrupt:
         print(f"[geodiloco] stopping all nodes; the last complete checkpoint stays in {run_dir} "
               "(continue with --resume)", file=sys.stderr, flush=True)

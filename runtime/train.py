@@ -5,6 +5,12 @@ outer round: take this round's plan, run the local phase (inner AdamW steps,
 padded to the emulated GPU's step time), wait for the peers (readiness
 exchange), all-reduce the weighted pseudo-gradients, take the outer Nesterov
 step, then log and checkpoint.
+
+With ``comm.backend: hivemind`` there is no torch.distributed world across nodes
+(runtime/hivemind_sync.py): nodes that find peers training join them with the
+peers' global state, a node that falls behind rejoins, each node's leader writes
+its own idle rows, and the first present node of a round writes the round's plan,
+metrics and global checkpoint.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from balancer.records import IdleRecord
 from runtime import checkpoint
 from runtime.comm import TorchOuterSync, Topology, build_topology, init_process_group, node_name_from_env
 from runtime.config import RunConfig, load_config
+from runtime.hivemind_sync import OutOfSync
 from runtime.data import NodeShard, ShardCursor, eval_batches, load_corpus
 from runtime.diloco import COMPRESSION_DTYPES, OuterState, build_inner_optimizer, inner_lr, outer_weights
 from runtime.emulation import StepPacer
@@ -104,11 +111,17 @@ class NodeTrainer:
                                config.run.seed)
         self.pacer = StepPacer(self.node, topology.node_index, config.diloco.batch_size, config.run.seed,
                                self.dims, self.seq_len, config.model.precision)
-        self.planner = Planner(config.balancing, config.nodes, self.dims, self.seq_len,
-                               config.diloco.local_steps, config.diloco.batch_size, config.model.precision)
+        self.planner = self.new_planner()
         self.measurements: list[RoundMeasurement] = []
-        self.sync = TorchOuterSync(topology)
+        self.hivemind = config.comm.backend == "hivemind"
+        self.writes_round = True
+        self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()))
         self.gpu_sampler = start_gpu_sampler(config, topology, device)
+
+    def new_planner(self) -> Planner:
+        config = self.config
+        return Planner(config.balancing, config.nodes, self.dims, self.seq_len,
+                       config.diloco.local_steps, config.diloco.batch_size, config.model.precision)
 
     # ----- local phase -------------------------------------------------------------------
 
@@ -183,7 +196,8 @@ class NodeTrainer:
                                     [stats_by_node[name]["batch_size"] for name in present])
             flat = self.outer.pseudo_gradient(self.model)
             averaged = self.sync.reduce_weighted(flat, weights[present.index(self.node.name)],
-                                                 COMPRESSION_DTYPES[self.config.diloco.compression])
+                                                 COMPRESSION_DTYPES[self.config.diloco.compression],
+                                                 total_weight=sum(weights))
             self.outer.apply(averaged)
             self.outer.load_into(self.model)
         self.sync.broadcast_in_node([param.data for param in self.model.parameters()])
@@ -224,12 +238,12 @@ class NodeTrainer:
                 "pending_record": pending_record,
                 "torch_rng": torch.get_rng_state(),
             })
-        if self.topology.is_coordinator:
+        if self.topology.is_coordinator and self.writes_round:
             checkpoint.save_global(self.run_dir, round_idx, {
                 "round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
             })
         self.sync.barrier()
-        if self.topology.is_coordinator:
+        if self.topology.is_coordinator and self.writes_round:
             checkpoint.mark_latest(self.run_dir, round_idx, self.config.checkpoint.keep)
 
     def load_checkpoint(self, round_idx: int) -> tuple[str, Optional[dict]]:
@@ -249,6 +263,32 @@ class NodeTrainer:
             self.planner.observe(measurement)
         torch.set_rng_state(node_state["torch_rng"])
         return global_state["run_id"], node_state.get("pending_record")
+
+    # ----- state shared with joining nodes (hivemind) ------------------------------------
+
+    def shared_state(self, round_idx: int, run_id: str) -> tuple[dict, list[torch.Tensor]]:
+        """(metadata, tensors) a joiner needs after ``round_idx``: global params, outer momentum,
+        run id and the planner's measurements (so it plans like its peers)."""
+        params = self.outer.global_params
+        momentum = [self.outer.optimizer.state.get(param, {}).get("momentum_buffer") for param in params]
+        has_momentum = all(buffer is not None for buffer in momentum)
+        metadata = {"round": round_idx, "run_id": run_id, "has_momentum": has_momentum,
+                    "measurements": [asdict(item) for item in self.measurements]}
+        return metadata, list(params) + (momentum if has_momentum else [])
+
+    def load_shared_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
+        """Take a peer's global state (leader) and its measurement history (every rank)."""
+        if self.outer is not None:
+            count = len(self.outer.global_params)
+            optimizer_state = self.outer.optimizer.state_dict()
+            optimizer_state["state"] = ({index: {"momentum_buffer": tensors[count + index]} for index in range(count)}
+                                        if metadata["has_momentum"] else {})
+            self.outer.load_state_dict({"global_params": tensors[:count], "optimizer": optimizer_state})
+            self.outer.load_into(self.model)
+        self.measurements = [RoundMeasurement(**item) for item in metadata["measurements"]]
+        self.planner = self.new_planner()
+        for measurement in self.measurements:
+            self.planner.observe(measurement)
 
 
 @dataclass
@@ -283,8 +323,12 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     config_names = [node.name for node in config.nodes]
     node_name = node_name_from_env(node_name, config_names)
     use_cuda = torch.cuda.is_available() and os.environ.get("GEODILOCO_DEVICE", "auto") != "cpu"
-    init_process_group(config.comm.timeout_s, use_cuda)
-    topology = build_topology(node_name, config_names)
+    if config.comm.backend == "hivemind":
+        from runtime.hivemind_sync import node_topology
+        topology = node_topology(node_name, config_names, config.comm.timeout_s, use_cuda)
+    else:
+        init_process_group(config.comm.timeout_s, use_cuda)
+        topology = build_topology(node_name, config_names)
     if config.run.deterministic:
         torch.use_deterministic_algorithms(True)
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
@@ -297,16 +341,109 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
         trainer.sync.close()
 
 
+def build_outer_sync(config: RunConfig, topology: Topology, num_params: int):
+    """The configured OuterSync backend (hivemind is imported only when chosen)."""
+    if config.comm.backend != "hivemind":
+        return TorchOuterSync(topology)
+    from runtime.hivemind_sync import HivemindOuterSync, wire_codec
+    return HivemindOuterSync(topology, config.comm.hivemind, config.run.name, [node.name for node in config.nodes],
+                             num_params, wire_codec(config.comm.hivemind, config.diloco.compression))
+
+
+def _fresh_run_id(config: RunConfig) -> str:
+    return f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _start_hivemind(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Optional[dict]]:
+    """Join peers already training, or found the run with the nodes starting now (lowest index wins)."""
+    sync, topology, run_dir = trainer.sync, trainer.topology, trainer.run_dir
+    decision = None
+    if topology.is_leader:
+        saved_round = checkpoint.latest_round(run_dir)
+        if sync.running_round() is not None:
+            decision = {"join": True}
+        elif saved_round is not None and not resume:
+            decision = {"error": f"{run_dir} already holds a checkpoint of round {saved_round} and no peer is "
+                                 "training; pass --resume to continue it, or choose another --run-dir"}
+        else:
+            proposal = {"run_id": _fresh_run_id(trainer.config), "resume_round": saved_round if resume else None,
+                        "node": topology.node_name}
+            agreed = sync.found(proposal, trainer.config.comm.hivemind.start_wait_s)
+            decision = {"join": True} if agreed is None else agreed
+    decision = sync.share_in_node(decision)
+    if "error" in decision:
+        raise RuntimeError(decision["error"])
+    if decision.get("join"):
+        run_id, first_round = _join_from_peers(trainer)
+        return run_id, first_round, None
+    run_id, first_round, pending = decision["run_id"], 0, None
+    if decision["resume_round"] is not None:
+        run_id, pending = trainer.load_checkpoint(decision["resume_round"])
+        first_round = decision["resume_round"] + 1
+        if topology.is_leader and decision["node"] == topology.node_name:
+            log = RunLog(run_dir)
+            log.drop_rounds_from("idle.jsonl", decision["resume_round"])
+            log.drop_rounds_from("metrics.jsonl", first_round)
+            log.drop_rounds_from("plan.jsonl", first_round)
+    sync.set_round(first_round, joined=first_round)
+    if trainer.outer is not None:
+        sync.publish_state(*trainer.shared_state(first_round - 1, run_id))
+    return run_id, first_round, pending
+
+
+def _join_from_peers(trainer: NodeTrainer) -> tuple[str, int]:
+    """Load the peers' latest global state; returns (run id, the round this node joins)."""
+    sync, topology = trainer.sync, trainer.topology
+    info = None
+    if topology.is_leader:
+        loaded = sync.download_state(trainer.config.comm.init_timeout_s)
+        if loaded is None:
+            info = {"error": f"node {topology.node_name}: peers are training but none shared its state within "
+                             f"comm.init_timeout_s ({trainer.config.comm.init_timeout_s:g} s)"}
+        else:
+            metadata, tensors = loaded
+            trainer.load_shared_state(metadata, tensors)
+            info = metadata
+    info = sync.share_in_node(info)
+    if "error" in info:
+        raise RuntimeError(info["error"])
+    if not topology.is_leader:
+        trainer.load_shared_state(info, [])
+    sync.broadcast_in_node([param.data for param in trainer.model.parameters()])
+    next_round = info["round"] + 1
+    sync.set_round(next_round, joined=next_round)
+    print(f"[geodiloco] node {topology.node_name} joined run {info['run_id']} at round {next_round + 1} "
+          "with its peers' global state", flush=True)
+    return info["run_id"], next_round
+
+
+def _reload_global_state(trainer: NodeTrainer, round_idx: int) -> None:
+    """This node's parameters drifted from the majority's (a partial all-reduce, codec rounding):
+    take a peer's global state after ``round_idx`` instead of its own."""
+    topology = trainer.topology
+    print(f"[geodiloco] node {topology.node_name}: parameters differ from the peers' at round {round_idx + 1}; "
+          "reloading the global state from a peer", flush=True)
+    if topology.is_leader:
+        loaded = trainer.sync.download_state(trainer.config.comm.init_timeout_s, min_round=round_idx)
+        if loaded is None:
+            print(f"[geodiloco] node {topology.node_name}: no peer shared its state; keeping this node's",
+                  flush=True)
+        else:
+            trainer.load_shared_state(*loaded)
+    trainer.sync.broadcast_in_node([param.data for param in trainer.model.parameters()])
+
+
 def _start_or_resume(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Optional[dict]]:
     """Agree on run id and first round; restore state when resuming."""
+    if trainer.hivemind:
+        return _start_hivemind(trainer, resume)
     topology, run_dir = trainer.topology, trainer.run_dir
     saved_round = checkpoint.latest_round(run_dir) if topology.is_coordinator else None
     if topology.is_coordinator and saved_round is not None and not resume:
         proposal = {"error": f"{run_dir} already holds a checkpoint of round {saved_round}; "
                              "pass --resume to continue it, or choose another --run-dir"}
     else:
-        fresh_id = f"{trainer.config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        proposal = {"run_id": fresh_id, "resume_round": saved_round if resume else None}
+        proposal = {"run_id": _fresh_run_id(trainer.config), "resume_round": saved_round if resume else None}
     agreed = trainer.sync.exchange(proposal)[0]
     if "error" in agreed:
         raise RuntimeError(agreed["error"])
@@ -330,42 +467,18 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     log = RunLog(trainer.run_dir) if topology.is_coordinator else None
     if log is not None:
         log.write_config(config.to_yaml())
-        if first_round > 0:
+        if first_round > 0 and resume:
             print(f"[geodiloco] resuming {run_id} after round {first_round - 1}", flush=True)
-    names = [node.name for node in config.nodes]
-    for round_idx in range(first_round, config.diloco.rounds):
-        clock = RoundClock()
-        start_checksum = trainer.param_checksum()
-        clock.mark("start")
-        plan = trainer.planner.plan(round_idx)
-        node_plan = plan.node(topology.node_name)
-        result = trainer.local_phase(round_idx, node_plan, time.perf_counter())
-        clock.mark("local_done")
-        stats = RoundStats(node=topology.node_name, local_rank=topology.local_rank, round=round_idx,
-                           steps=result.steps, batch_size=node_plan.batch_size, tokens=result.tokens,
-                           loss=result.mean_loss, lr=result.lr, compute_s=clock.compute_s,
-                           start_checksum=start_checksum,
-                           step_times_s=result.step_times_s if topology.is_leader else [],
-                           previous_record=pending_record if topology.is_leader else None)
-        gathered = trainer.sync.exchange(asdict(stats))
-        clock.mark("ready")
-        leaders = {item["node"]: item for item in gathered if item["local_rank"] == 0}
-        stats_by_node = {name: leaders[name] for name in names if name in leaders}
-        trainer.outer_sync(plan, stats_by_node)
-        clock.mark("synced")
-        for name, item in stats_by_node.items():
-            measurement = RoundMeasurement(node=name, round=round_idx, batch_size=item["batch_size"],
-                                           local_steps=item["steps"], step_times_s=item["step_times_s"],
-                                           compute_s=item["compute_s"])
-            trainer.measurements.append(measurement)
-            trainer.planner.observe(measurement)
-        if log is not None:
-            _log_round(trainer, log, run_id, plan, stats_by_node, clock)
-        if (round_idx + 1) % config.checkpoint.every_rounds == 0 or round_idx + 1 == config.diloco.rounds:
-            clock.mark("end")
-            trainer.save_checkpoint(round_idx, run_id, _idle_record(trainer, run_id, plan, result, clock))
-        clock.mark("end")
-        pending_record = _idle_record(trainer, run_id, plan, result, clock)
+    round_idx = first_round
+    while round_idx < config.diloco.rounds:
+        try:
+            pending_record = _run_round(trainer, log, run_id, round_idx, pending_record)
+        except OutOfSync as behind:
+            print(f"[geodiloco] node {topology.node_name}: {behind}; reloading the global state from peers",
+                  flush=True)
+            run_id, round_idx = _join_from_peers(trainer)
+            continue
+        round_idx += 1
     final = trainer.sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record})
     if log is not None:
         log.append("idle.jsonl", [item["previous_record"] for item in final
@@ -375,6 +488,55 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         print(f"[geodiloco] node {topology.node_name}: {trainer.pacer.slow_steps} steps were slower than the "
               "emulated GPU's target on this CPU; their real time was kept", file=sys.stderr, flush=True)
     return 0
+
+
+def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_idx: int,
+               pending_record: Optional[dict]) -> dict:
+    """One outer round on this node; returns its idle record (logged with the next round)."""
+    config, topology = trainer.config, trainer.topology
+    names = [node.name for node in config.nodes]
+    clock = RoundClock()
+    start_checksum = trainer.param_checksum()
+    clock.mark("start")
+    present = None
+    if trainer.hivemind:
+        trainer.sync.set_round(round_idx)
+        present = trainer.sync.planning_nodes(round_idx)
+    plan = trainer.planner.plan(round_idx, present)
+    node_plan = plan.node(topology.node_name)
+    result = trainer.local_phase(round_idx, node_plan, time.perf_counter())
+    clock.mark("local_done")
+    stats = RoundStats(node=topology.node_name, local_rank=topology.local_rank, round=round_idx,
+                       steps=result.steps, batch_size=node_plan.batch_size, tokens=result.tokens,
+                       loss=result.mean_loss, lr=result.lr, compute_s=clock.compute_s,
+                       start_checksum=start_checksum,
+                       step_times_s=result.step_times_s if topology.is_leader else [],
+                       previous_record=pending_record if topology.is_leader else None)
+    gathered = trainer.sync.exchange(asdict(stats))
+    clock.mark("ready")
+    leaders = {item["node"]: item for item in gathered if item["local_rank"] == 0}
+    stats_by_node = {name: leaders[name] for name in names if name in leaders}
+    trainer.outer_sync(plan, stats_by_node)
+    clock.mark("synced")
+    for name, item in stats_by_node.items():
+        measurement = RoundMeasurement(node=name, round=round_idx, batch_size=item["batch_size"],
+                                       local_steps=item["steps"], step_times_s=item["step_times_s"],
+                                       compute_s=item["compute_s"])
+        trainer.measurements.append(measurement)
+        trainer.planner.observe(measurement)
+    if trainer.hivemind:
+        trainer.writes_round = next(iter(stats_by_node)) == topology.node_name
+        if trainer.sync.share_in_node(trainer.sync.diverged):
+            _reload_global_state(trainer, round_idx)
+        if trainer.outer is not None:
+            trainer.sync.publish_state(*trainer.shared_state(round_idx, run_id))
+    if log is not None:
+        _log_round(trainer, log, run_id, plan, stats_by_node, clock)
+    if (round_idx + 1) % config.checkpoint.every_rounds == 0 or round_idx + 1 == config.diloco.rounds:
+        clock.mark("end")
+        trainer.save_checkpoint(round_idx, run_id, _idle_record(trainer, run_id, plan, result, clock))
+    clock.mark("end")
+    return _idle_record(trainer, run_id, plan, result, clock)
 
 
 def start_gpu_sampler(config: RunConfig, topology: Topology, device: torch.device) -> Optional[GpuSampler]:
@@ -404,8 +566,17 @@ def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalRes
 
 def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, stats_by_node: dict,
                clock: RoundClock) -> None:
-    """Coordinator: plan, per-node metrics, global eval loss, previous round's idle records, progress line."""
+    """Coordinator: plan, per-node metrics, global eval loss, previous round's idle records, progress line.
+
+    hivemind: every node's leader appends its own previous idle record; the round's first present
+    node writes the rest."""
     config = trainer.config
+    if trainer.hivemind:
+        own = stats_by_node.get(trainer.node.name, {}).get("previous_record")
+        log.append("idle.jsonl", [own] if own else [])
+        if not trainer.writes_round:
+            return
+        stats_by_node = {name: {**item, "previous_record": None} for name, item in stats_by_node.items()}
     log.append("plan.jsonl", [plan.to_dict()])
     rows = [{"run_id": run_id, "round": plan.round, "node": name, "loss": item["loss"], "lr": item["lr"],
              "tokens": item["tokens"], "local_steps": item["steps"], "batch_size": item["batch_size"],

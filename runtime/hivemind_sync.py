@@ -1,0 +1,464 @@
+"""Outer sync over hivemind: no master, peers find each other through a DHT, join and leave.
+
+Each node's leader runs a hivemind DHT peer and a ``DecentralizedAverager`` over one
+flat fp32 buffer (the pseudo-gradient). What lives in the DHT (keys under
+``geodiloco_<run name>``):
+
+- ``members``: one heartbeat per live node (``round`` it works on, ``joined``: the first
+  round it takes part in), refreshed by a background thread and expiring after
+  ``heartbeat_ttl_s``: a node that dies stops being awaited within that time.
+- ``round<r>``: each node's statistics of round ``r`` (the readiness exchange). A node
+  waits until every live member that joined by round ``r`` has posted, or
+  ``round_timeout_s``, then the pseudo-gradients are averaged among the nodes that came.
+- ``start``: the first nodes' proposals (run id, resume round); the lowest config index wins.
+
+A node that finds peers already training downloads the latest global parameters and
+outer-optimizer state from one of them (hivemind's state sharing) and joins the next
+round. A node that falls behind (its peers finished a round without it) raises
+``OutOfSync`` and does the same.
+
+Averaging groups are separated by round: the group key carries the round number, so
+a late node never mixes its pseudo-gradient into another round.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from runtime.comm import Topology
+from runtime.config import HivemindSection
+
+POLL_S = 0.1
+STATE_DECLARE_PERIOD_S = 10.0
+ROUND_KEY_TTL_S = 3600.0
+ROUND_BITS = 10
+INITIAL_PEERS_ENV = "GEODILOCO_INITIAL_PEERS"
+MADDRS_FILE_ENV = "GEODILOCO_MADDRS_FILE"
+
+
+class OutOfSync(RuntimeError):
+    """The peers finished a round without this node: reload the global state from them."""
+
+
+def _import_hivemind():
+    """hivemind warns on import (torch.jit deprecation) and logs a lot at INFO: keep warnings,
+    except the advice that group sizes be powers of two (ours is the number of nodes)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import hivemind
+        from hivemind.averaging import DecentralizedAverager
+    logging.getLogger("hivemind").setLevel(logging.WARNING)
+    logging.getLogger("hivemind.averaging.key_manager").addFilter(
+        lambda record: "power of 2" not in record.getMessage())
+    return hivemind, DecentralizedAverager
+
+
+def codec(name: str):
+    """hivemind compression object for ``none`` | ``fp16`` | ``8bit``."""
+    from hivemind.compression import Float16Compression, NoCompression, Uniform8BitQuantization
+    codecs = {"none": NoCompression, "fp16": Float16Compression, "8bit": Uniform8BitQuantization}
+    return codecs[name]()
+
+
+def wire_codec(options: HivemindSection, diloco_compression: str) -> str:
+    """The hivemind codec of a run: ``comm.hivemind.compression``, else the one matching
+    ``diloco.compression`` (bf16 has no hivemind codec: it is rounded locally, sent as fp32)."""
+    if options.compression != "none":
+        return options.compression
+    return "fp16" if diloco_compression == "fp16" else "none"
+
+
+def round_group_bits(round_idx: int) -> str:
+    """Group-key bits of a round: nodes in different rounds never meet in one all-reduce."""
+    return format(round_idx % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
+
+
+def initial_peers(options: HivemindSection) -> list[str]:
+    """Peers to bootstrap from: the config's, plus GEODILOCO_INITIAL_PEERS (comma separated)."""
+    extra = [addr.strip() for addr in os.environ.get(INITIAL_PEERS_ENV, "").split(",") if addr.strip()]
+    return list(options.initial_peers) + extra
+
+
+def make_averager_class():
+    """DecentralizedAverager that shares a published outer state and resizes its groups."""
+    _, DecentralizedAverager = _import_hivemind()
+
+    class StateSharingAverager(DecentralizedAverager):
+        def __init__(self, *args, **kwargs) -> None:
+            self._published: tuple[Any, list[torch.Tensor]] = (None, [])
+            self._published_lock = threading.Lock()
+            super().__init__(*args, **kwargs)
+
+        def publish(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
+            """Offer this state (cloned) to joiners until the next publish."""
+            copies = [tensor.detach().cpu().clone() for tensor in tensors]
+            with self._published_lock:
+                self._published = (metadata, copies)
+
+        def get_current_state(self):
+            with self._published_lock:
+                metadata, tensors = self._published
+            return metadata, tensors, None
+
+        def set_target_group_size(self, size: int) -> None:
+            from hivemind.utils import MPFuture
+            future = MPFuture()
+            self._outer_pipe.send(("_set_target_group_size", [size], dict(future=future)))
+            future.result()
+
+        async def _set_target_group_size(self, size: int, future) -> None:
+            matchmaking = self._matchmaking
+            matchmaking.target_group_size = size
+            matchmaking.group_key_manager.target_group_size = size
+            matchmaking.potential_leaders.target_group_size = size
+            future.set_result(None)
+
+    return StateSharingAverager
+
+
+@dataclass
+class Member:
+    """A live node as its heartbeat says: the round it works on and the first round it takes
+    part in (None while it is still starting or downloading the state: not awaited yet)."""
+
+    name: str
+    round: int
+    joined: Optional[int]
+
+
+def node_topology(node_name: str, config_node_names: list[str], timeout_s: float, use_cuda: bool) -> Topology:
+    """This node's ranks only: under torchrun with several GPUs they form their own
+    torch.distributed world (DDP inside the node); across nodes there is no world."""
+    if node_name not in config_node_names:
+        raise RuntimeError(f"node {node_name!r} is not in the config's nodes ({', '.join(config_node_names)}); "
+                           "pass --node-name NAME")
+    local_world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = 0
+    if local_world_size > 1:
+        from runtime.comm import init_process_group
+        init_process_group(timeout_s, use_cuda)
+        rank = dist.get_rank()
+    return Topology(rank=rank, world_size=local_world_size, node_name=node_name,
+                    node_index=config_node_names.index(node_name), local_rank=rank,
+                    local_world_size=local_world_size, node_ranks=list(range(local_world_size)),
+                    leader_ranks=list(range(len(config_node_names))))
+
+
+class HivemindOuterSync:
+    """OuterSync over a hivemind DHT and decentralized averaging (see the module docstring).
+
+    Only the node's leader talks to peers; the other ranks of a node (DDP under torchrun)
+    follow it through the node's own torch.distributed group, when there is one.
+    """
+
+    def __init__(self, topology: Topology, options: HivemindSection, run_name: str, node_names: list[str],
+                 num_params: int, codec_name: str) -> None:
+        self.topology = topology
+        self.options = options
+        self.node_names = list(node_names)
+        self.prefix = "geodiloco_" + run_name.replace(".", "_").replace("-", "_")
+        self.current_round = -1
+        self.joined_round: Optional[int] = None
+        self._present: list[str] = []
+        self.diverged = False
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self.dht = None
+        self.averager = None
+        self._heartbeat: Optional[threading.Thread] = None
+        if topology.is_leader:
+            self._start_peer(num_params, codec_name)
+
+    # ----- peer start-up -----------------------------------------------------------------
+
+    def _start_peer(self, num_params: int, codec_name: str) -> None:
+        hivemind, _ = _import_hivemind()
+        options = self.options
+        peers = initial_peers(options)
+        try:
+            self.dht = hivemind.DHT(start=True, host_maddrs=list(options.host_maddrs),
+                                    announce_maddrs=list(options.announce_maddrs) or None, initial_peers=peers)
+        except Exception as err:
+            raise RuntimeError(f"node {self.topology.node_name}: the hivemind peer did not start ({err}); "
+                               f"initial peers: {', '.join(peers) or 'none'} (are they running and reachable?)") from None
+        self.maddrs = [str(addr) for addr in self.dht.get_visible_maddrs()]
+        print(f"[geodiloco] node {self.topology.node_name}: hivemind peer up; other nodes can join with "
+              f"--set comm.hivemind.initial_peers='[{', '.join(self.maddrs)}]'", flush=True)
+        maddrs_file = os.environ.get(MADDRS_FILE_ENV)
+        if maddrs_file:
+            temp = Path(maddrs_file + ".tmp")
+            temp.write_text("\n".join(self.maddrs) + "\n")
+            os.replace(temp, maddrs_file)
+        self.buffer = torch.zeros(num_params, dtype=torch.float32)
+        averager_class = make_averager_class()
+        self.averager = averager_class(
+            [self.buffer], self.dht, start=True, prefix=self.prefix + "_outer",
+            target_group_size=options.target_group_size or len(self.node_names),
+            min_group_size=2, initial_group_bits=round_group_bits(0),
+            min_matchmaking_time=options.matchmaking_time_s, request_timeout=options.request_timeout_s,
+            allreduce_timeout=options.allreduce_timeout_s, next_chunk_timeout=options.chunk_timeout_s,
+            compression=codec(codec_name), declare_state_period=STATE_DECLARE_PERIOD_S,
+            allow_state_sharing=True)
+        self._beat()
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="geodiloco-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    # ----- DHT helpers -------------------------------------------------------------------
+
+    def _now(self) -> float:
+        from hivemind.utils import get_dht_time
+        return get_dht_time()
+
+    def _store(self, key: str, subkey: str, value: Any, ttl_s: float) -> None:
+        with self._lock:
+            self.dht.store(f"{self.prefix}.{key}", value, self._now() + ttl_s, subkey=subkey)
+
+    def _read(self, key: str) -> dict[str, Any]:
+        """The live subkey -> value entries of a dictionary key ({} when absent)."""
+        with self._lock:
+            found = self.dht.get(f"{self.prefix}.{key}", latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return {subkey: item.value for subkey, item in found.value.items() if item.value is not None}
+
+    def _beat(self, left: bool = False) -> None:
+        value = {"round": self.current_round, "joined": self.joined_round, "left": left}
+        self._store("members", self.topology.node_name, value, self.options.heartbeat_ttl_s)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.options.heartbeat_ttl_s / 3):
+            try:
+                self._beat()
+            except Exception as err:  # a missed beat only risks being skipped for a round
+                print(f"[geodiloco] node {self.topology.node_name}: heartbeat failed: {err}", flush=True)
+
+    def members(self) -> dict[str, Member]:
+        """Live nodes (fresh heartbeat, not left), in config order."""
+        entries = self._read("members")
+        live = {}
+        for name in self.node_names:
+            info = entries.get(name)
+            if isinstance(info, dict) and not info.get("left"):
+                joined = info.get("joined")
+                live[name] = Member(name, int(info.get("round", -1)), None if joined is None else int(joined))
+        return live
+
+    def set_round(self, round_idx: int, joined: Optional[int] = None) -> None:
+        """Announce the round this node now works on (and, for a joiner, its first round)."""
+        self.current_round = round_idx
+        if joined is not None:
+            self.joined_round = joined
+        if self.topology.is_leader:
+            self._beat()
+
+    # ----- in-node helpers ---------------------------------------------------------------
+
+    def _in_node(self) -> bool:
+        return dist.is_initialized() and self.topology.local_world_size > 1
+
+    def share_in_node(self, value: Any) -> Any:
+        """The leader's ``value`` on every rank of this node."""
+        if not self._in_node():
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def planning_nodes(self, round_idx: int) -> list[str]:
+        """Nodes to plan round ``round_idx`` for: live members that take part by then, and this node."""
+        names = None
+        if self.topology.is_leader:
+            members = self.members()
+            names = [name for name in self.node_names
+                     if name == self.topology.node_name
+                     or (name in members and members[name].joined is not None and members[name].joined <= round_idx)]
+        return self.share_in_node(names)
+
+    # ----- start: found a run or join one ------------------------------------------------
+
+    def running_round(self) -> Optional[int]:
+        """The newest round live peers work on, None when no peer is training yet (leader only)."""
+        rounds = [member.round for name, member in self.members().items()
+                  if name != self.topology.node_name and member.round >= 0]
+        return max(rounds) if rounds else None
+
+    def found(self, proposal: dict, wait_s: float) -> Optional[dict]:
+        """Founding nodes agree on a proposal (the lowest config index wins); None = join instead.
+
+        Waits until every config node proposed, up to ``wait_s``; gives up founding as soon as
+        a peer is seen training.
+        """
+        self._store("start", self.topology.node_name, proposal, ROUND_KEY_TTL_S)
+        deadline = time.monotonic() + wait_s
+        while True:
+            if self.running_round() is not None:
+                return None
+            proposals = self._read("start")
+            if set(self.node_names) <= set(proposals) or time.monotonic() > deadline:
+                break
+            time.sleep(POLL_S)
+        winner = next(name for name in self.node_names if name in proposals)
+        return proposals[winner]
+
+    def publish_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
+        """Offer the global state after a round to joiners."""
+        if self.averager is not None:
+            self.averager.publish(metadata, tensors)
+
+    def download_state(self, timeout_s: float, min_round: int = -1) -> Optional[tuple[dict, list[torch.Tensor]]]:
+        """(metadata, tensors) from a peer that published its state after round ``min_round`` or
+        later; None if none could give it within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            loaded = self.averager.load_state_from_peers(timeout=self.options.chunk_timeout_s)
+            if loaded is not None and loaded[0] and loaded[0]["round"] >= min_round:
+                return loaded
+            time.sleep(0.2)
+        return None
+
+    # ----- OuterSync ---------------------------------------------------------------------
+
+    def exchange(self, stats: Any) -> list[Any]:
+        """Round statistics (dicts with ``round``) go through the DHT readiness barrier among the
+        live nodes; anything else is gathered among this node's own ranks only."""
+        local = self._gather_in_node(stats)
+        is_round = isinstance(stats, dict) and "round" in stats and "node" in stats
+        if not is_round:
+            return local
+        outcome = None
+        if self.topology.is_leader:
+            try:
+                outcome = self._round_barrier(stats["round"], local[0])
+            except OutOfSync as err:
+                outcome = str(err)
+        outcome = self.share_in_node(outcome)
+        if isinstance(outcome, str):
+            raise OutOfSync(outcome)
+        self._present = [item["node"] for item in outcome]
+        peers = [item for item in outcome if item["node"] != self.topology.node_name]
+        return peers + local
+
+    def _gather_in_node(self, stats: Any) -> list[Any]:
+        if not self._in_node():
+            return [stats]
+        gathered: list = [None] * self.topology.local_world_size
+        dist.all_gather_object(gathered, stats)
+        return gathered
+
+    def _round_barrier(self, round_idx: int, my_stats: dict) -> list[dict]:
+        """Post this node's stats, wait for the live members of this round (bounded); return the posted."""
+        me = self.topology.node_name
+        self._store(f"round{round_idx}", me, my_stats, ROUND_KEY_TTL_S)
+        started = time.monotonic()
+        while True:
+            posted = self._read(f"round{round_idx}")
+            members = self.members()
+            ahead = sorted(name for name, member in members.items() if member.round > round_idx and name != me)
+            if ahead:
+                raise OutOfSync(f"peers {', '.join(ahead)} finished round {round_idx + 1} without node {me}")
+            awaited = [name for name, member in members.items()
+                       if member.joined is not None and member.joined <= round_idx and name not in posted]
+            if not awaited or time.monotonic() - started > self.options.round_timeout_s:
+                break
+            time.sleep(POLL_S)
+        posted[me] = my_stats
+        present = [posted[name] for name in self.node_names if name in posted]
+        self.diverged = self._is_outlier(present, me)
+        return present
+
+    def _is_outlier(self, present: list[dict], me: str) -> bool:
+        """Whether this node's parameters at the round start differ from the majority's (the
+        earliest node's group on a tie) by more than ``resync_tolerance`` (relative)."""
+        checksums = {item["node"]: item["start_checksum"] for item in present if "start_checksum" in item}
+        if me not in checksums or len(checksums) < 2:
+            return False
+        tolerance = self.options.resync_tolerance
+
+        def agree(first: float, second: float) -> bool:
+            return abs(first - second) <= tolerance * max(abs(first), abs(second), 1e-30)
+
+        clusters = [[name for name in checksums if agree(checksums[name], checksums[anchor])] for anchor in checksums]
+        majority = max(clusters, key=len)
+        return me not in majority
+
+    def reduce_weighted(self, flat: torch.Tensor, weight: float, wire_dtype: torch.dtype,
+                        total_weight: Optional[float] = None) -> torch.Tensor:
+        """sum_i weight_i * flat_i over the nodes that take part in this round's all-reduce.
+
+        hivemind averages with weights (sum w_i x_i / sum w_i); multiplying by the present
+        nodes' total weight gives the sum. If a node vanished between the readiness exchange
+        and the all-reduce, the others' weights are renormalized to the same total.
+        """
+        if wire_dtype not in (torch.float32, torch.float16):
+            flat = flat.to(wire_dtype).to(torch.float32)
+        total = float(total_weight) if total_weight is not None else 1.0
+        others = [name for name in self._present if name != self.topology.node_name]
+        if not others:
+            return flat.mul(weight).to(torch.float32)
+        round_idx = self.current_round
+        self.averager.set_group_bits(round_group_bits(round_idx))
+        self.averager.set_target_group_size(min(len(self._present),
+                                                self.options.target_group_size or len(self._present)))
+        with self.averager.get_tensors() as tensors:
+            tensors[0].copy_(flat)
+        gather = {"node": self.topology.node_name, "total": total}
+        try:
+            gathered = self.averager.step(gather=gather, weight=max(float(weight), 1e-12),
+                                          timeout=self.options.round_timeout_s)
+        except Exception as err:
+            return self._after_failed_step(round_idx, flat, weight, err)
+        if not gathered:
+            return self._after_failed_step(round_idx, flat, weight, RuntimeError("no group"))
+        group = sorted(item["node"] for item in gathered.values())
+        group_total = next(item["total"] for item in gathered.values() if item["node"] == group[0])
+        with self.averager.get_tensors() as tensors:
+            return tensors[0].clone().mul_(group_total)
+
+    def _after_failed_step(self, round_idx: int, flat: torch.Tensor, weight: float, err: Exception) -> torch.Tensor:
+        """No group: behind the peers -> OutOfSync; every peer gone -> this node's own update."""
+        if self.running_round() is not None and self.running_round() > round_idx:
+            raise OutOfSync(f"outer all-reduce of round {round_idx + 1} failed ({err}); peers moved on")
+        others = [name for name in self.members() if name != self.topology.node_name]
+        if others:
+            raise OutOfSync(f"outer all-reduce of round {round_idx + 1} failed ({err}) with live peers "
+                            f"{', '.join(others)}")
+        return flat.mul(weight).to(torch.float32)
+
+    def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
+        if not self._in_node():
+            return
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
+
+    def barrier(self) -> None:
+        """Only this node's ranks: peers never wait for each other outside the round barrier."""
+        if self._in_node():
+            dist.barrier()
+
+    def close(self) -> None:
+        """Say goodbye (peers stop awaiting this node at once), stop the averager and the DHT."""
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+        if self.dht is not None:
+            try:
+                self._beat(left=True)
+            except Exception:
+                pass
+        if self.averager is not None:
+            self.averager.shutdown()
+            self.averager = None
+        if self.dht is not None:
+            self.dht.shutdown()
+            self.dht = None
+        if dist.is_initialized():
+            dist.destroy_process_group()

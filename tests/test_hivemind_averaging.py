@@ -1,0 +1,111 @@
+"""hivemind outer sync in one process: three peers on loopback, driven from threads.
+
+Checks the readiness barrier and the weighted pseudo-gradient sum (the numbers are worked
+out by hand below), compression, and that no p2pd process outlives the peers.
+"""
+import subprocess
+import threading
+
+import pytest
+import torch
+
+from runtime.comm import Topology
+from runtime.config import HivemindSection
+from runtime.hivemind_sync import HivemindOuterSync, OutOfSync, round_group_bits, wire_codec
+
+pytestmark = pytest.mark.slow
+
+NAMES = ["a", "b", "c"]
+NUMEL = 1000
+
+
+def peer_options(initial_peers):
+    return HivemindSection(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                           heartbeat_ttl_s=3.0, round_timeout_s=30.0, start_wait_s=5.0)
+
+
+def topology(index):
+    return Topology(rank=0, world_size=1, node_name=NAMES[index], node_index=index, local_rank=0,
+                    local_world_size=1, node_ranks=[0], leader_ranks=[0, 1, 2])
+
+
+def p2pd_pids():
+    found = subprocess.run(["pgrep", "-x", "p2pd"], capture_output=True, text=True)
+    return {int(pid) for pid in found.stdout.split()}
+
+
+@pytest.fixture(scope="module")
+def peers():
+    before = p2pd_pids()
+    first = HivemindOuterSync(topology(0), peer_options([]), "unit", NAMES, NUMEL, "none")
+    syncs = [first] + [HivemindOuterSync(topology(index), peer_options(first.maddrs), "unit", NAMES, NUMEL, "none")
+                       for index in (1, 2)]
+    started = p2pd_pids() - before
+    yield syncs
+    for sync in syncs:
+        sync.close()
+    assert len(started) == 3
+    assert not (p2pd_pids() & started), "p2pd processes outlived the peers"
+
+
+def run_round(syncs, round_idx, contributions, weights):
+    """Every peer: readiness exchange then reduce_weighted, in parallel threads."""
+    results, errors = {}, []
+
+    def node(index):
+        try:
+            sync = syncs[index]
+            sync.set_round(round_idx, joined=0)
+            gathered = sync.exchange({"node": NAMES[index], "round": round_idx, "local_rank": 0, "tokens": index})
+            total = sum(weights[item["node"]] for item in gathered)
+            results[NAMES[index]] = ([item["node"] for item in gathered],
+                                     sync.reduce_weighted(contributions[index].clone(), weights[NAMES[index]],
+                                                          torch.float32, total_weight=total))
+        except Exception as err:  # surfaced by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=node, args=(index,)) for index in range(len(syncs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    return results
+
+
+def test_weighted_sum_over_three_peers(peers):
+    contributions = [torch.full((NUMEL,), 1.0), torch.full((NUMEL,), 2.0), torch.linspace(-1.0, 1.0, NUMEL)]
+    weights = {"a": 0.5, "b": 0.3, "c": 0.2}
+    results = run_round(peers, 0, contributions, weights)
+    expected = 0.5 * contributions[0] + 0.3 * contributions[1] + 0.2 * contributions[2]
+    for name, (present, summed) in results.items():
+        assert sorted(present) == NAMES, name
+        torch.testing.assert_close(summed, expected, rtol=0, atol=1e-6)
+
+
+def test_weights_that_do_not_sum_to_one_keep_their_total(peers):
+    # normalized (FedNova) weights sum to more than one: the result is sum w_i x_i, not the mean
+    contributions = [torch.full((NUMEL,), 3.0), torch.full((NUMEL,), -1.0), torch.full((NUMEL,), 0.5)]
+    weights = {"a": 0.9, "b": 0.4, "c": 0.1}
+    results = run_round(peers, 1, contributions, weights)
+    expected_value = 0.9 * 3.0 + 0.4 * -1.0 + 0.1 * 0.5
+    for _, summed in results.values():
+        torch.testing.assert_close(summed, torch.full((NUMEL,), expected_value), rtol=0, atol=1e-5)
+
+
+def test_a_peer_ahead_means_this_one_is_out_of_sync(peers):
+    peers[1].set_round(5, joined=0)
+    peers[0].set_round(3, joined=0)
+    with pytest.raises(OutOfSync, match="finished round 4 without node a"):
+        peers[0].exchange({"node": "a", "round": 3, "local_rank": 0})
+
+
+def test_rounds_average_in_separate_groups():
+    assert round_group_bits(3) != round_group_bits(4)
+    assert len(round_group_bits(7)) == len(round_group_bits(1023))
+
+
+def test_codec_follows_diloco_compression_unless_set():
+    assert wire_codec(HivemindSection(), "fp16") == "fp16"
+    assert wire_codec(HivemindSection(), "bf16") == "none"
+    assert wire_codec(HivemindSection(compression="8bit"), "fp16") == "8bit"

@@ -1,0 +1,215 @@
+"""Training runs over the hivemind backend, on loopback: same result as torch.distributed,
+a node killed mid-run, a node joining late; no p2pd process outlives its node."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime import checkpoint
+from tests.runtime_helpers import REPO_ROOT, geodiloco, read_jsonl, small_config, write_config
+
+pytestmark = pytest.mark.slow
+
+SEQ_LEN = 32
+HIVEMIND = {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "heartbeat_ttl_s": 3.0, "round_timeout_s": 60.0,
+            "start_wait_s": 20.0}
+
+
+def hivemind_config(nodes, rounds, **hivemind):
+    config = small_config(nodes)
+    config["model"]["seq_len"] = SEQ_LEN
+    config["data"]["eval_batches"] = 0
+    config["diloco"]["rounds"] = rounds
+    config["comm"] = {"backend": "hivemind", "timeout_s": 60, "init_timeout_s": 60,
+                      "hivemind": {**HIVEMIND, **hivemind}}
+    return config
+
+
+def session_p2pd(session_ids):
+    """p2pd processes in the given sessions (each node runs in its own session)."""
+    pids = set()
+    for sid in session_ids:
+        found = subprocess.run(["pgrep", "-s", str(sid), "-x", "p2pd"], capture_output=True, text=True)
+        pids |= {int(pid) for pid in found.stdout.split()}
+    return pids
+
+
+def launcher_children(pid):
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(line) for line in found.stdout.split()]
+
+
+def start_node(config_path, run_dir, name, peers_file, first):
+    """One node as a site would start it: its own session, the first one's multiaddrs as peers."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GEODILOCO_NODE=name,
+               GEODILOCO_DEVICE="cpu", RANK="0", WORLD_SIZE="1")
+    if first:
+        env["GEODILOCO_MADDRS_FILE"] = str(peers_file)
+    else:
+        deadline = time.monotonic() + 60
+        while not peers_file.is_file():
+            assert time.monotonic() < deadline, "the first node never published its multiaddrs"
+            time.sleep(0.1)
+        env["GEODILOCO_INITIAL_PEERS"] = ",".join(peers_file.read_text().split())
+    log = open(run_dir.parent / f"{name}.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "runtime.train", "--config", str(config_path),
+                             "--run-dir", str(run_dir)], cwd=REPO_ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(condition, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def node_rounds(run_dir, name):
+    path = run_dir / "metrics.jsonl"
+    rows = read_jsonl(path) if path.is_file() else []
+    return sorted({row["round"] for row in rows if row["node"] == name})
+
+
+def assert_same_parameters(checksums):
+    """Peers hold the same parameters up to float rounding: hivemind hands each peer the
+    average as its own tensor plus a delta, so copies may differ in the last bits."""
+    assert len(checksums) >= 2
+    assert max(checksums) - min(checksums) <= 1e-9 * max(checksums), checksums
+
+
+def stop_all(processes):
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+UNEQUAL_NODES = [{"name": "a", "local_steps": 1, "batch_size": 2},
+                 {"name": "b", "local_steps": 3, "batch_size": 4},
+                 {"name": "c", "local_steps": 2, "batch_size": 3}]
+
+
+def sgd(config):
+    config["optim"] = {"inner": {"optimizer": "sgd", "lr": 0.05, "warmup_steps": 0, "min_lr_ratio": 1.0,
+                                 "weight_decay": 0.0, "grad_clip": 1.0e9},
+                       "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": True}}
+    config["diloco"]["weighting"] = "tokens"
+    return config
+
+
+def test_hivemind_run_matches_the_torch_backend(tmp_path):
+    config = sgd(hivemind_config(UNEQUAL_NODES, rounds=2))
+    hivemind_dir, torch_dir = tmp_path / "hivemind", tmp_path / "torch"
+    launcher = subprocess.Popen([sys.executable, "-m", "runtime.cli", "run", "--sites", "local", "--no-report",
+                                 "--config", str(write_config(tmp_path, config, "hivemind.yaml")),
+                                 "--run-dir", str(hivemind_dir)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    wait_for(lambda: len(launcher_children(launcher.pid)) == 3 or launcher.poll() is not None, 60, "three nodes")
+    nodes = launcher_children(launcher.pid)
+    wait_for(lambda: len(session_p2pd(nodes)) == 3 or launcher.poll() is not None, 60, "a p2pd per node")
+    daemons = session_p2pd(nodes)
+    stdout, stderr = launcher.communicate(timeout=150)
+    assert launcher.returncode == 0, stderr[-3000:]
+
+    config["comm"] = {"backend": "torch", "timeout_s": 60}
+    result = geodiloco("run", "--sites", "local", "--no-report", "--config",
+                       str(write_config(tmp_path, config, "torch.yaml")), "--run-dir", str(torch_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    over_hivemind = checkpoint.load_global(hivemind_dir, 1)["outer"]
+    over_torch = checkpoint.load_global(torch_dir, 1)["outer"]
+    for got, want in zip(over_hivemind["global_params"], over_torch["global_params"]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    momentum = over_hivemind["optimizer"]["state"][0]["momentum_buffer"]
+    torch.testing.assert_close(momentum, over_torch["optimizer"]["state"][0]["momentum_buffer"], rtol=0, atol=1e-5)
+
+    idle = read_jsonl(hivemind_dir / "idle.jsonl")
+    assert sorted((row["round"], row["node"]) for row in idle) == sorted(
+        (round_idx, node["name"]) for round_idx in range(2) for node in UNEQUAL_NODES)
+    for row in idle:
+        node = next(node for node in UNEQUAL_NODES if node["name"] == row["node"])
+        assert row["tokens"] == node["local_steps"] * node["batch_size"] * SEQ_LEN
+    assert [plan["round"] for plan in read_jsonl(hivemind_dir / "plan.jsonl")] == [0, 1]
+    metrics = read_jsonl(hivemind_dir / "metrics.jsonl")
+    for round_idx in range(2):
+        checksums = [row["start_checksum"] for row in metrics if row["round"] == round_idx and row["node"] != "global"]
+        assert_same_parameters(checksums)
+    assert len(daemons) == 3
+    wait_for(lambda: not session_p2pd(nodes), 10, "every p2pd to end")
+
+
+EMULATED = [{"name": "a", "emulate": {"step_time_s": 0.15}},
+            {"name": "b", "emulate": {"step_time_s": 0.15}},
+            {"name": "c", "emulate": {"step_time_s": 0.15}}]
+
+
+def test_a_killed_node_does_not_stop_the_others(tmp_path):
+    rounds = 6
+    config = hivemind_config(EMULATED, rounds=rounds)
+    config_path, run_dir = write_config(tmp_path, config), tmp_path / "run"
+    peers_file = tmp_path / "peers.txt"
+    processes = [start_node(config_path, run_dir, "a", peers_file, first=True)]
+    try:
+        processes += [start_node(config_path, run_dir, name, peers_file, first=False) for name in ("b", "c")]
+        wait_for(lambda: 1 in node_rounds(run_dir, "c"), 90, "round 2 of node c")
+        victim = processes[2]
+        daemons = session_p2pd([victim.pid])
+        os.killpg(victim.pid, signal.SIGKILL)
+        killed_at = time.time()
+        victim.wait()
+        assert daemons
+        wait_for(lambda: not session_p2pd([victim.pid]), 10, "the killed node's p2pd to end")
+        for process, name in zip(processes[:2], "ab"):
+            assert process.wait(timeout=120) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+        wait_for(lambda: not session_p2pd([process.pid for process in processes]), 10, "every p2pd to end")
+    finally:
+        stop_all(processes)
+
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    for name in ("a", "b"):
+        assert node_rounds(run_dir, name) == list(range(rounds))
+    last_round_of_c = max(node_rounds(run_dir, "c"))
+    assert last_round_of_c < rounds - 1
+    final = {row["node"]: row for row in metrics if row["round"] == rounds - 1}
+    assert set(final) == {"a", "b", "global"}
+    assert_same_parameters([final["a"]["start_checksum"], final["b"]["start_checksum"]])
+    idle = read_jsonl(run_dir / "idle.jsonl")
+    waits = [row["wait_s"] for row in idle if row["node"] in ("a", "b") and row["round_end"] > killed_at]
+    # the dead node is awaited at most until its heartbeat expires, far below round_timeout_s
+    assert waits and max(waits) < HIVEMIND["heartbeat_ttl_s"] + 5.0
+    plans = read_jsonl(run_dir / "plan.jsonl")
+    assert {node["name"] for node in plans[-1]["nodes"]} == {"a", "b"}
+
+
+def test_a_late_node_joins_with_its_peers_parameters(tmp_path):
+    rounds = 10
+    slower = [{**node, "emulate": {"step_time_s": 0.3}} for node in EMULATED]
+    config = hivemind_config(slower, rounds=rounds, start_wait_s=3.0)
+    config_path, run_dir = write_config(tmp_path, config), tmp_path / "run"
+    peers_file = tmp_path / "peers.txt"
+    processes = [start_node(config_path, run_dir, "a", peers_file, first=True)]
+    try:
+        processes.append(start_node(config_path, run_dir, "b", peers_file, first=False))
+        wait_for(lambda: 0 in node_rounds(run_dir, "a"), 90, "round 1 of node a")
+        processes.append(start_node(config_path, run_dir, "c", peers_file, first=False))
+        for process, name in zip(processes, "abc"):
+            assert process.wait(timeout=150) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    finally:
+        stop_all(processes)
+
+    joined = node_rounds(run_dir, "c")
+    assert joined and joined[0] >= 1 and joined == list(range(joined[0], rounds))
+    assert "joined run" in (tmp_path / "c.log").read_text()
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    for round_idx in joined:
+        checksums = {row["node"]: row["start_checksum"] for row in metrics
+                     if row["round"] == round_idx and row["node"] != "global"}
+        assert set(checksums) == {"a", "b", "c"}
+        assert_same_parameters(list(checksums.values()))
+    idle_c = [row["round"] for row in read_jsonl(run_dir / "idle.jsonl") if row["node"] == "c"]
+    assert sorted(idle_c) == joined
