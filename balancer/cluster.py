@@ -5,16 +5,13 @@ and the simulator. Durations end in ``_s``, rates name their unit.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
 from predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
-
-_COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
-
+from predictor.specs import expand_gpu_counts
 
 class SlowdownEvent(StrictModel):
     """From ``from_round`` (inclusive) until ``until_round`` (exclusive), steps take ``factor`` x longer."""
@@ -113,16 +110,7 @@ class NodeSpec(StrictModel):
     @classmethod
     def _expand_counts(cls, value):
         """Accept ``"4 x A30"`` as shorthand for four ``"A30"`` entries."""
-        if isinstance(value, str):
-            value = [value]
-        expanded: list = []
-        for item in value or []:
-            match = _COUNT_PREFIX.match(item) if isinstance(item, str) else None
-            if match:
-                expanded.extend([match.group(2)] * int(match.group(1)))
-            else:
-                expanded.append(item)
-        return expanded
+        return expand_gpu_counts([value] if isinstance(value, str) else list(value or []))
 
     @model_validator(mode="after")
     def _default_site(self) -> "NodeSpec":
@@ -140,11 +128,16 @@ class ClusterSpec(StrictModel):
 
     @model_validator(mode="after")
     def _unique_names(self) -> "ClusterSpec":
-        names = [node.name for node in self.nodes]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"node names must be unique; repeated: {', '.join(duplicates)}")
+        check_unique_names(self.nodes)
         return self
+
+
+def check_unique_names(nodes: list[NodeSpec]) -> None:
+    """Node names identify nodes in plans and logs, so a repeated name is an error."""
+    names = [node.name for node in nodes]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"node names must be unique; repeated: {', '.join(repeated)}")
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:

@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 
 from predictor.schema import ConfigError
 
-_COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
 
 EPILOG = """\
 examples:
@@ -66,6 +64,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
 def print_prediction(args: argparse.Namespace) -> int:
     from predictor.model import node_step_model
+    from predictor.specs import expand_gpu_counts
     from predictor.workload import parameter_count, resolve_dims, training_flops
 
     if args.batch_size < 1 or args.seq_len < 1:
@@ -73,7 +72,7 @@ def print_prediction(args: argparse.Namespace) -> int:
     dims = resolve_dims(args.model)
     if args.seq_len > dims.max_seq_len:
         raise ConfigError(f"--seq-len {args.seq_len} exceeds the model's max_seq_len {dims.max_seq_len}")
-    gpus = expand_counts(args.gpu)
+    gpus = expand_gpu_counts(args.gpu)
     model = node_step_model(gpus, dims, args.seq_len, args.precision, args.micro_batch_size, args.split,
                             args.activation_checkpointing)
     info = model.explain(args.batch_size)
@@ -86,15 +85,6 @@ def print_prediction(args: argparse.Namespace) -> int:
     else:
         print(human_prediction(info))
     return 0
-
-
-def expand_counts(values: list[str]) -> list[str]:
-    """Accept '4 x A30' as four 'A30' entries, like the cluster file does."""
-    expanded: list[str] = []
-    for value in values:
-        match = _COUNT_PREFIX.match(value)
-        expanded.extend([match.group(2)] * int(match.group(1)) if match else [value])
-    return expanded
 
 
 def human_prediction(info: dict) -> str:

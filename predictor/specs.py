@@ -201,3 +201,14 @@ def load_user_gpus(path: str | Path) -> list[GpuSpec]:
 def known_gpus() -> list[GpuSpec]:
     return sorted(registry().by_name.values(), key=lambda spec: spec.name)
 
+
+_GPU_COUNT = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
+
+
+def expand_gpu_counts(names: list[str]) -> list[str]:
+    """``["4 x A30", "V100"]`` -> four ``"A30"`` entries and one ``"V100"`` (one entry per GPU)."""
+    expanded: list[str] = []
+    for name in names:
+        match = _GPU_COUNT.match(name) if isinstance(name, str) else None
+        expanded.extend([match.group(2)] * int(match.group(1)) if match else [name])
+    return expanded

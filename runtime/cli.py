@@ -7,6 +7,7 @@ Each package registers its own subcommands (``register(subparsers)``) and sets
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from predictor.schema import ConfigError
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"geodiloco {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly, like other command-line tools.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

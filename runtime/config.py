@@ -12,7 +12,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import Field, model_validator
 
-from balancer.cluster import NodeSpec
+from balancer.cluster import NodeSpec, check_unique_names
 from balancer.config import BalancingConfig
 from predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
 from predictor.workload import ModelDims, preset_dims
@@ -175,10 +175,7 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
-        names = [node.name for node in self.nodes]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise ValueError(f"nodes: names must be unique; repeated: {', '.join(repeated)}")
+        check_unique_names(self.nodes)
         if (self.model.preset is None) == (self.model.file is None):
             raise ValueError("model: give exactly one of model.preset or model.file")
         return self

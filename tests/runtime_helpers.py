@@ -39,5 +39,13 @@ def geodiloco(*args: str, timeout: float = 120, cwd: Path | None = None) -> subp
                           timeout=timeout, env=env, cwd=cwd or REPO_ROOT)
 
 
+def start_run(config_path: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
+    """`geodiloco run` in the background (for tests that signal or watch it)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "runtime.cli", "run", "--no-report", "--config", str(config_path),
+                             "--run-dir", str(run_dir), *extra],
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,12 +1,8 @@
 """A 2-site run across two network namespaces linked by tbf-shaped veths."""
-import os
-import subprocess
-import sys
-
 import pytest
 
 from runtime import sites
-from tests.runtime_helpers import REPO_ROOT, read_jsonl, small_config, write_config
+from tests.runtime_helpers import read_jsonl, small_config, start_run, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -19,11 +15,7 @@ def test_two_sites_in_namespaces_with_a_shaped_link(tmp_path):
              {"name": "west", "site": "west", "emulate": {"step_time_s": 0.05}, "wan": {"bandwidth_mbps": 20}}]
     config = small_config(nodes)
     run_dir = tmp_path / "run"
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "run", "--sites", "netns", "--no-report",
-         "--config", str(write_config(tmp_path, config)), "--run-dir", str(run_dir)],
-        cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+    launcher = start_run(write_config(tmp_path, config), run_dir, "--sites", "netns")
     stdout, stderr = launcher.communicate(timeout=180)
     assert launcher.returncode == 0, stderr[-3000:]
     assert "sites: netns" in stdout

@@ -2,7 +2,6 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 
 from balancer.records import REQUIRED_FIELDS
 from runtime import checkpoint
-from tests.runtime_helpers import REPO_ROOT, geodiloco, read_jsonl, small_config, write_config
+from tests.runtime_helpers import geodiloco, read_jsonl, small_config, start_run, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -129,10 +128,7 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
 
     resumed_dir = tmp_path / "resumed"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    launcher = subprocess.Popen([sys.executable, "-m", "runtime.cli", "run", "--sites", "local", "--no-report",
-                                 "--config", str(config_path), "--run-dir", str(resumed_dir)],
-                                cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = start_run(config_path, resumed_dir, "--sites", "local")
     _wait_for_checkpoint(resumed_dir, 1, launcher)
     children = _children_of(launcher.pid)
     launcher.send_signal(signal.SIGTERM)
@@ -176,10 +172,7 @@ def test_sigterm_on_one_node_stops_the_whole_job_and_keeps_the_checkpoint(tmp_pa
     config = small_config(nodes)
     config["diloco"]["rounds"] = 50
     run_dir = tmp_path / "run"
-    launcher = subprocess.Popen([sys.executable, "-m", "runtime.cli", "run", "--sites", "local", "--no-report",
-                                 "--config", str(write_config(tmp_path, config)), "--run-dir", str(run_dir)],
-                                cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = start_run(write_config(tmp_path, config), run_dir, "--sites", "local")
     _wait_for_checkpoint(run_dir, 0, launcher)
     children = _children_of(launcher.pid)
     assert len(children) == 3
