@@ -169,6 +169,7 @@ class HivemindOuterSync:
         self.current_round = -1
         self.joined_round: Optional[int] = None
         self._present: list[str] = []
+        self._founders: list[str] = []
         self.diverged = False
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -306,8 +307,8 @@ class HivemindOuterSync:
             if set(self.node_names) <= set(proposals) or time.monotonic() > deadline:
                 break
             time.sleep(POLL_S)
-        winner = next(name for name in self.node_names if name in proposals)
-        return proposals[winner]
+        self._founders = [name for name in self.node_names if name in proposals]
+        return proposals[self._founders[0]]
 
     def publish_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
         """Offer the global state after a round to joiners."""
@@ -367,6 +368,7 @@ class HivemindOuterSync:
                 raise OutOfSync(f"peers {', '.join(ahead)} finished round {round_idx + 1} without node {me}")
             awaited = [name for name, member in members.items()
                        if member.joined is not None and member.joined <= round_idx and name not in posted]
+            awaited += self._founders_awaited(round_idx, members, posted, time.monotonic() - started)
             if not awaited or time.monotonic() - started > self.options.round_timeout_s:
                 break
             time.sleep(POLL_S)
@@ -374,6 +376,21 @@ class HivemindOuterSync:
         present = [posted[name] for name in self.node_names if name in posted]
         self.diverged = self._is_outlier(present, me)
         return present
+
+    def _founders_awaited(self, round_idx: int, members: dict[str, Member], posted: dict, waited_s: float) -> list[str]:
+        """Nodes that founded the run with this one, in its first round: awaited while they still
+        start (no ``joined`` yet), and, when their heartbeat is not visible yet, for one heartbeat TTL."""
+        if round_idx != self.joined_round:
+            return []
+        awaited = []
+        for name in self._founders:
+            if name in posted or name == self.topology.node_name:
+                continue
+            member = members.get(name)
+            if (member is not None and member.joined is None) or (member is None and
+                                                                   waited_s < self.options.heartbeat_ttl_s):
+                awaited.append(name)
+        return awaited
 
     def _is_outlier(self, present: list[dict], me: str) -> bool:
         """Whether this node's parameters at the round start differ from the majority's (the

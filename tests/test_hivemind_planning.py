@@ -1,0 +1,99 @@
+"""Pieces of the hivemind backend that need no peers: planning for the nodes present,
+drift detection, config validation."""
+import pytest
+
+from balancer.cluster import NodeSpec
+from balancer.config import BalancingConfig
+from balancer.plan import RoundMeasurement
+from balancer.planner import Planner
+from predictor.schema import ConfigError
+from predictor.workload import preset_dims
+from runtime.comm import Topology
+from runtime.config import HivemindSection, load_config
+from runtime.hivemind_sync import HivemindOuterSync
+from tests.runtime_helpers import small_config, write_config
+
+NODES = [NodeSpec.model_validate({"name": name, "emulate": {"step_time_s": step_s, "batch_size": 4}})
+         for name, step_s in (("a", 0.1), ("b", 0.2), ("c", 0.4))]
+
+
+def time_planner(**balancing):
+    return Planner(BalancingConfig(policy="time", **balancing), NODES, preset_dims("tiny"), 32, 10, 4)
+
+
+def steps_of(plan):
+    return {node.name: node.local_steps for node in plan.nodes}
+
+
+def test_plan_for_all_nodes_is_unchanged_by_present():
+    planner = time_planner()
+    # the slowest node (c, 0.4 s) runs the baseline 10 steps: 4 s; a and b fill the same 4 s
+    assert steps_of(planner.plan(0)) == {"a": 40, "b": 20, "c": 10}
+    assert steps_of(planner.plan(0, present=["c", "a", "b"])) == {"a": 40, "b": 20, "c": 10}
+
+
+def test_plan_for_present_nodes_balances_among_them():
+    planner = time_planner()
+    # without c the slowest present node is b: 10 x 0.2 s = 2 s, so a runs 2 / 0.1 = 20 steps
+    plan = planner.plan(1, present=["b", "a"])
+    assert steps_of(plan) == {"a": 20, "b": 10}
+    assert plan.round == 1
+
+
+def test_present_plan_uses_the_measured_speeds():
+    planner = time_planner(calibration_rounds=1)
+    for name, step_s in (("a", 0.1), ("b", 0.4)):
+        planner.observe(RoundMeasurement(node=name, round=0, batch_size=4, local_steps=10,
+                                         step_times_s=[step_s] * 10, compute_s=10 * step_s))
+    # b measured twice its prior: its 10 steps take 4 s, a fills them with 40
+    assert steps_of(planner.plan(1, present=["a", "b"])) == {"a": 40, "b": 10}
+
+
+def test_absent_reference_node_falls_back_to_the_slowest_present():
+    planner = time_planner(reference_node="c")
+    assert steps_of(planner.plan(0, present=["a", "b"])) == {"a": 20, "b": 10}
+
+
+def test_unknown_present_node_is_an_error():
+    with pytest.raises(ConfigError, match="unknown: z"):
+        time_planner().plan(0, present=["a", "z"])
+
+
+def follower_sync(**options):
+    """A non-leader rank's sync: no peer is started, the drift check works on given stats."""
+    topology = Topology(rank=1, world_size=2, node_name="c", node_index=2, local_rank=1, local_world_size=2,
+                        node_ranks=[0, 1], leader_ranks=[0, 1, 2])
+    return HivemindOuterSync(topology, HivemindSection(**options), "unit", ["a", "b", "c"], 10, "none")
+
+
+def stats(**checksums):
+    return [{"node": name, "start_checksum": value} for name, value in checksums.items()]
+
+
+def test_node_off_the_majority_is_flagged_for_a_reload():
+    sync = follower_sync(resync_tolerance=1e-6)
+    present = stats(a=1000.0, b=1000.0 + 1e-5, c=1000.5)
+    assert sync._is_outlier(present, "c")
+    assert not sync._is_outlier(present, "a")
+    assert not sync._is_outlier(present, "b")
+
+
+def test_two_nodes_disagreeing_defer_to_the_earlier_one():
+    sync = follower_sync()
+    present = stats(a=10.0, b=11.0)
+    assert sync._is_outlier(present, "b")
+    assert not sync._is_outlier(present, "a")
+
+
+def test_request_timeout_must_stay_below_matchmaking_time(tmp_path):
+    config = small_config([{"name": "a"}, {"name": "b"}])
+    config["comm"] = {"backend": "hivemind", "hivemind": {"matchmaking_time_s": 1.0, "request_timeout_s": 2.0}}
+    with pytest.raises(ConfigError, match="request_timeout_s"):
+        load_config(write_config(tmp_path, config))
+
+
+def test_unknown_codec_is_rejected(tmp_path):
+    config = small_config([{"name": "a"}])
+    config["comm"] = {"backend": "hivemind", "hivemind": {"compression": "4bit"}}
+    with pytest.raises(ConfigError, match="compression"):
+        load_config(write_config(tmp_path, config))
