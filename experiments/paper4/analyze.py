@@ -104,16 +104,27 @@ def analyze(results: Path) -> dict:
     output["report_commands"] = commands
     write(results, "summary.md", summary_text(manifest, sections, commands))
     (results / "results.json").write_text(json.dumps(output, indent=1, default=float) + "\n")
+    output["sections"] = sections
     return output
 
 
-def summary_text(manifest: dict, sections: list[tuple[str, str]], commands: list[str]) -> str:
+FIGURES = [("wait.png", "Waiting per policy: share of node time, and paper-scale seconds beside Table 3"),
+           ("timeline.png", "Timeline per policy (geodiloco report --plot): compute, wait, sync per node and round"),
+           ("loss.png", "Eval loss per policy against wall-clock and tokens")]
+SLOWDOWN_FIGURES = [("timeline_slowdown.png", "Timeline of the slowdown scenario"),
+                    ("loss_slowdown.png", "Eval loss in the slowdown scenario")]
+
+
+def summary_text(manifest: dict, sections: list[tuple[str, str]], commands: list[str],
+                 figure_prefix: str = "") -> str:
+    """All tables, then the figures (links relative to where the text is written, via ``figure_prefix``)."""
     parts = [scaling_text(manifest), ""]
     for title, body in sections:
         parts += [f"#### {title}", "", body, ""]
-    parts += ["Figures: `wait.png`, `loss.png`, `timeline.png`" +
-              (", `loss_slowdown.png`, `timeline_slowdown.png`" if manifest["slowdown_policies"] else "") +
-              ". Timelines drawn with:", "", "```"] + commands + ["```"]
+    figures_shown = FIGURES + (SLOWDOWN_FIGURES if manifest["slowdown_policies"] else [])
+    for name, caption in figures_shown:
+        parts += [f"![{caption}]({figure_prefix}{name})", ""]
+    parts += ["Timelines drawn with:", "", "```"] + commands + ["```"]
     return "\n".join(parts)
 
 

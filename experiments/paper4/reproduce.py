@@ -1,7 +1,7 @@
 """Reproduce the source paper's 4-site experiment on this machine, for every balancing policy.
 
     experiments/paper4/run.sh            # full: 8 policies + the slowdown scenario (about 15 min on 2 cores)
-    experiments/paper4/run.sh --quick    # 3 policies, 4 rounds (under 3 min); results under runs/
+    experiments/paper4/run.sh --quick    # 3 policies, 3 rounds (under 3 min); results under runs/
     .venv/bin/python experiments/paper4/reproduce.py --help
 
 Each run is `geodiloco run` with a config from configs.py (four emulated sites in
@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help=f"{len(configs.QUICK_POLICIES)} policies ({', '.join(configs.QUICK_POLICIES)}), "
-                             "4 rounds, no slowdown scenario")
+                             "3 rounds, no slowdown scenario")
     parser.add_argument("--results", type=Path,
                         help="output folder (default: experiments/paper4/results; --quick: runs/paper4-quick/results)")
     parser.add_argument("--runs-dir", type=Path, help="run directories with checkpoints (default: runs/paper4[-quick])")
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--local-steps", type=int, default=configs.Scaling.local_steps, help="baseline H")
     parser.add_argument("--time-scale", type=float, default=configs.Scaling.time_scale,
                         help="factor on every emulated step time")
-    parser.add_argument("--rounds", type=int, help="outer rounds per run (default 10, --quick 4)")
+    parser.add_argument("--rounds", type=int, help="outer rounds per run (default 10, --quick 3)")
     parser.add_argument("--policies", help="comma-separated subset of the paper-scenario policies")
     parser.add_argument("--no-slowdown", action="store_true", help="skip the slowdown scenario")
     parser.add_argument("--analyze-only", action="store_true", help="redo tables and figures from the kept logs")
@@ -95,7 +95,7 @@ def plan_runs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def run_all(args: argparse.Namespace, results: Path, runs_dir: Path) -> dict:
-    scaling = configs.Scaling(rounds=args.rounds or (4 if args.quick else 10), local_steps=args.local_steps,
+    scaling = configs.Scaling(rounds=args.rounds or (3 if args.quick else 10), local_steps=args.local_steps,
                               time_scale=args.time_scale, wan=args.wan)
     sites, sites_note = choose_sites(args.sites)
     policies, slowdown_policies = plan_runs(args)
@@ -157,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.analyze_only:
         manifest = run_all(args, results, runs_dir)
         (results / "environment.md").write_text(environment_text(manifest) + "\n")
-    analyze.analyze(results)
+    output = analyze.analyze(results)
     summary = (results / "summary.md").read_text()
     if results == (configs.ROOT / "experiments/paper4/results").resolve():
-        update_readme(summary)
+        update_readme(analyze.summary_text(output["manifest"], output["sections"], output["report_commands"],
+                                           figure_prefix="results/"))
     print(summary)
     print(f"[paper4] results in {display_path(results, configs.ROOT)}", flush=True)
     return 0
