@@ -111,6 +111,8 @@ class HivemindSection(StrictModel):
     round completes with the peers present. ``heartbeat_ttl_s``: a node whose heartbeat is
     older than this is dead and no longer awaited. ``matchmaking_time_s`` / ``request_timeout_s``:
     hivemind's ``min_matchmaking_time`` / ``request_timeout`` (keep request < matchmaking).
+    ``matchmaking_timeout_s``: longest search for an averaging group after the readiness
+    exchange (a node that finds none reloads the state from its peers).
     ``allreduce_timeout_s``: longest all-reduce once a group formed; ``chunk_timeout_s``: a peer
     that sends no data for this long is dropped from the all-reduce (or state download).
     ``target_group_size``: peers per averaging group (None = every config node).
@@ -128,6 +130,7 @@ class HivemindSection(StrictModel):
     heartbeat_ttl_s: float = Field(default=6.0, gt=0)
     matchmaking_time_s: float = Field(default=2.0, gt=0)
     request_timeout_s: float = Field(default=1.0, gt=0)
+    matchmaking_timeout_s: float = Field(default=30.0, gt=0)
     allreduce_timeout_s: float = Field(default=300.0, gt=0)
     chunk_timeout_s: float = Field(default=10.0, gt=0)
     target_group_size: Optional[int] = Field(default=None, ge=2)

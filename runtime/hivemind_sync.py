@@ -59,14 +59,51 @@ def _import_hivemind():
     logging.getLogger("hivemind").setLevel(logging.WARNING)
     logging.getLogger("hivemind.averaging.key_manager").addFilter(
         lambda record: "power of 2" not in record.getMessage())
+    _register_uniform_8bit()
     return hivemind, DecentralizedAverager
+
+
+def _register_uniform_8bit() -> None:
+    """Make hivemind's 8-bit codec work here, in this process and the peers it forks.
+
+    hivemind 1.1.12 decodes it with ``int()`` of a one-element numpy array, which numpy 2
+    rejects, and encodes a tensor without spread (all equal, e.g. a zero pseudo-gradient) with
+    a zero quantization scale. The registry entry every peer decodes with is replaced.
+    """
+    import numpy as np
+    from hivemind.compression import serialization
+    from hivemind.compression.quantization import Uniform8BitQuantization
+
+    class Uniform8Bit(Uniform8BitQuantization):
+        def quantize(self, tensor: torch.Tensor, allow_inplace: bool = False):
+            if tensor.numel() < 2 or float(tensor.float().std()) == 0.0:
+                value = float(tensor.flatten()[0]) if tensor.numel() else 0.0
+                return (np.zeros(tuple(tensor.shape), dtype=self.indices_dtype),
+                        np.full(self.n_bins, value, dtype=self.codebook_dtype))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return super().quantize(tensor, allow_inplace)
+
+        def extract(self, serialized_tensor):
+            buffer = serialized_tensor.buffer
+            codebook_size = int(np.frombuffer(buffer, count=1, dtype=np.int64)[0])
+            codebook = np.frombuffer(buffer, offset=8, count=codebook_size, dtype=self.codebook_dtype)
+            indices = np.frombuffer(buffer, offset=8 + codebook.nbytes, dtype=self.indices_dtype)
+            indices = torch.from_numpy(indices.astype(np.int64)).reshape(tuple(serialized_tensor.size))
+            values = torch.from_numpy(codebook.copy()).to(dtype=getattr(torch, serialized_tensor.dtype))
+            return values[indices].requires_grad_(serialized_tensor.requires_grad)
+
+    serialization._BASE_COMPRESSION_TYPES["UNIFORM_8BIT"] = Uniform8Bit()
 
 
 def codec(name: str):
     """hivemind compression object for ``none`` | ``fp16`` | ``8bit``."""
-    from hivemind.compression import Float16Compression, NoCompression, Uniform8BitQuantization
-    codecs = {"none": NoCompression, "fp16": Float16Compression, "8bit": Uniform8BitQuantization}
-    return codecs[name]()
+    _import_hivemind()
+    from hivemind.compression import Float16Compression, NoCompression
+    from hivemind.compression import serialization
+    codecs = {"none": NoCompression(), "fp16": Float16Compression(),
+              "8bit": serialization._BASE_COMPRESSION_TYPES["UNIFORM_8BIT"]}
+    return codecs[name]
 
 
 def wire_codec(options: HivemindSection, diloco_compression: str) -> str:
@@ -170,6 +207,7 @@ class HivemindOuterSync:
         self.joined_round: Optional[int] = None
         self._present: list[str] = []
         self._founders: list[str] = []
+        self._scheduled_time = 0.0
         self.diverged = False
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -358,6 +396,7 @@ class HivemindOuterSync:
     def _round_barrier(self, round_idx: int, my_stats: dict) -> list[dict]:
         """Post this node's stats, wait for the live members of this round (bounded); return the posted."""
         me = self.topology.node_name
+        my_stats = {**my_stats, "posted_at": self._now()}
         self._store(f"round{round_idx}", me, my_stats, ROUND_KEY_TTL_S)
         started = time.monotonic()
         while True:
@@ -375,6 +414,7 @@ class HivemindOuterSync:
         posted[me] = my_stats
         present = [posted[name] for name in self.node_names if name in posted]
         self.diverged = self._is_outlier(present, me)
+        self._scheduled_time = max(item.get("posted_at", 0.0) for item in present) + self.options.matchmaking_time_s
         return present
 
     def _founders_awaited(self, round_idx: int, members: dict[str, Member], posted: dict, waited_s: float) -> list[str]:
@@ -414,6 +454,10 @@ class HivemindOuterSync:
         hivemind averages with weights (sum w_i x_i / sum w_i); multiplying by the present
         nodes' total weight gives the sum. If a node vanished between the readiness exchange
         and the all-reduce, the others' weights are renormalized to the same total.
+
+        Every present node schedules the all-reduce at the same moment (the last readiness post
+        plus ``matchmaking_time_s``): hivemind then picks the same leader on every node (earliest
+        time, then peer id), so the group does not split.
         """
         if wire_dtype not in (torch.float32, torch.float16):
             flat = flat.to(wire_dtype).to(torch.float32)
@@ -428,9 +472,12 @@ class HivemindOuterSync:
         with self.averager.get_tensors() as tensors:
             tensors[0].copy_(flat)
         gather = {"node": self.topology.node_name, "total": total}
+        now = self._now()
+        scheduled = self._scheduled_time if self._scheduled_time > now + self.options.request_timeout_s else (
+            now + self.options.matchmaking_time_s)
         try:
-            gathered = self.averager.step(gather=gather, weight=max(float(weight), 1e-12),
-                                          timeout=self.options.round_timeout_s)
+            gathered = self.averager.step(gather=gather, weight=max(float(weight), 1e-12), scheduled_time=scheduled,
+                                          timeout=scheduled - now + self.options.matchmaking_timeout_s)
         except Exception as err:
             return self._after_failed_step(round_idx, flat, weight, err)
         if not gathered:

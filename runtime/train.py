@@ -465,7 +465,8 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     trainer.warm_up(config.diloco.batch_size)
     trainer.sync.exchange(None)
     log = RunLog(trainer.run_dir) if topology.is_coordinator else None
-    if log is not None:
+    shared_config_written = trainer.hivemind and (trainer.run_dir / "config.yaml").is_file()
+    if log is not None and not shared_config_written:
         log.write_config(config.to_yaml())
         if first_round > 0 and resume:
             print(f"[geodiloco] resuming {run_id} after round {first_round - 1}", flush=True)

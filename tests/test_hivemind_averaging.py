@@ -109,3 +109,16 @@ def test_codec_follows_diloco_compression_unless_set():
     assert wire_codec(HivemindSection(), "fp16") == "fp16"
     assert wire_codec(HivemindSection(), "bf16") == "none"
     assert wire_codec(HivemindSection(compression="8bit"), "fp16") == "8bit"
+
+
+@pytest.mark.parametrize("name, max_error", [("none", 0.0), ("fp16", 1e-3), ("8bit", 0.02)])
+def test_codecs_round_trip_within_their_rounding(name, max_error):
+    from hivemind.compression import CompressionInfo
+    from hivemind.compression.serialization import deserialize_torch_tensor
+
+    from runtime.hivemind_sync import codec
+    spread = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
+    for original in (spread, torch.zeros(100), torch.full((7,), 0.25)):
+        wire = codec(name).compress(original, CompressionInfo.from_tensor(original))
+        restored = deserialize_torch_tensor(wire)
+        assert float((restored - original).abs().mean()) <= max_error
