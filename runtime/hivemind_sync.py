@@ -339,14 +339,25 @@ class HivemindOuterSync:
         self._store("start", self.topology.node_name, proposal, ROUND_KEY_TTL_S)
         deadline = time.monotonic() + wait_s
         while True:
-            if self.running_round() is not None:
-                return None
             proposals = self._read("start")
+            running = self.running_round()
+            if running is not None:
+                if self._founded_without_waiting(proposals, running):
+                    break
+                return None
             if set(self.node_names) <= set(proposals) or time.monotonic() > deadline:
                 break
             time.sleep(POLL_S)
         self._founders = [name for name in self.node_names if name in proposals]
         return proposals[self._founders[0]]
+
+    def _founded_without_waiting(self, proposals: dict, running_round: int) -> bool:
+        """Peers started the first round as soon as they saw this node's proposal: it is a founder."""
+        if self.topology.node_name not in proposals:
+            return False
+        winner = proposals[next(name for name in self.node_names if name in proposals)]
+        resume_round = winner.get("resume_round")
+        return running_round == (0 if resume_round is None else resume_round + 1)
 
     def publish_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
         """Offer the global state after a round to joiners."""
