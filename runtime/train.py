@@ -20,27 +20,22 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
-from balancer.plan import NodePlan, Plan, RoundMeasurement
-from balancer.planner import Planner
+from balancer.plan import Plan, RoundMeasurement
 from balancer.records import IdleRecord
 from runtime import checkpoint
-from runtime.comm import TorchOuterSync, Topology, build_topology, init_process_group, node_name_from_env
+from runtime.comm import build_topology, init_process_group, node_name_from_env
 from runtime.config import RunConfig, load_config
 from runtime.hivemind_sync import OutOfSync
-from runtime.data import NodeShard, ShardCursor, eval_batches, load_corpus
-from runtime.diloco import COMPRESSION_DTYPES, OuterState, build_inner_optimizer, inner_lr, outer_weights
-from runtime.emulation import StepPacer
-from runtime.gpu_sampler import GpuSampler
 from runtime.idle import RoundClock
-from runtime.models import build_model
-from runtime.runlog import LOG_NAMES, RunLog
+from runtime.runlog import RunLog
+from runtime.trainer import LocalResult, NodeTrainer, fresh_run_id
+from runtime.hivemind_join import join_from_peers, reload_global_state, start_hivemind
 
 FORCED_EXIT_GRACE_S = 10.0
 
@@ -63,235 +58,6 @@ def install_stop_handlers() -> None:
 
 
 @dataclass
-class LocalResult:
-    """What the local phase of one round did on this node."""
-
-    steps: int = 0
-    tokens: int = 0
-    step_times_s: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    lr: float = 0.0
-
-    @property
-    def mean_loss(self) -> float:
-        return sum(self.losses) / len(self.losses) if self.losses else float("nan")
-
-
-class NodeTrainer:
-    """Holds one node's model, optimizers, data and outer state for the whole run."""
-
-    def __init__(self, config: RunConfig, topology: Topology, run_dir: Path, device: torch.device) -> None:
-        self.config = config
-        self.topology = topology
-        self.run_dir = run_dir
-        self.device = device
-        self.node = config.node(topology.node_name)
-        self.dims = config.model.dims()
-        self.seq_len = config.model.seq_len
-        self.model = build_model(self.dims, config.run.seed).to(device)
-        self.train_model = self.model
-        if topology.local_world_size > 1:
-            self.train_model = DistributedDataParallel(
-                self.model, process_group=topology.node_group,
-                device_ids=[device.index] if device.type == "cuda" else None)
-        inner = config.optim.inner
-        self.inner_optimizer = build_inner_optimizer(self.model, inner.optimizer, inner.lr,
-                                                     inner.weight_decay, inner.betas)
-        outer = config.optim.outer
-        self.outer: Optional[OuterState] = None
-        if topology.is_leader:
-            outer_device = "cuda" if config.comm.outer_device == "cuda" else "cpu"
-            self.outer = OuterState(self.model, outer.lr, outer.momentum, outer.nesterov, outer_device)
-        corpus = load_corpus(config.data.source, config.data.max_bytes)
-        eval_bytes = config.data.eval_batches * config.data.eval_batch_size * (self.seq_len + 1)
-        train_tokens = corpus[:len(corpus) - eval_bytes] if eval_bytes else corpus
-        self.eval_set = (eval_batches(corpus, self.seq_len, config.data.eval_batch_size, config.data.eval_batches)
-                         if eval_bytes else [])
-        self.shard = NodeShard(train_tokens, topology.node_index, topology.num_nodes, self.seq_len,
-                               config.run.seed)
-        self.pacer = StepPacer(self.node, topology.node_index, config.diloco.batch_size, config.run.seed,
-                               self.dims, self.seq_len, config.model.precision)
-        self.planner = self.new_planner()
-        self.measurements: list[RoundMeasurement] = []
-        self.hivemind = config.comm.backend == "hivemind"
-        self.writes_round = True
-        self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()))
-        self.gpu_sampler = start_gpu_sampler(config, topology, device)
-
-    def new_planner(self) -> Planner:
-        config = self.config
-        return Planner(config.balancing, config.nodes, self.dims, self.seq_len,
-                       config.diloco.local_steps, config.diloco.batch_size, config.model.precision)
-
-    # ----- local phase -------------------------------------------------------------------
-
-    def _micro_batch(self, micro_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's slice of the node's next micro-batch (all ranks advance one cursor)."""
-        inputs, targets = self.shard.next_batch(micro_size)
-        ranks = self.topology.local_world_size
-        if ranks > 1:
-            inputs, targets = inputs[self.topology.local_rank::ranks], targets[self.topology.local_rank::ranks]
-        return inputs.to(self.device), targets.to(self.device)
-
-    def _set_lr(self, round_idx: int, step_idx: int, local_steps: int) -> float:
-        inner, base_steps = self.config.optim.inner, self.config.diloco.local_steps
-        progress = round_idx * base_steps + step_idx * base_steps / local_steps
-        lr = inner_lr(inner.lr, progress, self.config.diloco.rounds * base_steps,
-                      inner.warmup_steps, inner.min_lr_ratio)
-        for group in self.inner_optimizer.param_groups:
-            group["lr"] = lr
-        return lr
-
-    def inner_step(self, batch_size: int, micro_size: int) -> float:
-        """One optimizer step over ``batch_size`` samples in micro-batches; returns the loss."""
-        total_loss = 0.0
-        remaining = batch_size
-        while remaining > 0:
-            size = min(micro_size, remaining)
-            remaining -= size
-            inputs, targets = self._micro_batch(size)
-            if inputs.shape[0] == 0:
-                continue
-            syncing = remaining == 0 or not isinstance(self.train_model, DistributedDataParallel)
-            context = self.train_model.no_sync() if not syncing else _null_context()
-            with context:
-                loss = self.train_model(inputs, targets) * (size / batch_size)
-                loss.backward()
-            total_loss += loss.item()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.inner.grad_clip)
-        self.inner_optimizer.step()
-        self.inner_optimizer.zero_grad(set_to_none=True)
-        return total_loss
-
-    def local_phase(self, round_idx: int, node_plan: NodePlan, round_started: float) -> LocalResult:
-        result = LocalResult()
-        for step_idx in range(node_plan.local_steps):
-            if node_plan.deadline_s is not None and step_idx > 0:
-                expected_step_s = sum(result.step_times_s) / len(result.step_times_s)
-                if time.perf_counter() - round_started + expected_step_s > node_plan.deadline_s:
-                    break
-            step_started = time.perf_counter()
-            result.lr = self._set_lr(round_idx, step_idx, node_plan.local_steps)
-            result.losses.append(self.inner_step(node_plan.batch_size, node_plan.micro_batch_size))
-            self.pacer.pad(step_started, round_idx, step_idx, node_plan.batch_size)
-            result.step_times_s.append(time.perf_counter() - step_started)
-            result.steps += 1
-        result.tokens = result.steps * node_plan.batch_size * self.seq_len
-        return result
-
-    # ----- outer sync --------------------------------------------------------------------
-
-    def weighting(self, plan: Plan) -> str:
-        mode = self.config.diloco.weighting
-        return plan.weighting if mode == "auto" else mode
-
-    def outer_sync(self, plan: Plan, stats_by_node: dict[str, dict]) -> None:
-        """Weighted pseudo-gradient reduction among the present nodes' leaders, outer step,
-        in-node broadcast. ``stats_by_node`` holds the nodes present this round."""
-        if self.outer is not None:
-            present = list(stats_by_node)
-            weights = outer_weights(self.weighting(plan),
-                                    [stats_by_node[name]["tokens"] for name in present],
-                                    [stats_by_node[name]["steps"] for name in present],
-                                    [stats_by_node[name]["batch_size"] for name in present])
-            flat = self.outer.pseudo_gradient(self.model)
-            averaged = self.sync.reduce_weighted(flat, weights[present.index(self.node.name)],
-                                                 COMPRESSION_DTYPES[self.config.diloco.compression],
-                                                 total_weight=sum(weights))
-            self.outer.apply(averaged)
-            self.outer.load_into(self.model)
-        self.sync.broadcast_in_node([param.data for param in self.model.parameters()])
-
-    def warm_up(self, batch_size: int) -> None:
-        """One forward/backward without an update, so one-time initialisation (allocator,
-        kernel selection) does not inflate the first round's measured step times."""
-        inputs, targets = self.shard.next_batch(batch_size)
-        cursor = self.shard.cursor
-        self.model(inputs.to(self.device), targets.to(self.device)).backward()
-        self.inner_optimizer.zero_grad(set_to_none=True)
-        self.shard.set_cursor(ShardCursor(cursor.epoch, cursor.index - inputs.shape[0]))
-
-    @torch.no_grad()
-    def param_checksum(self) -> float:
-        """Sum of |parameters| in float64: equal on every node right after an outer sync."""
-        return float(sum(param.detach().double().abs().sum() for param in self.model.parameters()))
-
-    @torch.no_grad()
-    def evaluate(self) -> Optional[float]:
-        if not self.eval_set:
-            return None
-        self.model.eval()
-        losses = [self.model(inputs.to(self.device), targets.to(self.device)).item()
-                  for inputs, targets in self.eval_set]
-        self.model.train()
-        return sum(losses) / len(losses)
-
-    # ----- checkpoints -------------------------------------------------------------------
-
-    def save_checkpoint(self, round_idx: int, run_id: str, pending_record: dict) -> None:
-        if self.topology.is_leader:
-            checkpoint.save_node(self.run_dir, round_idx, self.node.name, {
-                "round": round_idx,
-                "inner_optimizer": self.inner_optimizer.state_dict(),
-                "cursor": asdict(self.shard.cursor),
-                "measurements": [asdict(item) for item in self.measurements],
-                "pending_record": pending_record,
-                "torch_rng": torch.get_rng_state(),
-            })
-        if self.topology.is_coordinator and self.writes_round:
-            checkpoint.save_global(self.run_dir, round_idx, {
-                "round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
-            })
-        self.sync.barrier()
-        if self.topology.is_coordinator and self.writes_round:
-            checkpoint.mark_latest(self.run_dir, round_idx, self.config.checkpoint.keep)
-
-    def load_checkpoint(self, round_idx: int) -> tuple[str, Optional[dict]]:
-        """Restore the state after ``round_idx``; returns (run_id, this node's pending idle record)."""
-        global_state = checkpoint.load_global(self.run_dir, round_idx)
-        node_state = checkpoint.load_node(self.run_dir, round_idx, self.node.name)
-        if self.outer is None:
-            self.outer = OuterState(self.model, 1.0, 0.0, False)
-        self.outer.load_state_dict(global_state["outer"])
-        self.outer.load_into(self.model)
-        if not self.topology.is_leader:
-            self.outer = None
-        self.inner_optimizer.load_state_dict(node_state["inner_optimizer"])
-        self.shard.set_cursor(ShardCursor(**node_state["cursor"]))
-        self.measurements = [RoundMeasurement(**item) for item in node_state["measurements"]]
-        for measurement in self.measurements:
-            self.planner.observe(measurement)
-        torch.set_rng_state(node_state["torch_rng"])
-        return global_state["run_id"], node_state.get("pending_record")
-
-    # ----- state shared with joining nodes (hivemind) ------------------------------------
-
-    def shared_state(self, round_idx: int, run_id: str) -> tuple[dict, list[torch.Tensor]]:
-        """(metadata, tensors) a joiner needs after ``round_idx``: global params, outer momentum,
-        run id and the planner's measurements (so it plans like its peers)."""
-        params = self.outer.global_params
-        momentum = [self.outer.optimizer.state.get(param, {}).get("momentum_buffer") for param in params]
-        has_momentum = all(buffer is not None for buffer in momentum)
-        metadata = {"round": round_idx, "run_id": run_id, "has_momentum": has_momentum,
-                    "measurements": [asdict(item) for item in self.measurements]}
-        return metadata, list(params) + (momentum if has_momentum else [])
-
-    def load_shared_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
-        """Take a peer's global state (leader) and its measurement history (every rank)."""
-        if self.outer is not None:
-            count = len(self.outer.global_params)
-            optimizer_state = self.outer.optimizer.state_dict()
-            optimizer_state["state"] = ({index: {"momentum_buffer": tensors[count + index]} for index in range(count)}
-                                        if metadata["has_momentum"] else {})
-            self.outer.load_state_dict({"global_params": tensors[:count], "optimizer": optimizer_state})
-            self.outer.load_into(self.model)
-        self.measurements = [RoundMeasurement(**item) for item in metadata["measurements"]]
-        self.planner = self.new_planner()
-        for measurement in self.measurements:
-            self.planner.observe(measurement)
-
-
-@dataclass
 class RoundStats:
     """One rank's contribution to the readiness exchange of a round."""
 
@@ -307,14 +73,6 @@ class RoundStats:
     start_checksum: float
     step_times_s: list[float]
     previous_record: Optional[dict]
-
-
-class _null_context:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume: bool) -> int:
@@ -341,109 +99,17 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
         trainer.sync.close()
 
 
-def build_outer_sync(config: RunConfig, topology: Topology, num_params: int):
-    """The configured OuterSync backend (hivemind is imported only when chosen)."""
-    if config.comm.backend != "hivemind":
-        return TorchOuterSync(topology)
-    from runtime.hivemind_sync import HivemindOuterSync, wire_codec
-    return HivemindOuterSync(topology, config.comm.hivemind, config.run.name, [node.name for node in config.nodes],
-                             num_params, wire_codec(config.comm.hivemind, config.diloco.compression))
-
-
-def _fresh_run_id(config: RunConfig) -> str:
-    return f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _start_hivemind(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Optional[dict]]:
-    """Join peers already training, or found the run with the nodes starting now (lowest index wins)."""
-    sync, topology, run_dir = trainer.sync, trainer.topology, trainer.run_dir
-    decision = None
-    if topology.is_leader:
-        saved_round = checkpoint.latest_round(run_dir)
-        if sync.running_round() is not None:
-            decision = {"join": True}
-        elif saved_round is not None and not resume:
-            decision = {"error": f"{run_dir} already holds a checkpoint of round {saved_round} and no peer is "
-                                 "training; pass --resume to continue it, or choose another --run-dir"}
-        else:
-            proposal = {"run_id": _fresh_run_id(trainer.config), "resume_round": saved_round if resume else None,
-                        "node": topology.node_name}
-            agreed = sync.found(proposal, trainer.config.comm.hivemind.start_wait_s)
-            decision = {"join": True} if agreed is None else agreed
-    decision = sync.share_in_node(decision)
-    if "error" in decision:
-        raise RuntimeError(decision["error"])
-    if decision.get("join"):
-        run_id, first_round = _join_from_peers(trainer)
-        return run_id, first_round, None
-    run_id, first_round, pending = decision["run_id"], 0, None
-    if decision["resume_round"] is not None:
-        run_id, pending = trainer.load_checkpoint(decision["resume_round"])
-        first_round = decision["resume_round"] + 1
-        if topology.is_leader and decision["node"] == topology.node_name:
-            log = RunLog(run_dir)
-            log.drop_rounds_from("idle.jsonl", decision["resume_round"])
-            log.drop_rounds_from("metrics.jsonl", first_round)
-            log.drop_rounds_from("plan.jsonl", first_round)
-    sync.set_round(first_round, joined=first_round)
-    if trainer.outer is not None:
-        sync.publish_state(*trainer.shared_state(first_round - 1, run_id))
-    return run_id, first_round, pending
-
-
-def _join_from_peers(trainer: NodeTrainer) -> tuple[str, int]:
-    """Load the peers' latest global state; returns (run id, the round this node joins)."""
-    sync, topology = trainer.sync, trainer.topology
-    info = None
-    if topology.is_leader:
-        loaded = sync.download_state(trainer.config.comm.init_timeout_s)
-        if loaded is None:
-            info = {"error": f"node {topology.node_name}: peers are training but none shared its state within "
-                             f"comm.init_timeout_s ({trainer.config.comm.init_timeout_s:g} s)"}
-        else:
-            metadata, tensors = loaded
-            trainer.load_shared_state(metadata, tensors)
-            info = metadata
-    info = sync.share_in_node(info)
-    if "error" in info:
-        raise RuntimeError(info["error"])
-    if not topology.is_leader:
-        trainer.load_shared_state(info, [])
-    sync.broadcast_in_node([param.data for param in trainer.model.parameters()])
-    next_round = info["round"] + 1
-    sync.set_round(next_round, joined=next_round)
-    print(f"[geodiloco] node {topology.node_name} joined run {info['run_id']} at round {next_round + 1} "
-          "with its peers' global state", flush=True)
-    return info["run_id"], next_round
-
-
-def _reload_global_state(trainer: NodeTrainer, round_idx: int) -> None:
-    """This node's parameters drifted from the majority's (a partial all-reduce, codec rounding):
-    take a peer's global state after ``round_idx`` instead of its own."""
-    topology = trainer.topology
-    print(f"[geodiloco] node {topology.node_name}: parameters differ from the peers' at round {round_idx + 1}; "
-          "reloading the global state from a peer", flush=True)
-    if topology.is_leader:
-        loaded = trainer.sync.download_state(trainer.config.comm.init_timeout_s, min_round=round_idx)
-        if loaded is None:
-            print(f"[geodiloco] node {topology.node_name}: no peer shared its state; keeping this node's",
-                  flush=True)
-        else:
-            trainer.load_shared_state(*loaded)
-    trainer.sync.broadcast_in_node([param.data for param in trainer.model.parameters()])
-
-
 def _start_or_resume(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Optional[dict]]:
     """Agree on run id and first round; restore state when resuming."""
     if trainer.hivemind:
-        return _start_hivemind(trainer, resume)
+        return start_hivemind(trainer, resume)
     topology, run_dir = trainer.topology, trainer.run_dir
     saved_round = checkpoint.latest_round(run_dir) if topology.is_coordinator else None
     if topology.is_coordinator and saved_round is not None and not resume:
         proposal = {"error": f"{run_dir} already holds a checkpoint of round {saved_round}; "
                              "pass --resume to continue it, or choose another --run-dir"}
     else:
-        proposal = {"run_id": _fresh_run_id(trainer.config), "resume_round": saved_round if resume else None}
+        proposal = {"run_id": fresh_run_id(trainer.config), "resume_round": saved_round if resume else None}
     agreed = trainer.sync.exchange(proposal)[0]
     if "error" in agreed:
         raise RuntimeError(agreed["error"])
@@ -477,7 +143,7 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         except OutOfSync as behind:
             print(f"[geodiloco] node {topology.node_name}: {behind}; reloading the global state from peers",
                   flush=True)
-            run_id, round_idx = _join_from_peers(trainer)
+            run_id, round_idx = join_from_peers(trainer)
             continue
         round_idx += 1
     final = trainer.sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record})
@@ -505,7 +171,7 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
         present = trainer.sync.planning_nodes(round_idx)
     plan = trainer.planner.plan(round_idx, present)
     node_plan = plan.node(topology.node_name)
-    result = trainer.local_phase(round_idx, node_plan, time.perf_counter())
+    result = trainer.local_phase(round_idx, node_plan, time.perf_counter(), num_nodes=len(plan.nodes))
     clock.mark("local_done")
     stats = RoundStats(node=topology.node_name, local_rank=topology.local_rank, round=round_idx,
                        steps=result.steps, batch_size=node_plan.batch_size, tokens=result.tokens,
@@ -528,7 +194,7 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
     if trainer.hivemind:
         trainer.writes_round = next(iter(stats_by_node)) == topology.node_name
         if trainer.sync.share_in_node(trainer.sync.diverged):
-            _reload_global_state(trainer, round_idx)
+            reload_global_state(trainer, round_idx)
         if trainer.outer is not None:
             trainer.sync.publish_state(*trainer.shared_state(round_idx, run_id))
     if log is not None:
@@ -538,18 +204,6 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
         trainer.save_checkpoint(round_idx, run_id, _idle_record(trainer, run_id, plan, result, clock))
     clock.mark("end")
     return _idle_record(trainer, run_id, plan, result, clock)
-
-
-def start_gpu_sampler(config: RunConfig, topology: Topology, device: torch.device) -> Optional[GpuSampler]:
-    """The node leader samples its node's GPUs through NVML; None on CPU or when NVML fails."""
-    if not topology.is_leader or device.type != "cuda" or config.run.gpu_sample_interval_s == 0:
-        return None
-    sampler = GpuSampler(interval_s=config.run.gpu_sample_interval_s,
-                         device_indices=list(range(topology.local_world_size)))
-    if not sampler.start():
-        print(f"[geodiloco] node {topology.node_name}: GPU sampling off: {sampler.reason}", file=sys.stderr)
-        return None
-    return sampler
 
 
 def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalResult, clock: RoundClock) -> dict:

@@ -30,7 +30,7 @@ from runtime.comm import build_topology
 from runtime.config import parse_config
 from runtime.data import NodeShard
 from runtime.models import build_model
-from runtime.train import NodeTrainer
+from runtime.trainer import NodeTrainer
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "runtime"
 

@@ -1,0 +1,94 @@
+"""How a node starts, joins and resynchronizes under the hivemind backend.
+
+There is no torch.distributed world across nodes: nodes that find peers training
+join them with the peers' global state, the first nodes found the run together
+(or resume it from their checkpoints), and a node whose parameters drifted from
+the peers' reloads the global state from one of them.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+from runtime import checkpoint
+from runtime.runlog import RunLog
+from runtime.trainer import NodeTrainer, fresh_run_id
+
+
+def start_hivemind(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Optional[dict]]:
+    """Join peers already training, or found the run with the nodes starting now (lowest index wins)."""
+    sync, topology, run_dir = trainer.sync, trainer.topology, trainer.run_dir
+    decision = None
+    if topology.is_leader:
+        saved_round = checkpoint.latest_round(run_dir)
+        if sync.running_round() is not None:
+            decision = {"join": True}
+        elif saved_round is not None and not resume:
+            decision = {"error": f"{run_dir} already holds a checkpoint of round {saved_round} and no peer is "
+                                 "training; pass --resume to continue it, or choose another --run-dir"}
+        else:
+            proposal = {"run_id": fresh_run_id(trainer.config), "resume_round": saved_round if resume else None,
+                        "node": topology.node_name}
+            agreed = sync.found(proposal, trainer.config.comm.hivemind.start_wait_s)
+            decision = {"join": True} if agreed is None else agreed
+    decision = sync.share_in_node(decision)
+    if "error" in decision:
+        raise RuntimeError(decision["error"])
+    if decision.get("join"):
+        run_id, first_round = join_from_peers(trainer)
+        return run_id, first_round, None
+    run_id, first_round, pending = decision["run_id"], 0, None
+    if decision["resume_round"] is not None:
+        run_id, pending = trainer.load_checkpoint(decision["resume_round"])
+        first_round = decision["resume_round"] + 1
+        if topology.is_leader and decision["node"] == topology.node_name:
+            log = RunLog(run_dir)
+            log.drop_rounds_from("idle.jsonl", decision["resume_round"])
+            log.drop_rounds_from("metrics.jsonl", first_round)
+            log.drop_rounds_from("plan.jsonl", first_round)
+    sync.set_round(first_round, joined=first_round)
+    if trainer.outer is not None:
+        sync.publish_state(*trainer.shared_state(first_round - 1, run_id))
+    return run_id, first_round, pending
+
+
+def join_from_peers(trainer: NodeTrainer) -> tuple[str, int]:
+    """Load the peers' latest global state; returns (run id, the round this node joins)."""
+    sync, topology = trainer.sync, trainer.topology
+    info = None
+    if topology.is_leader:
+        loaded = sync.download_state(trainer.config.comm.init_timeout_s)
+        if loaded is None:
+            info = {"error": f"node {topology.node_name}: peers are training but none shared its state within "
+                             f"comm.init_timeout_s ({trainer.config.comm.init_timeout_s:g} s)"}
+        else:
+            metadata, tensors = loaded
+            trainer.load_shared_state(metadata, tensors)
+            info = metadata
+    info = sync.share_in_node(info)
+    if "error" in info:
+        raise RuntimeError(info["error"])
+    if not topology.is_leader:
+        trainer.load_shared_state(info, [])
+    sync.broadcast_in_node([param.data for param in trainer.model.parameters()])
+    next_round = info["round"] + 1
+    sync.set_round(next_round, joined=next_round)
+    print(f"[geodiloco] node {topology.node_name} joined run {info['run_id']} at round {next_round + 1} "
+          "with its peers' global state", flush=True)
+    return info["run_id"], next_round
+
+
+def reload_global_state(trainer: NodeTrainer, round_idx: int) -> None:
+    """This node's parameters drifted from the majority's (a partial all-reduce, codec rounding):
+    take a peer's global state after ``round_idx`` instead of its own."""
+    topology = trainer.topology
+    print(f"[geodiloco] node {topology.node_name}: parameters differ from the peers' at round {round_idx + 1}; "
+          "reloading the global state from a peer", flush=True)
+    if topology.is_leader:
+        loaded = trainer.sync.download_state(trainer.config.comm.init_timeout_s, min_round=round_idx)
+        if loaded is None:
+            print(f"[geodiloco] node {topology.node_name}: no peer shared its state; keeping this node's",
+                  flush=True)
+        else:
+            trainer.load_shared_state(*loaded)
+    trainer.sync.broadcast_in_node([param.data for param in trainer.model.parameters()])

@@ -1,0 +1,298 @@
+"""One node's training state and operations: model, optimizers, data, outer state.
+
+NodeTrainer runs the local phase (inner steps, padded to the virtual GPU's time),
+the outer sync through the configured backend, evaluation and checkpoints. The
+round loop that drives it is in runtime/train.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from balancer.plan import NodePlan, Plan, RoundMeasurement
+from balancer.planner import Planner
+from runtime import checkpoint
+from runtime.comm import TorchOuterSync, Topology
+from runtime.config import RunConfig
+from runtime.data import NodeShard, ShardCursor, eval_batches, load_corpus
+from runtime.diloco import COMPRESSION_DTYPES, OuterState, build_inner_optimizer, inner_lr, outer_weights
+from runtime.emulation import StepPacer
+from runtime.gpu_sampler import GpuSampler
+from runtime.models import build_model
+
+
+def stop_before_deadline(elapsed_s: float, expected_step_s: float, deadline_s: float, num_nodes: int) -> bool:
+    """Whether to end the local phase rather than start one more step (all times in seconds).
+
+    One more step that ends ``overshoot`` after the deadline makes each of the other
+    ``num_nodes - 1`` nodes wait that long; stopping makes this node wait
+    ``expected_step_s - overshoot`` itself. Total waiting is smaller with the step
+    when ``overshoot < expected_step_s / num_nodes``, so a node whose plan ends just
+    at the deadline (the slowest) is not cut short by a fraction of a percent of jitter.
+    """
+    overshoot_s = elapsed_s + expected_step_s - deadline_s
+    return overshoot_s >= expected_step_s / max(1, num_nodes)
+
+
+@dataclass
+class LocalResult:
+    """What the local phase of one round did on this node."""
+
+    steps: int = 0
+    tokens: int = 0
+    step_times_s: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    lr: float = 0.0
+
+    @property
+    def mean_loss(self) -> float:
+        return sum(self.losses) / len(self.losses) if self.losses else float("nan")
+
+
+class NodeTrainer:
+    """Holds one node's model, optimizers, data and outer state for the whole run."""
+
+    def __init__(self, config: RunConfig, topology: Topology, run_dir: Path, device: torch.device) -> None:
+        self.config = config
+        self.topology = topology
+        self.run_dir = run_dir
+        self.device = device
+        self.node = config.node(topology.node_name)
+        self.dims = config.model.dims()
+        self.seq_len = config.model.seq_len
+        self.model = build_model(self.dims, config.run.seed).to(device)
+        self.train_model = self.model
+        if topology.local_world_size > 1:
+            self.train_model = DistributedDataParallel(
+                self.model, process_group=topology.node_group,
+                device_ids=[device.index] if device.type == "cuda" else None)
+        inner = config.optim.inner
+        self.inner_optimizer = build_inner_optimizer(self.model, inner.optimizer, inner.lr,
+                                                     inner.weight_decay, inner.betas)
+        outer = config.optim.outer
+        self.outer: Optional[OuterState] = None
+        if topology.is_leader:
+            outer_device = "cuda" if config.comm.outer_device == "cuda" else "cpu"
+            self.outer = OuterState(self.model, outer.lr, outer.momentum, outer.nesterov, outer_device)
+        corpus = load_corpus(config.data.source, config.data.max_bytes)
+        eval_bytes = config.data.eval_batches * config.data.eval_batch_size * (self.seq_len + 1)
+        train_tokens = corpus[:len(corpus) - eval_bytes] if eval_bytes else corpus
+        self.eval_set = (eval_batches(corpus, self.seq_len, config.data.eval_batch_size, config.data.eval_batches)
+                         if eval_bytes else [])
+        self.shard = NodeShard(train_tokens, topology.node_index, topology.num_nodes, self.seq_len,
+                               config.run.seed)
+        self.pacer = StepPacer(self.node, topology.node_index, config.diloco.batch_size, config.run.seed,
+                               self.dims, self.seq_len, config.model.precision)
+        self.planner = self.new_planner()
+        self.measurements: list[RoundMeasurement] = []
+        self.hivemind = config.comm.backend == "hivemind"
+        self.writes_round = True
+        self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()))
+        self.gpu_sampler = start_gpu_sampler(config, topology, device)
+
+    def new_planner(self) -> Planner:
+        config = self.config
+        return Planner(config.balancing, config.nodes, self.dims, self.seq_len,
+                       config.diloco.local_steps, config.diloco.batch_size, config.model.precision)
+
+    # ----- local phase -------------------------------------------------------------------
+
+    def _micro_batch(self, micro_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's slice of the node's next micro-batch (all ranks advance one cursor)."""
+        inputs, targets = self.shard.next_batch(micro_size)
+        ranks = self.topology.local_world_size
+        if ranks > 1:
+            inputs, targets = inputs[self.topology.local_rank::ranks], targets[self.topology.local_rank::ranks]
+        return inputs.to(self.device), targets.to(self.device)
+
+    def _set_lr(self, round_idx: int, step_idx: int, local_steps: int) -> float:
+        inner, base_steps = self.config.optim.inner, self.config.diloco.local_steps
+        progress = round_idx * base_steps + step_idx * base_steps / local_steps
+        lr = inner_lr(inner.lr, progress, self.config.diloco.rounds * base_steps,
+                      inner.warmup_steps, inner.min_lr_ratio)
+        for group in self.inner_optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def inner_step(self, batch_size: int, micro_size: int) -> float:
+        """One optimizer step over ``batch_size`` samples in micro-batches; returns the loss."""
+        total_loss = 0.0
+        remaining = batch_size
+        while remaining > 0:
+            size = min(micro_size, remaining)
+            remaining -= size
+            inputs, targets = self._micro_batch(size)
+            if inputs.shape[0] == 0:
+                continue
+            syncing = remaining == 0 or not isinstance(self.train_model, DistributedDataParallel)
+            context = self.train_model.no_sync() if not syncing else contextlib.nullcontext()
+            with context:
+                loss = self.train_model(inputs, targets) * (size / batch_size)
+                loss.backward()
+            total_loss += loss.item()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.inner.grad_clip)
+        self.inner_optimizer.step()
+        self.inner_optimizer.zero_grad(set_to_none=True)
+        return total_loss
+
+    def local_phase(self, round_idx: int, node_plan: NodePlan, round_started: float,
+                    num_nodes: int = 1) -> LocalResult:
+        """Run the plan's inner steps; under a deadline, stop early (see ``stop_before_deadline``)."""
+        result = LocalResult()
+        for step_idx in range(node_plan.local_steps):
+            if node_plan.deadline_s is not None and step_idx > 0:
+                expected_step_s = sum(result.step_times_s) / len(result.step_times_s)
+                if stop_before_deadline(time.perf_counter() - round_started, expected_step_s,
+                                        node_plan.deadline_s, num_nodes):
+                    break
+            step_started = time.perf_counter()
+            result.lr = self._set_lr(round_idx, step_idx, node_plan.local_steps)
+            result.losses.append(self.inner_step(node_plan.batch_size, node_plan.micro_batch_size))
+            self.pacer.pad(step_started, round_idx, step_idx, node_plan.batch_size)
+            result.step_times_s.append(time.perf_counter() - step_started)
+            result.steps += 1
+        result.tokens = result.steps * node_plan.batch_size * self.seq_len
+        return result
+
+    # ----- outer sync --------------------------------------------------------------------
+
+    def weighting(self, plan: Plan) -> str:
+        mode = self.config.diloco.weighting
+        return plan.weighting if mode == "auto" else mode
+
+    def outer_sync(self, plan: Plan, stats_by_node: dict[str, dict]) -> None:
+        """Weighted pseudo-gradient reduction among the present nodes' leaders, outer step,
+        in-node broadcast. ``stats_by_node`` holds the nodes present this round."""
+        if self.outer is not None:
+            present = list(stats_by_node)
+            weights = outer_weights(self.weighting(plan),
+                                    [stats_by_node[name]["tokens"] for name in present],
+                                    [stats_by_node[name]["steps"] for name in present],
+                                    [stats_by_node[name]["batch_size"] for name in present])
+            flat = self.outer.pseudo_gradient(self.model)
+            averaged = self.sync.reduce_weighted(flat, weights[present.index(self.node.name)],
+                                                 COMPRESSION_DTYPES[self.config.diloco.compression],
+                                                 total_weight=sum(weights))
+            self.outer.apply(averaged)
+            self.outer.load_into(self.model)
+        self.sync.broadcast_in_node([param.data for param in self.model.parameters()])
+
+    def warm_up(self, batch_size: int) -> None:
+        """One forward/backward without an update, so one-time initialisation (allocator,
+        kernel selection) does not inflate the first round's measured step times."""
+        inputs, targets = self.shard.next_batch(batch_size)
+        cursor = self.shard.cursor
+        self.model(inputs.to(self.device), targets.to(self.device)).backward()
+        self.inner_optimizer.zero_grad(set_to_none=True)
+        self.shard.set_cursor(ShardCursor(cursor.epoch, cursor.index - inputs.shape[0]))
+
+    @torch.no_grad()
+    def param_checksum(self) -> float:
+        """Sum of |parameters| in float64: equal on every node right after an outer sync."""
+        return float(sum(param.detach().double().abs().sum() for param in self.model.parameters()))
+
+    @torch.no_grad()
+    def evaluate(self) -> Optional[float]:
+        if not self.eval_set:
+            return None
+        self.model.eval()
+        losses = [self.model(inputs.to(self.device), targets.to(self.device)).item()
+                  for inputs, targets in self.eval_set]
+        self.model.train()
+        return sum(losses) / len(losses)
+
+    # ----- checkpoints -------------------------------------------------------------------
+
+    def save_checkpoint(self, round_idx: int, run_id: str, pending_record: dict) -> None:
+        if self.topology.is_leader:
+            checkpoint.save_node(self.run_dir, round_idx, self.node.name, {
+                "round": round_idx,
+                "inner_optimizer": self.inner_optimizer.state_dict(),
+                "cursor": asdict(self.shard.cursor),
+                "measurements": [asdict(item) for item in self.measurements],
+                "pending_record": pending_record,
+                "torch_rng": torch.get_rng_state(),
+            })
+        if self.topology.is_coordinator and self.writes_round:
+            checkpoint.save_global(self.run_dir, round_idx, {
+                "round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
+            })
+        self.sync.barrier()
+        if self.topology.is_coordinator and self.writes_round:
+            checkpoint.mark_latest(self.run_dir, round_idx, self.config.checkpoint.keep)
+
+    def load_checkpoint(self, round_idx: int) -> tuple[str, Optional[dict]]:
+        """Restore the state after ``round_idx``; returns (run_id, this node's pending idle record)."""
+        global_state = checkpoint.load_global(self.run_dir, round_idx)
+        node_state = checkpoint.load_node(self.run_dir, round_idx, self.node.name)
+        if self.outer is None:
+            self.outer = OuterState(self.model, 1.0, 0.0, False)
+        self.outer.load_state_dict(global_state["outer"])
+        self.outer.load_into(self.model)
+        if not self.topology.is_leader:
+            self.outer = None
+        self.inner_optimizer.load_state_dict(node_state["inner_optimizer"])
+        self.shard.set_cursor(ShardCursor(**node_state["cursor"]))
+        self.measurements = [RoundMeasurement(**item) for item in node_state["measurements"]]
+        for measurement in self.measurements:
+            self.planner.observe(measurement)
+        torch.set_rng_state(node_state["torch_rng"])
+        return global_state["run_id"], node_state.get("pending_record")
+
+    # ----- state shared with joining nodes (hivemind) ------------------------------------
+
+    def shared_state(self, round_idx: int, run_id: str) -> tuple[dict, list[torch.Tensor]]:
+        """(metadata, tensors) a joiner needs after ``round_idx``: global params, outer momentum,
+        run id and the planner's measurements (so it plans like its peers)."""
+        params = self.outer.global_params
+        momentum = [self.outer.optimizer.state.get(param, {}).get("momentum_buffer") for param in params]
+        has_momentum = all(buffer is not None for buffer in momentum)
+        metadata = {"round": round_idx, "run_id": run_id, "has_momentum": has_momentum,
+                    "measurements": [asdict(item) for item in self.measurements]}
+        return metadata, list(params) + (momentum if has_momentum else [])
+
+    def load_shared_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
+        """Take a peer's global state (leader) and its measurement history (every rank)."""
+        if self.outer is not None:
+            count = len(self.outer.global_params)
+            optimizer_state = self.outer.optimizer.state_dict()
+            optimizer_state["state"] = ({index: {"momentum_buffer": tensors[count + index]} for index in range(count)}
+                                        if metadata["has_momentum"] else {})
+            self.outer.load_state_dict({"global_params": tensors[:count], "optimizer": optimizer_state})
+            self.outer.load_into(self.model)
+        self.measurements = [RoundMeasurement(**item) for item in metadata["measurements"]]
+        self.planner = self.new_planner()
+        for measurement in self.measurements:
+            self.planner.observe(measurement)
+
+
+def build_outer_sync(config: RunConfig, topology: Topology, num_params: int):
+    """The configured OuterSync backend (hivemind is imported only when chosen)."""
+    if config.comm.backend != "hivemind":
+        return TorchOuterSync(topology)
+    from runtime.hivemind_sync import HivemindOuterSync, wire_codec
+    return HivemindOuterSync(topology, config.comm.hivemind, config.run.name, [node.name for node in config.nodes],
+                             num_params, wire_codec(config.comm.hivemind, config.diloco.compression))
+
+
+def start_gpu_sampler(config: RunConfig, topology: Topology, device: torch.device) -> Optional[GpuSampler]:
+    """The node leader samples its node's GPUs through NVML; None on CPU or when NVML fails."""
+    if not topology.is_leader or device.type != "cuda" or config.run.gpu_sample_interval_s == 0:
+        return None
+    sampler = GpuSampler(interval_s=config.run.gpu_sample_interval_s,
+                         device_indices=list(range(topology.local_world_size)))
+    if not sampler.start():
+        print(f"[geodiloco] node {topology.node_name}: GPU sampling off: {sampler.reason}", file=sys.stderr)
+        return None
+    return sampler
+
+
+def fresh_run_id(config: RunConfig) -> str:
+    return f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
