@@ -95,14 +95,17 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29617", "RANK": "0", "WORLD_SIZE": "1"})
     dist.init_process_group("gloo")
+    load_before = os.getloadavg()[0]
     rows = [measure("tiny", 128, 8, args.steps, args.blocks), measure("small", 128, 8, args.steps // 2, args.blocks)]
     dist.destroy_process_group()
+    load_after = os.getloadavg()[0]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "overhead.json").write_text(json.dumps(rows, indent=2))
     lines = ["# Runtime overhead per inner step vs a bare PyTorch loop", "",
              f"Measured by `python experiments/runtime/bench_overhead.py` on {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} cores, 1 torch thread, torch {torch.__version__}; medians of {args.blocks} interleaved "
-             f"blocks of {args.steps} steps.", "",
+             f"blocks of {args.steps} steps (small: {args.steps // 2}); 1-minute load average {load_before:.1f} "
+             f"before, {load_after:.1f} after. Negative overhead = within the machine's noise.", "",
              "| preset | seq | batch | bare ms/step | runtime ms/step | overhead | outer round (1 node) ms | per 100 steps |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
