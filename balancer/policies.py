@@ -83,18 +83,35 @@ def clip_batch(batch: np.ndarray, config: BalancingConfig) -> np.ndarray:
     return np.clip(batch, config.min_batch_size, upper).astype(np.int64)
 
 
-def fill_steps(step_s: np.ndarray, target_s: float, config: BalancingConfig) -> np.ndarray:
+PHASE_END_CANDIDATES = 16
+
+
+def fill_steps(step_s: np.ndarray, target_s: float, config: BalancingConfig,
+               max_phase_s: Optional[float] = None) -> np.ndarray:
     """Whole local steps per node so every local phase ends as close to one moment as possible.
 
-    First as many steps as fit in ``target_s``; the phase then ends when the
-    longest node finishes, so every node takes the most steps that still end
-    by that moment. What remains per node is less than one of its steps.
+    First as many steps as fit in ``target_s``; that sets a phase end. Every node
+    then takes the most steps that still end by the phase end, so each is left with
+    less than one of its steps. Extending the phase to the end of some node's next
+    step can waste less (the node that waited longest gets one more step while the
+    others wait a little longer), so the phase end is chosen among the current one
+    and the earliest next-step ends as the one with the smallest waiting share,
+    never past ``max_phase_s`` (a hard round-time budget).
     """
     steps = clip_steps(np.floor(target_s / step_s + 1e-9), config)
-    for _ in range(2):
-        phase_s = float(np.max(steps * step_s))
-        steps = clip_steps(np.floor(phase_s / step_s * (1 + 1e-12) + 1e-9), config)
-    return steps
+    phase_s = float(np.max(steps * step_s))
+    best_steps, best_share = None, np.inf
+    next_ends = np.sort((np.floor(phase_s / step_s * (1 + 1e-12) + 1e-9) + 1) * step_s)
+    if max_phase_s is not None:
+        next_ends = next_ends[next_ends <= max_phase_s * (1 + 1e-12)]
+    for candidate_s in np.concatenate(([phase_s], next_ends[:PHASE_END_CANDIDATES])):
+        candidate = clip_steps(np.floor(candidate_s / step_s * (1 + 1e-12) + 1e-9), config)
+        ends_s = candidate * step_s
+        end_s = float(np.max(ends_s))
+        share = float(np.sum(end_s - ends_s)) / (end_s * len(ends_s)) if end_s > 0 else 0.0
+        if share < best_share - 1e-12:
+            best_steps, best_share = candidate, share
+    return best_steps
 
 
 def stretch_for_network(phase_s: float, inputs: PolicyInputs) -> float:
@@ -181,7 +198,10 @@ def time_balanced(inputs: PolicyInputs) -> Assignment:
     batch = inputs.base_batch.copy()
     micro = micro_batches(batch, inputs.bank.max_micro)
     step_s = inputs.step_s(batch, micro)
-    steps = fill_steps(step_s, reference_phase_s(inputs, step_s), inputs.config)
+    phase_s = reference_phase_s(inputs, step_s)
+    budget_s = round_time_budget_s(inputs)
+    steps = fill_steps(step_s, phase_s, inputs.config,
+                       max_phase_s=None if budget_s is None else max(budget_s, phase_s))
     return Assignment(steps, batch, micro)
 
 

@@ -43,10 +43,16 @@ def test_time_policy_equalizes_the_local_phase_on_the_slowest_node():
 
 
 def test_time_policy_reference_fastest_or_named_node():
+    # steps of 0.3 / 0.1 / 0.2 s. Reference fastest: 100 x 0.1 = 10 s fits 33 / 100 / 50 steps, leaving
+    # the slow node 0.1 s idle; ending the phase at the slow node's 34th step (10.2 s) fits 102 and 51
+    # steps exactly: no idle at all.
     fastest = planner("time", nodes("slow", "fast", "mid"), reference_node="fastest").plan(0)
-    assert steps_and_batches(fastest)[0] == [33, 100, 50]
+    assert steps_and_batches(fastest)[0] == [34, 102, 51]
+    assert fastest.predicted_idle_s == pytest.approx(0.0, abs=1e-9)
+    # Reference n3 (mid): 20 s fits 66 / 200 / 100 (0.2 s idle); 20.2 s fits 67 / 202 / 101 (0.1 s idle).
     named = planner("time", nodes("slow", "fast", "mid"), reference_node="n3").plan(0)
-    assert steps_and_batches(named)[0] == [66, 200, 100]
+    assert steps_and_batches(named)[0] == [67, 202, 101]
+    assert named.predicted_idle_s == pytest.approx(0.1, abs=1e-9)
 
 
 def test_unknown_reference_node_is_a_config_error():
