@@ -150,6 +150,10 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     if log is not None:
         log.append("idle.jsonl", [item["previous_record"] for item in final
                                   if item["local_rank"] == 0 and item["previous_record"]])
+        last_evaluations = trainer.finished_evaluations(wait=True)
+        log.append("metrics.jsonl", last_evaluations)
+        for row in last_evaluations:
+            print(f"[geodiloco] eval loss after round {row['round'] + 1}: {row['eval_loss']:.3f}", flush=True)
         print(f"[geodiloco] run {run_id} finished: logs in {trainer.run_dir}", flush=True)
     if trainer.pacer.slow_steps:
         print(f"[geodiloco] node {topology.node_name}: {trainer.pacer.slow_steps} steps were slower than the "
@@ -237,16 +241,21 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, stats
              "tokens": item["tokens"], "local_steps": item["steps"], "batch_size": item["batch_size"],
              "compute_s": item["compute_s"], "start_checksum": item["start_checksum"]}
             for name, item in stats_by_node.items()]
-    eval_loss = trainer.evaluate()
     total_tokens = sum(item["tokens"] for item in stats_by_node.values())
-    rows.append({"run_id": run_id, "round": plan.round, "node": "global", "eval_loss": eval_loss,
-                 "tokens": total_tokens, "wall_s": clock.marks["synced"]})
-    log.append("metrics.jsonl", rows)
+    global_row = {"run_id": run_id, "round": plan.round, "node": "global", "eval_loss": None,
+                  "tokens": total_tokens, "wall_s": clock.marks["synced"]}
+    evaluated = trainer.finished_evaluations(wait=False)
+    if trainer.eval_set:
+        trainer.evaluate_in_background(global_row)
+    else:
+        evaluated.append(global_row)
+    log.append("metrics.jsonl", rows + evaluated)
     log.append("idle.jsonl", [item["previous_record"] for item in stats_by_node.values()
                               if item["previous_record"]])
     steps = " ".join(f"{name}:{item['steps']}x{item['batch_size']}" for name, item in stats_by_node.items())
     train_loss = sum(item["loss"] for item in stats_by_node.values()) / len(stats_by_node)
-    eval_text = f" eval {eval_loss:.3f}" if eval_loss is not None else ""
+    eval_text = "".join(f" eval@{row['round'] + 1} {row['eval_loss']:.3f}" for row in evaluated
+                        if row["eval_loss"] is not None)
     print(f"[geodiloco] round {plan.round + 1}/{config.diloco.rounds} loss {train_loss:.3f}{eval_text} | "
           f"local {clock.compute_s:.2f}s wait {clock.wait_s:.2f}s sync {clock.comm_s:.2f}s | "
           f"steps x batch {steps}", flush=True)

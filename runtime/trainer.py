@@ -24,6 +24,7 @@ from runtime.config import RunConfig
 from runtime.data import NodeShard, ShardCursor, eval_batches, load_corpus
 from runtime.diloco import COMPRESSION_DTYPES, OuterState, build_inner_optimizer, inner_lr, outer_weights
 from runtime.emulation import StepPacer
+from runtime.evaluation import BackgroundEvaluator
 from runtime.gpu_sampler import GpuSampler
 from runtime.models import build_model
 
@@ -96,6 +97,7 @@ class NodeTrainer:
         self.writes_round = True
         self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()))
         self.gpu_sampler = start_gpu_sampler(config, topology, device)
+        self.evaluator: Optional[BackgroundEvaluator] = None
 
     def new_planner(self) -> Planner:
         config = self.config
@@ -198,15 +200,16 @@ class NodeTrainer:
         """Sum of |parameters| in float64: equal on every node right after an outer sync."""
         return float(sum(param.detach().double().abs().sum() for param in self.model.parameters()))
 
-    @torch.no_grad()
-    def evaluate(self) -> Optional[float]:
+    def evaluate_in_background(self, row: dict) -> None:
+        """Start evaluating the current global model (the local model right after the sync)."""
         if not self.eval_set:
-            return None
-        self.model.eval()
-        losses = [self.model(inputs.to(self.device), targets.to(self.device)).item()
-                  for inputs, targets in self.eval_set]
-        self.model.train()
-        return sum(losses) / len(losses)
+            return
+        if self.evaluator is None:
+            self.evaluator = BackgroundEvaluator(self.dims, self.config.run.seed, self.eval_set, self.device)
+        self.evaluator.start([param.detach() for param in self.model.parameters()], row)
+
+    def finished_evaluations(self, wait: bool = False) -> list[dict]:
+        return self.evaluator.finished_rows(wait) if self.evaluator is not None else []
 
     # ----- checkpoints -------------------------------------------------------------------
 
