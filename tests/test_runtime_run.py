@@ -115,6 +115,13 @@ def _children_of(pid: int) -> list[int]:
     return [int(line) for line in found.stdout.split()]
 
 
+def _assert_all_gone(pids: list[int]) -> None:
+    """No orphan: every node process has exited and been reaped."""
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     nodes = [{"name": "a", "local_steps": 3, "batch_size": 4, "emulate": {"step_time_s": 0.05}},
              {"name": "b", "local_steps": 2, "batch_size": 4, "emulate": {"step_time_s": 0.08}}]
@@ -135,9 +142,7 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     _, stderr = launcher.communicate(timeout=60)
     assert launcher.returncode != 0
     assert "--resume" in stderr
-    for child in children:
-        with pytest.raises(ProcessLookupError):
-            os.kill(child, 0)
+    _assert_all_gone(children)
     interrupted_at = checkpoint.latest_round(resumed_dir)
     assert interrupted_at is not None and interrupted_at < 4
 
@@ -180,9 +185,7 @@ def test_sigterm_on_one_node_stops_the_whole_job_and_keeps_the_checkpoint(tmp_pa
     _, stderr = launcher.communicate(timeout=60)
     assert launcher.returncode != 0
     assert "node stopped by SIGTERM" in stderr
-    for child in children:
-        with pytest.raises(ProcessLookupError):
-            os.kill(child, 0)
+    _assert_all_gone(children)
     saved_round = checkpoint.latest_round(run_dir)
     assert saved_round is not None and saved_round < 49
     state = checkpoint.load_global(run_dir, saved_round)
