@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:
-        from runtime.train import main as train_main
-        return train_main(argv[1:])
+        from runtime.train import exit_process, main as train_main
+        exit_process(train_main(argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
