@@ -167,8 +167,8 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
     config, topology = trainer.config, trainer.topology
     names = [node.name for node in config.nodes]
     clock = RoundClock()
-    start_checksum = trainer.param_checksum()
     clock.mark("start")
+    start_checksum = trainer.param_checksum()  # inside the round, so rounds tile the wall time
     present = None
     if trainer.hivemind:
         trainer.sync.set_round(round_idx)
