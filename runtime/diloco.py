@@ -44,6 +44,33 @@ def outer_weights(mode: str, tokens: Sequence[int], local_steps: Sequence[int],
     raise ValueError(f"unknown weighting {mode!r}; use uniform, tokens or normalized")
 
 
+def group_average_terms(mode: str, tokens: int, local_steps: int, batch_size: int) -> tuple[float, float]:
+    """(input scale, averaging weight) of one node's pseudo-gradient for a backend that forms its
+    averaging group on the fly (hivemind) and returns sum_i weight_i * scale_i * delta_i / sum_i weight_i.
+
+    Neither term depends on which other nodes are in the group, so nodes need not agree on the
+    group beforehand; ``group_average_scale`` over the group that formed then gives exactly
+    ``outer_weights`` for that group. The weight is kept above zero because the backend divides by
+    the weights' sum.
+    """
+    if mode == "uniform":
+        return 1.0, 1.0
+    if mode == "tokens":
+        return 1.0, max(float(tokens), 1e-12)
+    if mode == "normalized":
+        return (1.0 / local_steps if local_steps > 0 else 0.0), max(float(batch_size), 1e-12)
+    raise ValueError(f"unknown weighting {mode!r}; use uniform, tokens or normalized")
+
+
+def group_average_scale(mode: str, local_steps: Sequence[int], batch_sizes: Sequence[int]) -> float:
+    """Factor that turns the group mean of ``group_average_terms`` into sum_i w_i * delta_i:
+    FedNova's effective step count tau_eff = sum_i p_i * H_i for ``normalized``, 1 otherwise."""
+    if mode != "normalized":
+        return 1.0
+    total_batch = sum(batch_sizes)
+    return sum(batch * steps for batch, steps in zip(batch_sizes, local_steps)) / total_batch
+
+
 class OuterState:
     """Global parameters and the outer optimizer, kept in fp32 on ``device``."""
 

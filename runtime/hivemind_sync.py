@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from runtime.comm import Topology
 from runtime.config import HivemindSection
+from runtime.diloco import group_average_scale, group_average_terms
 
 POLL_S = 0.1
 STATE_DECLARE_PERIOD_S = 10.0
@@ -114,6 +115,13 @@ def wire_codec(options: HivemindSection, diloco_compression: str) -> str:
     return "fp16" if diloco_compression == "fp16" else "none"
 
 
+def _on_wire(flat: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
+    """bf16 is not one of hivemind's codecs: round through it here, send fp32 (fp16 is the codec's job)."""
+    if wire_dtype not in (torch.float32, torch.float16):
+        return flat.to(wire_dtype).to(torch.float32)
+    return flat
+
+
 def round_group_bits(round_idx: int) -> str:
     """Group-key bits of a round: nodes in different rounds never meet in one all-reduce."""
     return format(round_idx % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
@@ -153,9 +161,12 @@ def make_averager_class():
             future.result()
 
         async def _set_target_group_size(self, size: int, future) -> None:
+            """The group key manager keeps no target: it sizes its key update by the target and
+            fails on a larger group (a peer whose view of the present nodes missed one), and the
+            group key is set for every round anyway (``round_group_bits``)."""
             matchmaking = self._matchmaking
             matchmaking.target_group_size = size
-            matchmaking.group_key_manager.target_group_size = size
+            matchmaking.group_key_manager.target_group_size = None
             matchmaking.potential_leaders.target_group_size = size
             future.set_result(None)
 
@@ -464,49 +475,81 @@ class HivemindOuterSync:
 
         hivemind averages with weights (sum w_i x_i / sum w_i); multiplying by the present
         nodes' total weight gives the sum. If a node vanished between the readiness exchange
-        and the all-reduce, the others' weights are renormalized to the same total.
+        and the all-reduce, the others' weights are renormalized to the same total. The
+        training loop uses ``average_round``, which also tells who took part.
+        """
+        gather = {"node": self.topology.node_name, "total": float(total_weight) if total_weight is not None else 1.0}
+        averaged, group = self._average_in_group(_on_wire(flat, wire_dtype), float(weight), gather)
+        if len(group) == 1:
+            return averaged.mul_(weight)
+        return averaged.mul_(group[0]["total"])
+
+    def average_round(self, flat: torch.Tensor, weighting: str, own_stats: dict,
+                      wire_dtype: torch.dtype) -> tuple[torch.Tensor, list[dict]]:
+        """This round's weighted pseudo-gradient sum over the nodes whose pseudo-gradients it
+        holds, and those nodes' round statistics (config order; this node's own ``own_stats``).
+
+        Each node decides who is present from its own read of the DHT, and two reads can differ
+        while a node joins or leaves at the barrier; the group hivemind forms is what counts.
+        So a node's weight does not depend on who else is present (``group_average_terms``),
+        its statistics travel in the group's gather, and the weighting is completed over the
+        group that formed. A node left out of the group raises ``OutOfSync``.
+        """
+        scale, weight = group_average_terms(weighting, own_stats["tokens"], own_stats["steps"],
+                                            own_stats["batch_size"])
+        shared = {key: value for key, value in own_stats.items() if key != "previous_record"}
+        gather = {"node": self.topology.node_name, "stats": shared}
+        averaged, group = self._average_in_group(_on_wire(flat.mul(scale), wire_dtype), weight, gather)
+        group_stats = [own_stats if item["node"] == self.topology.node_name else item["stats"] for item in group]
+        averaged.mul_(group_average_scale(weighting, [item["steps"] for item in group_stats],
+                                          [item["batch_size"] for item in group_stats]))
+        return averaged, group_stats
+
+    def _average_in_group(self, flat: torch.Tensor, weight: float, gather: dict) -> tuple[torch.Tensor, list[dict]]:
+        """hivemind's weighted mean sum w_i x_i / sum w_i over the group that forms for this
+        round, and the group's ``gather`` dicts in config order; a node whose peers are all gone
+        gets its own ``flat`` and ``[gather]`` back.
 
         Every present node schedules the all-reduce at the same moment (the last readiness post
         plus ``matchmaking_time_s``): hivemind then picks the same leader on every node (earliest
         time, then peer id), so the group does not split.
         """
-        if wire_dtype not in (torch.float32, torch.float16):
-            flat = flat.to(wire_dtype).to(torch.float32)
-        total = float(total_weight) if total_weight is not None else 1.0
+        alone = (flat.to(torch.float32).clone(), [gather])
         others = [name for name in self._present if name != self.topology.node_name]
         if not others:
-            return flat.mul(weight).to(torch.float32)
+            return alone
         round_idx = self.current_round
         self.averager.set_group_bits(round_group_bits(round_idx))
         self.averager.set_target_group_size(min(len(self._present),
                                                 self.options.target_group_size or len(self._present)))
         with self.averager.get_tensors() as tensors:
             tensors[0].copy_(flat)
-        gather = {"node": self.topology.node_name, "total": total}
         now = self._now()
         scheduled = self._scheduled_time if self._scheduled_time > now + self.options.request_timeout_s else (
             now + self.options.matchmaking_time_s)
         try:
-            gathered = self.averager.step(gather=gather, weight=max(float(weight), 1e-12), scheduled_time=scheduled,
+            gathered = self.averager.step(gather=gather, weight=max(weight, 1e-12), scheduled_time=scheduled,
                                           timeout=scheduled - now + self.options.matchmaking_timeout_s)
         except Exception as err:
-            return self._after_failed_step(round_idx, flat, weight, err)
+            self._after_failed_step(round_idx, err)
+            return alone
         if not gathered:
-            return self._after_failed_step(round_idx, flat, weight, RuntimeError("no group"))
-        group = sorted(item["node"] for item in gathered.values())
-        group_total = next(item["total"] for item in gathered.values() if item["node"] == group[0])
+            self._after_failed_step(round_idx, RuntimeError("no group"))
+            return alone
+        order = {name: index for index, name in enumerate(self.node_names)}
+        group = sorted(gathered.values(), key=lambda item: order[item["node"]])
         with self.averager.get_tensors() as tensors:
-            return tensors[0].clone().mul_(group_total)
+            return tensors[0].clone(), group
 
-    def _after_failed_step(self, round_idx: int, flat: torch.Tensor, weight: float, err: Exception) -> torch.Tensor:
-        """No group: behind the peers -> OutOfSync; every peer gone -> this node's own update."""
+    def _after_failed_step(self, round_idx: int, err: Exception) -> None:
+        """No group: behind the peers or left out by live peers -> OutOfSync; every peer gone ->
+        return, and this node keeps its own update."""
         if self.running_round() is not None and self.running_round() > round_idx:
             raise OutOfSync(f"outer all-reduce of round {round_idx + 1} failed ({err}); peers moved on")
         others = [name for name in self.members() if name != self.topology.node_name]
         if others:
             raise OutOfSync(f"outer all-reduce of round {round_idx + 1} failed ({err}) with live peers "
                             f"{', '.join(others)}")
-        return flat.mul(weight).to(torch.float32)
 
     def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
         if not self._in_node():

@@ -187,7 +187,7 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
     clock.mark("ready")
     leaders = {item["node"]: item for item in gathered if item["local_rank"] == 0}
     stats_by_node = {name: leaders[name] for name in names if name in leaders}
-    trainer.outer_sync(plan, stats_by_node)
+    stats_by_node = trainer.outer_sync(plan, stats_by_node)
     clock.mark("synced")
     for name, item in stats_by_node.items():
         measurement = RoundMeasurement(node=name, round=round_idx, batch_size=item["batch_size"],

@@ -26,6 +26,7 @@ from runtime.diloco import COMPRESSION_DTYPES, OuterState, build_inner_optimizer
 from runtime.emulation import StepPacer
 from runtime.evaluation import BackgroundEvaluator
 from runtime.gpu_sampler import GpuSampler
+from runtime.hivemind_sync import OutOfSync
 from runtime.models import build_model
 
 
@@ -169,22 +170,45 @@ class NodeTrainer:
         mode = self.config.diloco.weighting
         return plan.weighting if mode == "auto" else mode
 
-    def outer_sync(self, plan: Plan, stats_by_node: dict[str, dict]) -> None:
+    def outer_sync(self, plan: Plan, stats_by_node: dict[str, dict]) -> dict[str, dict]:
         """Weighted pseudo-gradient reduction among the present nodes' leaders, outer step,
-        in-node broadcast. ``stats_by_node`` holds the nodes present this round."""
-        if self.outer is not None:
+        in-node broadcast. ``stats_by_node`` holds the nodes present this round; returns the
+        nodes whose pseudo-gradients the average holds (under hivemind, the group that formed,
+        which can differ from this node's view of who was present)."""
+        mode = self.weighting(plan)
+        wire_dtype = COMPRESSION_DTYPES[self.config.diloco.compression]
+        if self.hivemind:
+            stats_by_node = self._hivemind_average(mode, wire_dtype, stats_by_node)
+        elif self.outer is not None:
             present = list(stats_by_node)
-            weights = outer_weights(self.weighting(plan),
-                                    [stats_by_node[name]["tokens"] for name in present],
+            weights = outer_weights(mode, [stats_by_node[name]["tokens"] for name in present],
                                     [stats_by_node[name]["steps"] for name in present],
                                     [stats_by_node[name]["batch_size"] for name in present])
-            flat = self.outer.pseudo_gradient(self.model)
-            averaged = self.sync.reduce_weighted(flat, weights[present.index(self.node.name)],
-                                                 COMPRESSION_DTYPES[self.config.diloco.compression],
+            averaged = self.sync.reduce_weighted(self.outer.pseudo_gradient(self.model),
+                                                 weights[present.index(self.node.name)], wire_dtype,
                                                  total_weight=sum(weights))
             self.outer.apply(averaged)
             self.outer.load_into(self.model)
         self.sync.broadcast_in_node([param.data for param in self.model.parameters()])
+        return stats_by_node
+
+    def _hivemind_average(self, mode: str, wire_dtype: torch.dtype, stats_by_node: dict[str, dict]) -> dict[str, dict]:
+        """The leader averages with the group that forms and steps; every rank of the node
+        learns the group, or the leader's ``OutOfSync``."""
+        outcome: object = None
+        if self.outer is not None:
+            try:
+                averaged, group = self.sync.average_round(self.outer.pseudo_gradient(self.model), mode,
+                                                          stats_by_node[self.node.name], wire_dtype)
+                self.outer.apply(averaged)
+                self.outer.load_into(self.model)
+                outcome = {item["node"]: item for item in group}
+            except OutOfSync as err:
+                outcome = str(err)
+        outcome = self.sync.share_in_node(outcome)
+        if isinstance(outcome, str):
+            raise OutOfSync(outcome)
+        return outcome
 
     def warm_up(self, batch_size: int) -> None:
         """One forward/backward without an update, so one-time initialisation (allocator,

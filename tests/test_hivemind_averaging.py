@@ -3,6 +3,7 @@
 Checks the readiness barrier and the weighted pseudo-gradient sum (the numbers are worked
 out by hand below), compression, and that no p2pd process outlives the peers.
 """
+import contextlib
 import subprocess
 import threading
 
@@ -11,6 +12,7 @@ import torch
 
 from runtime.comm import Topology
 from runtime.config import HivemindSection
+from runtime.diloco import outer_weights
 from runtime.hivemind_sync import HivemindOuterSync, OutOfSync, round_group_bits, wire_codec
 
 pytestmark = pytest.mark.slow
@@ -19,9 +21,9 @@ NAMES = ["a", "b", "c"]
 NUMEL = 1000
 
 
-def peer_options(initial_peers):
+def peer_options(initial_peers, **options):
     return HivemindSection(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-                           heartbeat_ttl_s=3.0, round_timeout_s=30.0, start_wait_s=5.0)
+                           heartbeat_ttl_s=3.0, round_timeout_s=30.0, start_wait_s=5.0, **options)
 
 
 def topology(index):
@@ -34,18 +36,26 @@ def p2pd_pids():
     return {int(pid) for pid in found.stdout.split()}
 
 
-@pytest.fixture(scope="module")
-def peers():
+@contextlib.contextmanager
+def three_peers(run_name, **options):
     before = p2pd_pids()
-    first = HivemindOuterSync(topology(0), peer_options([]), "unit", NAMES, NUMEL, "none")
-    syncs = [first] + [HivemindOuterSync(topology(index), peer_options(first.maddrs), "unit", NAMES, NUMEL, "none")
-                       for index in (1, 2)]
+    first = HivemindOuterSync(topology(0), peer_options([], **options), run_name, NAMES, NUMEL, "none")
+    syncs = [first] + [HivemindOuterSync(topology(index), peer_options(first.maddrs, **options), run_name, NAMES,
+                                         NUMEL, "none") for index in (1, 2)]
     started = p2pd_pids() - before
-    yield syncs
-    for sync in syncs:
-        sync.close()
+    try:
+        yield syncs
+    finally:
+        for sync in syncs:
+            sync.close()
     assert len(started) == 3
     assert not (p2pd_pids() & started), "p2pd processes outlived the peers"
+
+
+@pytest.fixture(scope="module")
+def peers():
+    with three_peers("unit") as syncs:
+        yield syncs
 
 
 def run_round(syncs, round_idx, contributions, weights):
@@ -91,6 +101,80 @@ def test_weights_that_do_not_sum_to_one_keep_their_total(peers):
     expected_value = 0.9 * 3.0 + 0.4 * -1.0 + 0.1 * 0.5
     for _, summed in results.values():
         torch.testing.assert_close(summed, torch.full((NUMEL,), expected_value), rtol=0, atol=1e-5)
+
+
+def round_stats(index, round_idx):
+    steps, batches = [6, 2, 3], [4, 8, 2]
+    return {"node": NAMES[index], "round": round_idx, "local_rank": 0, "tokens": steps[index] * batches[index] * 16,
+            "steps": steps[index], "batch_size": batches[index], "previous_record": {"round": round_idx - 1}}
+
+
+def average_rounds(syncs, round_idx, contributions, mode, stale_views=None):
+    """Every peer: readiness exchange then average_round; ``stale_views`` overrides what a peer
+    believes is present, as a read of the DHT that missed a node would. Returns per node
+    (summed, group stats) or the OutOfSync it raised."""
+    outcomes = {}
+
+    def node(index):
+        sync, stats = syncs[index], round_stats(index, round_idx)
+        sync.set_round(round_idx, joined=0)
+        sync.exchange(stats)
+        if stale_views and NAMES[index] in stale_views:
+            sync._present = stale_views[NAMES[index]]
+        try:
+            outcomes[NAMES[index]] = sync.average_round(contributions[index].clone(), mode, stats, torch.float32)
+        except OutOfSync as err:
+            outcomes[NAMES[index]] = err
+
+    threads = [threading.Thread(target=node, args=(index,)) for index in range(len(syncs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    assert set(outcomes) == set(NAMES), outcomes
+    return outcomes
+
+
+def expected_sum(mode, group_names, contributions):
+    indices = [NAMES.index(name) for name in group_names]
+    stats = [round_stats(index, 0) for index in indices]
+    weights = outer_weights(mode, [item["tokens"] for item in stats], [item["steps"] for item in stats],
+                            [item["batch_size"] for item in stats])
+    return sum(weight * contributions[index] for weight, index in zip(weights, indices))
+
+
+CONTRIBUTIONS = [torch.full((NUMEL,), 1.5), torch.linspace(-2.0, 2.0, NUMEL), torch.full((NUMEL,), -0.5)]
+
+
+@pytest.mark.parametrize("round_idx, mode", [(4, "normalized"), (5, "tokens")])
+def test_average_round_applies_the_weighting_over_the_group(peers, round_idx, mode):
+    outcomes = average_rounds(peers, round_idx, CONTRIBUTIONS, mode)
+    expected = expected_sum(mode, NAMES, CONTRIBUTIONS)
+    for name, (summed, group) in outcomes.items():
+        assert [item["node"] for item in group] == NAMES
+        own = next(item for item in group if item["node"] == name)
+        assert own["previous_record"] == {"round": round_idx - 1}  # this node's own stats, untouched
+        assert all("previous_record" not in item for item in group if item["node"] != name)
+        torch.testing.assert_close(summed, expected, rtol=0, atol=1e-5)
+
+
+def test_views_that_disagree_on_who_is_present_still_average_consistently():
+    # node a missed c's readiness post, b and c did not: whichever group hivemind forms, every node
+    # in it holds the exact weighted sum over that group and the same member list; a node left
+    # out raises OutOfSync instead of keeping an average nobody else has
+    with three_peers("stale", matchmaking_timeout_s=5.0) as syncs:
+        outcomes = average_rounds(syncs, 0, CONTRIBUTIONS, "normalized", stale_views={"a": ["a", "b"]})
+    groups = {name: [item["node"] for item in outcome[1]] for name, outcome in outcomes.items()
+              if not isinstance(outcome, OutOfSync)}
+    assert any(len(group) >= 2 for group in groups.values()), outcomes
+    for name, group in groups.items():
+        assert name in group
+        for member in group:
+            assert groups.get(member) == group, outcomes
+        torch.testing.assert_close(outcomes[name][0], expected_sum("normalized", group, CONTRIBUTIONS),
+                                   rtol=0, atol=1e-5)
+    left_out = [name for name, outcome in outcomes.items() if isinstance(outcome, OutOfSync)]
+    assert sorted(left_out + list(groups)) == NAMES
 
 
 def test_a_peer_ahead_means_this_one_is_out_of_sync(peers):

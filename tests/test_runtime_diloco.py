@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.diloco import OuterState, inner_lr, outer_weights
+from runtime.diloco import OuterState, group_average_scale, group_average_terms, inner_lr, outer_weights
 
 
 def test_uniform_weights_ignore_work():
@@ -25,6 +25,21 @@ def test_normalized_weights_fednova():
 
 def test_normalized_weights_equal_work_reduce_to_uniform():
     assert outer_weights("normalized", [5, 5], [7, 7], [4, 4]) == pytest.approx([0.5, 0.5])
+
+
+@pytest.mark.parametrize("mode", ["uniform", "tokens", "normalized"])
+def test_group_average_form_gives_the_outer_weights_of_any_group(mode):
+    # what a group-forming backend computes: mean of scale_i * x_i weighted by weight_i, times the group factor
+    tokens, steps, batches = [1200, 0, 640, 96], [10, 0, 4, 3], [4, 6, 5, 1]
+    deltas = [2.0, -1.0, 0.5, 7.0]
+    for group in ([0, 1, 2, 3], [0, 2], [3], [1, 3], [1]):
+        terms = [group_average_terms(mode, tokens[i], steps[i], batches[i]) for i in group]
+        mean = sum(weight * scale * deltas[i] for (scale, weight), i in zip(terms, group)) / sum(
+            weight for _, weight in terms)
+        summed = mean * group_average_scale(mode, [steps[i] for i in group], [batches[i] for i in group])
+        weights = outer_weights(mode, [tokens[i] for i in group], [steps[i] for i in group],
+                                [batches[i] for i in group])
+        assert summed == pytest.approx(sum(w * deltas[i] for w, i in zip(weights, group)), rel=1e-9), group
 
 
 def test_unknown_weighting_is_an_error():
