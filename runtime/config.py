@@ -115,7 +115,10 @@ class HivemindSection(StrictModel):
     exchange (a node that finds none reloads the state from its peers).
     ``allreduce_timeout_s``: longest all-reduce once a group formed; ``chunk_timeout_s``: a peer
     that sends no data for this long is dropped from the all-reduce (or state download).
-    ``target_group_size``: peers per averaging group (None = every config node).
+    ``target_group_size``: peers per averaging group (None = every config node). Smaller groups
+    average separately, so their parameters part until ``resync_tolerance`` pulls a node back,
+    and each group logs its own metrics rows for the round: meant for swarms far larger than
+    one group.
     ``compression``: codec of the pseudo-gradients on the wire (none | fp16 | 8bit; none =
     follow ``diloco.compression``). ``resync_tolerance``: a node whose parameter checksum at a
     round start differs from the majority's by more than this (relative) reloads the global

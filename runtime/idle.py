@@ -8,6 +8,11 @@ tiny collective). ``comm_s`` is the pseudo-gradient all-reduce, the outer step
 and the in-node broadcast. ``overhead_s`` is what follows before the next round
 (logging, evaluation, checkpoint). The four add up to the round's wall time by
 construction: each phase ends where the next begins, measured with one clock.
+
+A hivemind node left out of a round's averaging group throws that round's work
+away and reloads the peers' state; the time from that round's start until the
+round it rejoins starts (``lost_since``) is added to the rejoined round as
+overhead, so no second of the run goes unrecorded.
 """
 from __future__ import annotations
 
@@ -40,5 +45,15 @@ class RoundClock:
         return self.span_s("ready", "synced")
 
     @property
+    def lost_s(self) -> float:
+        """Discarded rounds and the rejoin before this round (0 when none)."""
+        return self.span_s("lost_since", "start") if "lost_since" in self.marks else 0.0
+
+    @property
     def overhead_s(self) -> float:
-        return self.span_s("synced", "end")
+        return self.span_s("synced", "end") + self.lost_s
+
+    @property
+    def round_start(self) -> float:
+        """Unix seconds where this round's record begins (the lost time included)."""
+        return self.marks.get("lost_since", self.marks["start"])

@@ -136,16 +136,18 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         log.write_config(config.to_yaml())
         if first_round > 0 and resume:
             print(f"[geodiloco] resuming {run_id} after round {first_round - 1}", flush=True)
-    round_idx = first_round
+    round_idx, lost_since = first_round, None
     while round_idx < config.diloco.rounds:
+        round_started = time.time()
         try:
-            pending_record = _run_round(trainer, log, run_id, round_idx, pending_record)
+            pending_record = _run_round(trainer, log, run_id, round_idx, pending_record, lost_since)
         except OutOfSync as behind:
             print(f"[geodiloco] node {topology.node_name}: {behind}; reloading the global state from peers",
                   flush=True)
+            lost_since = round_started if lost_since is None else lost_since
             run_id, round_idx = join_from_peers(trainer)
             continue
-        round_idx += 1
+        round_idx, lost_since = round_idx + 1, None
     final = trainer.sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record})
     if log is not None:
         log.append("idle.jsonl", [item["previous_record"] for item in final
@@ -162,12 +164,15 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
 
 
 def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_idx: int,
-               pending_record: Optional[dict]) -> dict:
-    """One outer round on this node; returns its idle record (logged with the next round)."""
+               pending_record: Optional[dict], lost_since: Optional[float] = None) -> dict:
+    """One outer round on this node; returns its idle record (logged with the next round).
+    ``lost_since``: unix time where discarded rounds before this one began (hivemind rejoin)."""
     config, topology = trainer.config, trainer.topology
     names = [node.name for node in config.nodes]
     clock = RoundClock()
     clock.mark("start")
+    if lost_since is not None:
+        clock.marks["lost_since"] = lost_since
     start_checksum = trainer.param_checksum()  # inside the round, so rounds tile the wall time
     present = None
     if trainer.hivemind:
@@ -212,13 +217,13 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
 
 def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalResult, clock: RoundClock) -> dict:
     node = trainer.node
-    gpu_values = (trainer.gpu_sampler.summary(clock.marks["start"], clock.marks["end"])
+    gpu_values = (trainer.gpu_sampler.summary(clock.round_start, clock.marks["end"])
                   if trainer.gpu_sampler is not None else {})
     record = IdleRecord(
         run_id=run_id, round=plan.round, node=node.name, site=node.site, policy=plan.policy,
         local_steps=result.steps, batch_size=plan.node(node.name).batch_size, tokens=result.tokens,
         compute_s=clock.compute_s, wait_s=clock.wait_s, comm_s=clock.comm_s,
-        overhead_s=clock.overhead_s, round_start=clock.marks["start"], round_end=clock.marks["end"],
+        overhead_s=clock.overhead_s, round_start=clock.round_start, round_end=clock.marks["end"],
         gpus=list(node.gpus), num_gpus=node.num_gpus, source="runtime", **gpu_values)
     return asdict(record)
 

@@ -211,5 +211,10 @@ def test_a_late_node_joins_with_its_peers_parameters(tmp_path):
                      if row["round"] == round_idx and row["node"] != "global"}
         assert set(checksums) == {"a", "b", "c"}
         assert_same_parameters(list(checksums.values()))
-    idle_c = [row["round"] for row in read_jsonl(run_dir / "idle.jsonl") if row["node"] == "c"]
-    assert sorted(idle_c) == joined
+    records_c = sorted((row for row in read_jsonl(run_dir / "idle.jsonl") if row["node"] == "c"),
+                       key=lambda row: row["round"])
+    assert [row["round"] for row in records_c] == joined
+    # from its first round on, c's records tile its time: a round it had to throw away (left out
+    # of an averaging group, rejoined) is counted in the next one, not dropped
+    for earlier, later in zip(records_c, records_c[1:]):
+        assert 0.0 <= later["round_start"] - earlier["round_end"] < 0.5, (earlier, later)
