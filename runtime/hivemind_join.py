@@ -35,7 +35,7 @@ def start_hivemind(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Option
     if "error" in decision:
         raise RuntimeError(decision["error"])
     if decision.get("join"):
-        run_id, first_round = join_from_peers(trainer)
+        run_id, first_round = join_from_peers(trainer, first_join=True)
         return run_id, first_round, None
     run_id, first_round, pending = decision["run_id"], 0, None
     if decision["resume_round"] is not None:
@@ -52,12 +52,19 @@ def start_hivemind(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Option
     return run_id, first_round, pending
 
 
-def join_from_peers(trainer: NodeTrainer) -> tuple[str, int]:
-    """Load the peers' latest global state; returns (run id, the round this node joins)."""
+def join_from_peers(trainer: NodeTrainer, first_join: bool = False) -> tuple[str, int]:
+    """Load the peers' global state; returns (run id, the round this node joins).
+
+    A node that falls behind takes the latest state and the next round: its peers still count
+    it as a member and expect it. A node joining for the first time announces the round after
+    the one its peers work on and waits for their state after that round, so every peer knows
+    of it before that round starts and none averages without it by a stale view.
+    """
     sync, topology = trainer.sync, trainer.topology
     info = None
     if topology.is_leader:
-        loaded = sync.download_state(trainer.config.comm.init_timeout_s)
+        after_round = sync.announce_join() if first_join else -1
+        loaded = sync.download_state(trainer.config.comm.init_timeout_s, min_round=after_round)
         if loaded is None:
             info = {"error": f"node {topology.node_name}: peers are training but none shared its state within "
                              f"comm.init_timeout_s ({trainer.config.comm.init_timeout_s:g} s)"}

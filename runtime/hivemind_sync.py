@@ -44,6 +44,7 @@ ROUND_KEY_TTL_S = 3600.0
 ROUND_BITS = 10
 INITIAL_PEERS_ENV = "GEODILOCO_INITIAL_PEERS"
 MADDRS_FILE_ENV = "GEODILOCO_MADDRS_FILE"
+MISSING_SHARE_KEY = "geodiloco_missing_share"
 
 
 class OutOfSync(RuntimeError):
@@ -153,6 +154,19 @@ def make_averager_class():
             with self._published_lock:
                 metadata, tensors = self._published
             return metadata, tensors, None
+
+        async def _aggregate_with_group(self, group_info, min_vector_size: int, **kwargs):
+            """hivemind only logs an all-reduce in which a peer's part of the results never came
+            (that part keeps this node's own values); tell the caller the missing share in the
+            gathered data, so the node reloads the global state instead of training on it."""
+            gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+            running = self._running_groups.get(group_info.group_id)
+            runner = running.result() if running is not None and running.done() else None
+            parts = getattr(runner, "tensor_part_container", None)
+            failed_size, total_size = getattr(parts, "failed_size", 0), getattr(parts, "total_size", 0)
+            if failed_size and total_size:
+                gathered = {**gathered, MISSING_SHARE_KEY: failed_size / total_size}
+            return gathered
 
         def set_target_group_size(self, size: int) -> None:
             from hivemind.utils import MPFuture
@@ -370,6 +384,22 @@ class HivemindOuterSync:
         resume_round = winner.get("resume_round")
         return running_round == (0 if resume_round is None else resume_round + 1)
 
+    def announce_join(self) -> int:
+        """Announce taking part from the round after the one live peers work on, and wait until
+        they finish it; returns that round (-1 when no peer is training)."""
+        running = self.running_round()
+        if running is None:
+            return -1
+        self.current_round, self.joined_round = -1, running + 1
+        self._beat()
+        print(f"[geodiloco] node {self.topology.node_name}: peers are in round {running + 1}; "
+              f"joining from round {running + 2} once they finish it", flush=True)
+        while True:
+            now_running = self.running_round()
+            if now_running is None or now_running > running:
+                return running
+            time.sleep(POLL_S)
+
     def publish_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
         """Offer the global state after a round to joiners."""
         if self.averager is not None:
@@ -533,9 +563,16 @@ class HivemindOuterSync:
         except Exception as err:
             self._after_failed_step(round_idx, err)
             return alone
+        gathered = dict(gathered or {})
+        missing_share = gathered.pop(MISSING_SHARE_KEY, 0.0)
         if not gathered:
             self._after_failed_step(round_idx, RuntimeError("no group"))
             return alone
+        if missing_share:
+            self.diverged = True
+            print(f"[geodiloco] node {self.topology.node_name}: {missing_share * 100:.1f} % of the outer "
+                  f"all-reduce of round {round_idx + 1} never came back from a peer; reloading the global "
+                  "state after the round", flush=True)
         order = {name: index for index, name in enumerate(self.node_names)}
         group = sorted(gathered.values(), key=lambda item: order[item["node"]])
         with self.averager.get_tensors() as tensors:
@@ -550,6 +587,22 @@ class HivemindOuterSync:
         if others:
             raise OutOfSync(f"outer all-reduce of round {round_idx + 1} failed ({err}) with live peers "
                             f"{', '.join(others)}")
+
+    def finish_run(self, run_id: str) -> None:
+        """Stay until every live peer has finished its last round (bounded), so a peer that
+        reloads the global state after that round still finds someone to load it from."""
+        if not self.topology.is_leader:
+            return
+        me, key = self.topology.node_name, f"finished_{run_id}"
+        self._store(key, me, True, ROUND_KEY_TTL_S)
+        deadline = time.monotonic() + self.options.round_timeout_s
+        while time.monotonic() < deadline:
+            finished = self._read(key)
+            if all(name in finished for name in self.members() if name != me):
+                return
+            time.sleep(POLL_S)
+        print(f"[geodiloco] node {me}: stopping without every peer having finished its last round "
+              f"(waited comm.hivemind.round_timeout_s = {self.options.round_timeout_s:g} s)", flush=True)
 
     def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
         if not self._in_node():

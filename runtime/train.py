@@ -148,6 +148,8 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
             run_id, round_idx = join_from_peers(trainer)
             continue
         round_idx, lost_since = round_idx + 1, None
+    if trainer.hivemind:
+        trainer.sync.finish_run(run_id)
     final = trainer.sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record})
     if log is not None:
         log.append("idle.jsonl", [item["previous_record"] for item in final

@@ -3,9 +3,11 @@
 Checks the readiness barrier and the weighted pseudo-gradient sum (the numbers are worked
 out by hand below), compression, and that no p2pd process outlives the peers.
 """
+import asyncio
 import contextlib
 import subprocess
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +15,8 @@ import torch
 from runtime.comm import Topology
 from runtime.config import HivemindSection
 from runtime.diloco import outer_weights
-from runtime.hivemind_sync import HivemindOuterSync, OutOfSync, round_group_bits, wire_codec
+from runtime.hivemind_sync import (MISSING_SHARE_KEY, HivemindOuterSync, OutOfSync, make_averager_class,
+                                   round_group_bits, wire_codec)
 
 pytestmark = pytest.mark.slow
 
@@ -175,6 +178,37 @@ def test_views_that_disagree_on_who_is_present_still_average_consistently():
                                    rtol=0, atol=1e-5)
     left_out = [name for name, outcome in outcomes.items() if isinstance(outcome, OutOfSync)]
     assert sorted(left_out + list(groups)) == NAMES
+
+
+@pytest.mark.parametrize("failed_peer, missing_share", [(None, None), (1, 0.5)])
+def test_an_all_reduce_missing_part_of_its_results_is_reported(monkeypatch, failed_peer, missing_share):
+    # hivemind keeps a node's own values where a reducer's results never came and only logs it;
+    # the averager hands the missing share back with the gathered data (hivemind's own part container)
+    from hivemind.averaging import DecentralizedAverager
+    from hivemind.averaging.partition import TensorPartContainer
+
+    parts = TensorPartContainer([torch.ones(100)], [0.5, 0.5], part_size_bytes=40)
+    if failed_peer is not None:
+        parts.register_failed_reducer(failed_peer)
+
+    async def hivemind_aggregate(self, group_info, min_vector_size, **kwargs):
+        return {"peer-b": {"node": "b"}}
+
+    async def aggregate():
+        monkeypatch.setattr(DecentralizedAverager, "_aggregate_with_group", hivemind_aggregate)
+        class Unstarted(make_averager_class()):
+            def __del__(self):  # nothing was started: no process or pipes to shut down
+                pass
+
+        averager = object.__new__(Unstarted)
+        runner = asyncio.get_running_loop().create_future()
+        runner.set_result(SimpleNamespace(tensor_part_container=parts))
+        averager._running_groups = {b"group": runner}
+        return await averager._aggregate_with_group(SimpleNamespace(group_id=b"group"), 0)
+
+    gathered = asyncio.run(aggregate())
+    assert gathered["peer-b"] == {"node": "b"}
+    assert gathered.get(MISSING_SHARE_KEY) == missing_share
 
 
 def test_a_peer_ahead_means_this_one_is_out_of_sync(peers):
