@@ -99,3 +99,17 @@ def reload_global_state(trainer: NodeTrainer, round_idx: int) -> None:
         else:
             trainer.load_shared_state(*loaded)
     trainer.sync.broadcast_in_node([param.data for param in trainer.model.parameters()])
+
+
+def finish_hivemind(trainer: NodeTrainer, run_id: str, last_round: int) -> None:
+    """Leave together: the nodes compare their final parameters, one that differs from the
+    majority's (an incomplete last all-reduce) reloads the global state from a peer, and every
+    node waits until the others are done."""
+    sync, topology = trainer.sync, trainer.topology
+    differs = sync.final_parameters_differ(run_id, trainer.param_checksum()) if topology.is_leader else None
+    if sync.share_in_node(differs):
+        reload_global_state(trainer, last_round)
+    checksum = trainer.param_checksum()
+    if topology.is_leader:
+        sync.wait_for_peers_to_finish(run_id)
+        print(f"[geodiloco] node {topology.node_name}: final parameter checksum {checksum!r}", flush=True)

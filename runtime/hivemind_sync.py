@@ -509,15 +509,16 @@ class HivemindOuterSync:
         training loop uses ``average_round``, which also tells who took part.
         """
         gather = {"node": self.topology.node_name, "total": float(total_weight) if total_weight is not None else 1.0}
-        averaged, group = self._average_in_group(_on_wire(flat, wire_dtype), float(weight), gather)
+        averaged, group, _ = self._average_in_group(_on_wire(flat, wire_dtype), float(weight), gather)
         if len(group) == 1:
             return averaged.mul_(weight)
         return averaged.mul_(group[0]["total"])
 
     def average_round(self, flat: torch.Tensor, weighting: str, own_stats: dict,
-                      wire_dtype: torch.dtype) -> tuple[torch.Tensor, list[dict]]:
+                      wire_dtype: torch.dtype) -> tuple[Optional[torch.Tensor], list[dict]]:
         """This round's weighted pseudo-gradient sum over the nodes whose pseudo-gradients it
         holds, and those nodes' round statistics (config order; this node's own ``own_stats``).
+        The sum is None when part of it never came back from a peer (see ``_average_in_group``).
 
         Each node decides who is present from its own read of the DHT, and two reads can differ
         while a node joins or leaves at the barrier; the group hivemind forms is what counts.
@@ -529,22 +530,26 @@ class HivemindOuterSync:
                                             own_stats["batch_size"])
         shared = {key: value for key, value in own_stats.items() if key != "previous_record"}
         gather = {"node": self.topology.node_name, "stats": shared}
-        averaged, group = self._average_in_group(_on_wire(flat.mul(scale), wire_dtype), weight, gather)
+        averaged, group, complete = self._average_in_group(_on_wire(flat.mul(scale), wire_dtype), weight, gather)
         group_stats = [own_stats if item["node"] == self.topology.node_name else item["stats"] for item in group]
+        if not complete:
+            return None, group_stats
         averaged.mul_(group_average_scale(weighting, [item["steps"] for item in group_stats],
                                           [item["batch_size"] for item in group_stats]))
         return averaged, group_stats
 
-    def _average_in_group(self, flat: torch.Tensor, weight: float, gather: dict) -> tuple[torch.Tensor, list[dict]]:
+    def _average_in_group(self, flat: torch.Tensor, weight: float,
+                          gather: dict) -> tuple[torch.Tensor, list[dict], bool]:
         """hivemind's weighted mean sum w_i x_i / sum w_i over the group that forms for this
-        round, and the group's ``gather`` dicts in config order; a node whose peers are all gone
-        gets its own ``flat`` and ``[gather]`` back.
+        round, the group's ``gather`` dicts in config order, and whether every part of the mean
+        came back (hivemind keeps this node's own values for a part whose reducer never answered,
+        and only logs it); a node whose peers are all gone gets its own ``flat`` and ``[gather]``.
 
         Every present node schedules the all-reduce at the same moment (the last readiness post
         plus ``matchmaking_time_s``): hivemind then picks the same leader on every node (earliest
         time, then peer id), so the group does not split.
         """
-        alone = (flat.to(torch.float32).clone(), [gather])
+        alone = (flat.to(torch.float32).clone(), [gather], True)
         others = [name for name in self._present if name != self.topology.node_name]
         if not others:
             return alone
@@ -569,14 +574,13 @@ class HivemindOuterSync:
             self._after_failed_step(round_idx, RuntimeError("no group"))
             return alone
         if missing_share:
-            self.diverged = True
             print(f"[geodiloco] node {self.topology.node_name}: {missing_share * 100:.1f} % of the outer "
-                  f"all-reduce of round {round_idx + 1} never came back from a peer; reloading the global "
-                  "state after the round", flush=True)
+                  f"all-reduce of round {round_idx + 1} never came back from a peer; this node keeps the "
+                  "round's starting global state (nodes that differ resync at the next round start)", flush=True)
         order = {name: index for index, name in enumerate(self.node_names)}
         group = sorted(gathered.values(), key=lambda item: order[item["node"]])
         with self.averager.get_tensors() as tensors:
-            return tensors[0].clone(), group
+            return tensors[0].clone(), group, not missing_share
 
     def _after_failed_step(self, round_idx: int, err: Exception) -> None:
         """No group: behind the peers or left out by live peers -> OutOfSync; every peer gone ->
@@ -588,21 +592,34 @@ class HivemindOuterSync:
             raise OutOfSync(f"outer all-reduce of round {round_idx + 1} failed ({err}) with live peers "
                             f"{', '.join(others)}")
 
-    def finish_run(self, run_id: str) -> None:
-        """Stay until every live peer has finished its last round (bounded), so a peer that
-        reloads the global state after that round still finds someone to load it from."""
-        if not self.topology.is_leader:
-            return
-        me, key = self.topology.node_name, f"finished_{run_id}"
-        self._store(key, me, True, ROUND_KEY_TTL_S)
+    def final_parameters_differ(self, run_id: str, checksum: float) -> bool:
+        """Post this node's final parameter checksum, wait (bounded) for every live peer's, and
+        say whether this node's differs from the majority's (leader only)."""
+        posted = self._post_and_wait(f"final_{run_id}", {"node": self.topology.node_name,
+                                                         "start_checksum": checksum})
+        return self._is_outlier(list(posted.values()), self.topology.node_name)
+
+    def wait_for_peers_to_finish(self, run_id: str) -> None:
+        """Stay until every live peer is done (bounded), so a peer still reloading the final
+        global state finds someone to load it from (leader only)."""
+        self._post_and_wait(f"done_{run_id}", {"node": self.topology.node_name})
+
+    def _post_and_wait(self, key: str, value: dict) -> dict[str, dict]:
+        me = self.topology.node_name
+        self._store(key, me, value, ROUND_KEY_TTL_S)
         deadline = time.monotonic() + self.options.round_timeout_s
-        while time.monotonic() < deadline:
-            finished = self._read(key)
-            if all(name in finished for name in self.members() if name != me):
-                return
+        while True:
+            posted = self._read(key)
+            if all(name in posted for name in self.members() if name != me):
+                break
+            if time.monotonic() > deadline:
+                print(f"[geodiloco] node {me}: not every live peer reached the end of the run within "
+                      f"comm.hivemind.round_timeout_s ({self.options.round_timeout_s:g} s); finishing without them",
+                      flush=True)
+                break
             time.sleep(POLL_S)
-        print(f"[geodiloco] node {me}: stopping without every peer having finished its last round "
-              f"(waited comm.hivemind.round_timeout_s = {self.options.round_timeout_s:g} s)", flush=True)
+        posted[me] = value
+        return posted
 
     def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
         if not self._in_node():

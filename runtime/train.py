@@ -35,7 +35,7 @@ from runtime.hivemind_sync import OutOfSync
 from runtime.idle import RoundClock
 from runtime.runlog import RunLog
 from runtime.trainer import LocalResult, NodeTrainer, fresh_run_id
-from runtime.hivemind_join import join_from_peers, reload_global_state, start_hivemind
+from runtime.hivemind_join import finish_hivemind, join_from_peers, reload_global_state, start_hivemind
 
 FORCED_EXIT_GRACE_S = 10.0
 
@@ -149,7 +149,7 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
             continue
         round_idx, lost_since = round_idx + 1, None
     if trainer.hivemind:
-        trainer.sync.finish_run(run_id)
+        finish_hivemind(trainer, run_id, config.diloco.rounds - 1)
     final = trainer.sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record})
     if log is not None:
         log.append("idle.jsonl", [item["previous_record"] for item in final

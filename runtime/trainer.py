@@ -193,14 +193,16 @@ class NodeTrainer:
         return stats_by_node
 
     def _hivemind_average(self, mode: str, wire_dtype: torch.dtype, stats_by_node: dict[str, dict]) -> dict[str, dict]:
-        """The leader averages with the group that forms and steps; every rank of the node
-        learns the group, or the leader's ``OutOfSync``."""
+        """The leader averages with the group that forms and takes the outer step (none when the
+        average came back incomplete); every rank of the node learns the group, or the leader's
+        ``OutOfSync``."""
         outcome: object = None
         if self.outer is not None:
             try:
                 averaged, group = self.sync.average_round(self.outer.pseudo_gradient(self.model), mode,
                                                           stats_by_node[self.node.name], wire_dtype)
-                self.outer.apply(averaged)
+                if averaged is not None:  # an incomplete average: keep the round's starting global state
+                    self.outer.apply(averaged)
                 self.outer.load_into(self.model)
                 outcome = {item["node"]: item for item in group}
             except OutOfSync as err:
