@@ -243,3 +243,39 @@ def test_a_late_node_joins_with_its_peers_parameters(tmp_path):
     # of an averaging group, rejoined) is counted in the next one, not dropped
     for earlier, later in zip(records_c, records_c[1:]):
         assert 0.0 <= later["round_start"] - earlier["round_end"] < 0.5, (earlier, later)
+
+
+def test_a_two_rank_site_under_torchrun_trains_with_a_one_rank_site(tmp_path):
+    # site a: torchrun with 2 ranks (DDP inside the node, its leader alone talks to hivemind); site b: 1 rank
+    nodes = [{"name": "a", "gpus": ["2 x A30"], "local_steps": 3, "batch_size": 4, "emulate": {"step_time_s": 0.1}},
+             {"name": "b", "gpus": ["RTX 3090"], "local_steps": 2, "batch_size": 4, "emulate": {"step_time_s": 0.1}}]
+    rounds = 3
+    config_path, run_dir = write_config(tmp_path, hivemind_config(nodes, rounds=rounds)), tmp_path / "run"
+    peers_file = tmp_path / "peers.txt"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GEODILOCO_DEVICE="cpu",
+               GEODILOCO_MADDRS_FILE=str(peers_file))
+    with open(tmp_path / "a.log", "w") as log:
+        site_a = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                                   "-m", "runtime.train", "--config", str(config_path), "--node-name", "a",
+                                   "--run-dir", str(run_dir)], cwd=REPO_ROOT, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    processes = [site_a]
+    try:
+        processes.append(start_node(config_path, run_dir, "b", peers_file, first=False))
+        for process, name in zip(processes, "ab"):
+            assert process.wait(timeout=150) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    finally:
+        stop_all(processes)
+
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name in "ab"}
+    records = read_jsonl(run_dir / "idle.jsonl")
+    assert sorted((row["round"], row["node"], row["local_steps"]) for row in records) == sorted(
+        (round_idx, node["name"], node["local_steps"]) for round_idx in range(rounds) for node in nodes)
+    assert {row["num_gpus"] for row in records if row["node"] == "a"} == {2}
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    if not any(marker in log for log in logs.values() for marker in RECOVERY_MARKERS):
+        for round_idx in range(rounds):
+            assert_same_parameters([row["start_checksum"] for row in metrics
+                                    if row["round"] == round_idx and row["node"] != "global"])
+    assert_same_parameters([final_checksum(logs[name]) for name in "ab"])
+    assert logs["a"].count("final parameter checksum") == 1  # the leader speaks for its node
