@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from balancer.plan import Plan
+from predictor.console import cli_console
 
 
 def plan_summary(plan: Plan) -> dict:
@@ -26,7 +27,7 @@ def plan_summary(plan: Plan) -> dict:
 
 
 def print_plan(plan: Plan, setup, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or cli_console()
     gpus = {node.name: node.gpus for node in setup.cluster.nodes}
     table = Table(title=f"plan, policy {plan.policy}, round {plan.round} ({setup.model}, seq {setup.seq_len}, "
                         f"baseline H={setup.local_steps} B={setup.batch_size})")
@@ -52,7 +53,7 @@ def _gpu_text(gpus: list) -> str:
 
 
 def print_simulation(result, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or cli_console()
     summary = result.summary()
     table = Table(title=f"simulated {summary['rounds']} rounds, policy {summary['policy']} (seconds, summed over rounds)")
     for column in ("node", "steps", "B (last)", "tokens", "compute s", "wait s", "sync s", "idle s",

@@ -141,7 +141,7 @@ def print_gpus(as_json: bool) -> int:
     if as_json:
         print(json.dumps([{k: v for k, v in asdict(spec).items() if k != "extra"} for spec in specs], indent=2))
         return 0
-    from rich.console import Console
+    from predictor.console import cli_console
     from rich.table import Table
 
     table = Table(title="GPU datasheet rows (dense TFLOPS)")
@@ -152,5 +152,5 @@ def print_gpus(as_json: bool) -> int:
                       f"{spec.memory_bandwidth_gbps:g}", *(f"{v:g}" if v else "-" for v in (
                           spec.fp32_tflops, spec.tf32_tflops, spec.fp16_tflops, spec.fp16_fp32acc_tflops,
                           spec.bf16_tflops)))
-    Console().print(table)
+    cli_console().print(table)
     return 0

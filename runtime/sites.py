@@ -500,7 +500,7 @@ def _cmd_down(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    from rich.console import Console
+    from predictor.console import cli_console
     from rich.table import Table
 
     rows = describe(args.prefix)
@@ -514,7 +514,7 @@ def _cmd_status(args) -> int:
         table.add_row(row["namespace"], row["owner"], "yes" if row["alive"] else "no (stale)",
                       "\n".join(row["addresses"]) or "-", "\n".join(row["shaping"]) or "-",
                       "\n".join(row["delay"]) or "-")
-    Console().print(table)
+    cli_console().print(table)
     return 0
 
 

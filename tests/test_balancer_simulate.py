@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,6 +136,17 @@ def test_cli_plan_json(tmp_path, capsys):
     assert plan["policy"] == "uniform"
     assert [n["predicted_compute_s"] for n in plan["nodes"]] == pytest.approx([30.0, 10.0])
     assert plan["nodes"][1]["predicted_idle_s"] == pytest.approx(20.0 + plan["nodes"][1]["predicted_comm_s"])
+
+
+def test_cli_plan_table_is_not_folded_when_piped(capsys, monkeypatch):
+    # captured output is not a terminal: the table keeps one line per node instead of rich's 80 columns
+    monkeypatch.delenv("COLUMNS", raising=False)
+    cluster = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "clusters" / "paper4.yaml"
+    assert main(["plan", "--cluster", str(cluster), "--model", "tiny"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    node4 = [line for line in lines if "node4" in line]
+    assert len(node4) == 1 and "2 x RTX 3090, 2 x V100 32GB" in node4[0]
+    assert 80 < max(len(line) for line in lines) <= 160
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -1,0 +1,20 @@
+"""The rich console the command-line tools print their tables to.
+
+rich folds tables to 80 columns when stdout is not a terminal, which breaks GPU
+names and headers over several lines in logs and pipes; piped output (no
+terminal, no ``COLUMNS``) gets a wide fixed width instead.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+PIPE_WIDTH = 160
+
+
+def cli_console():
+    """A rich Console: the terminal's width, or ``PIPE_WIDTH`` columns when piped."""
+    from rich.console import Console
+
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(width=PIPE_WIDTH if piped else None)
