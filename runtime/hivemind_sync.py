@@ -44,6 +44,7 @@ ROUND_KEY_TTL_S = 3600.0
 ROUND_BITS = 10
 INITIAL_PEERS_ENV = "GEODILOCO_INITIAL_PEERS"
 MADDRS_FILE_ENV = "GEODILOCO_MADDRS_FILE"
+HOST_MADDRS_ENV = "GEODILOCO_HOST_MADDRS"
 MISSING_SHARE_KEY = "geodiloco_missing_share"
 
 
@@ -126,6 +127,16 @@ def _on_wire(flat: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
 def round_group_bits(round_idx: int) -> str:
     """Group-key bits of a round: nodes in different rounds never meet in one all-reduce."""
     return format(round_idx % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
+
+
+def host_maddrs(options: HivemindSection) -> list[str]:
+    """Where this node's peer listens: GEODILOCO_HOST_MADDRS (comma separated) when set, else the
+    config's. ``geodiloco run`` sets it to the one address each node is reached at on this host
+    (loopback, or the site's namespace address): with 0.0.0.0 a peer announces every address of
+    the host, and dials to addresses that do not answer stall all-reduces until their chunk
+    timeout."""
+    override = [addr.strip() for addr in os.environ.get(HOST_MADDRS_ENV, "").split(",") if addr.strip()]
+    return override or list(options.host_maddrs)
 
 
 def initial_peers(options: HivemindSection) -> list[str]:
@@ -249,7 +260,7 @@ class HivemindOuterSync:
         options = self.options
         peers = initial_peers(options)
         try:
-            self.dht = hivemind.DHT(start=True, host_maddrs=list(options.host_maddrs),
+            self.dht = hivemind.DHT(start=True, host_maddrs=host_maddrs(options),
                                     announce_maddrs=list(options.announce_maddrs) or None, initial_peers=peers)
         except Exception as err:
             raise RuntimeError(f"node {self.topology.node_name}: the hivemind peer did not start ({err}); "

@@ -9,7 +9,9 @@ is kept.
 
 With ``comm.backend: hivemind`` the first node starts alone; once its DHT peer is up
 it writes its multiaddrs to ``RUN_DIR/hivemind_peers.txt`` and the others start with
-them as initial peers. Each node runs in its own session (process group) so that
+them as initial peers. Each node's peer listens on the one address it is reached at
+here (127.0.0.1, or its site's namespace address), whatever ``host_maddrs`` says:
+the config's addresses are for sites on separate machines. Each node runs in its own session (process group) so that
 stopping it also stops its DHT, averager and p2pd processes, and a node that fails
 does not stop the others (there is no master to lose).
 """
@@ -87,7 +89,8 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str]) -> Itera
                     env = site_set.env(index, master_port=port, base=env)
                     argv = site_set.command(index, command)
                 if hivemind:
-                    env.update({"RANK": "0", "WORLD_SIZE": "1"})
+                    address = site_set[index].address if mode == "netns" else "127.0.0.1"
+                    env.update({"RANK": "0", "WORLD_SIZE": "1", "GEODILOCO_HOST_MADDRS": f"/ip4/{address}/tcp/0"})
                     if index == 0:
                         peers_file.unlink(missing_ok=True)
                         env["GEODILOCO_MADDRS_FILE"] = str(peers_file)

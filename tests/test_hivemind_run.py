@@ -117,7 +117,7 @@ def sgd(config):
 
 
 def test_hivemind_run_matches_the_torch_backend(tmp_path):
-    config = sgd(hivemind_config(UNEQUAL_NODES, rounds=2))
+    config = sgd(hivemind_config(UNEQUAL_NODES, rounds=2, host_maddrs=["/ip4/0.0.0.0/tcp/0"]))
     hivemind_dir, torch_dir = tmp_path / "hivemind", tmp_path / "torch"
     launcher = subprocess.Popen([sys.executable, "-m", "runtime.cli", "run", "--sites", "local", "--no-report",
                                  "--config", str(write_config(tmp_path, config, "hivemind.yaml")),
@@ -155,6 +155,9 @@ def test_hivemind_run_matches_the_torch_backend(tmp_path):
         assert_same_parameters(checksums)
     assert len(daemons) == 3
     wait_for(lambda: not session_p2pd(nodes), 10, "every p2pd to end")
+    # on one machine the launcher binds every peer to loopback, whatever the config's host_maddrs
+    peers = (hivemind_dir / "hivemind_peers.txt").read_text().split()
+    assert peers and all(addr.startswith("/ip4/127.0.0.1/tcp/") for addr in peers), peers
 
 
 EMULATED = [{"name": "a", "emulate": {"step_time_s": 0.15}},
