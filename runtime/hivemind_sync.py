@@ -169,7 +169,7 @@ def make_averager_class():
         async def _aggregate_with_group(self, group_info, min_vector_size: int, **kwargs):
             """hivemind only logs an all-reduce in which a peer's part of the results never came
             (that part keeps this node's own values); tell the caller the missing share in the
-            gathered data, so the node reloads the global state instead of training on it."""
+            gathered data, so the node keeps the round's starting state instead of a half average."""
             gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
             running = self._running_groups.get(group_info.group_id)
             runner = running.result() if running is not None and running.done() else None

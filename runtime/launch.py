@@ -11,9 +11,10 @@ With ``comm.backend: hivemind`` the first node starts alone; once its DHT peer i
 it writes its multiaddrs to ``RUN_DIR/hivemind_peers.txt`` and the others start with
 them as initial peers. Each node's peer listens on the one address it is reached at
 here (127.0.0.1, or its site's namespace address), whatever ``host_maddrs`` says:
-the config's addresses are for sites on separate machines. Each node runs in its own session (process group) so that
-stopping it also stops its DHT, averager and p2pd processes, and a node that fails
-does not stop the others (there is no master to lose).
+the config's addresses are for sites on separate machines. Each node runs in its
+own session (process group) so that stopping it also stops its DHT, averager and
+p2pd processes, and a node that fails does not stop the others (there is no master
+to lose).
 """
 from __future__ import annotations
 

@@ -45,10 +45,12 @@ def launcher_children(pid):
     return [int(line) for line in found.stdout.split()]
 
 
-def start_node(config_path, run_dir, name, peers_file, first):
-    """One node as a site would start it: its own session, the first one's multiaddrs as peers."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GEODILOCO_NODE=name,
-               GEODILOCO_DEVICE="cpu", RANK="0", WORLD_SIZE="1")
+def start_node(config_path, run_dir, name, peers_file, first, ranks=1):
+    """One node as a site would start it: its own session, the first one's multiaddrs as peers;
+    with ``ranks`` > 1 under torchrun (DDP inside the node)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GEODILOCO_NODE=name, GEODILOCO_DEVICE="cpu")
+    if ranks == 1:
+        env.update(RANK="0", WORLD_SIZE="1")
     if first:
         env["GEODILOCO_MADDRS_FILE"] = str(peers_file)
     else:
@@ -57,10 +59,19 @@ def start_node(config_path, run_dir, name, peers_file, first):
             assert time.monotonic() < deadline, "the first node never published its multiaddrs"
             time.sleep(0.1)
         env["GEODILOCO_INITIAL_PEERS"] = ",".join(peers_file.read_text().split())
-    log = open(run_dir.parent / f"{name}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "runtime.train", "--config", str(config_path),
-                             "--run-dir", str(run_dir)], cwd=REPO_ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    launcher = ([sys.executable] if ranks == 1 else
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"])
+    with open(run_dir.parent / f"{name}.log", "w") as log:
+        return subprocess.Popen([*launcher, "-m", "runtime.train", "--config", str(config_path),
+                                 "--run-dir", str(run_dir)], cwd=REPO_ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def assert_all_finish(processes, names, log_dir):
+    """Every node exits 0 (its log's tail when not); returns the logs by node name."""
+    for process, name in zip(processes, names):
+        assert process.wait(timeout=150) == 0, (log_dir / f"{name}.log").read_text()[-3000:]
+    return {name: (log_dir / f"{name}.log").read_text() for name in names}
 
 
 def wait_for(condition, timeout_s, what):
@@ -214,12 +225,10 @@ def test_a_late_node_joins_with_its_peers_parameters(tmp_path):
         processes.append(start_node(config_path, run_dir, "b", peers_file, first=False))
         wait_for(lambda: 0 in node_rounds(run_dir, "a"), 90, "round 1 of node a")
         processes.append(start_node(config_path, run_dir, "c", peers_file, first=False))
-        for process, name in zip(processes, "abc"):
-            assert process.wait(timeout=150) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+        logs = assert_all_finish(processes, "abc", tmp_path)
     finally:
         stop_all(processes)
 
-    logs = {name: (tmp_path / f"{name}.log").read_text() for name in "abc"}
     joined = node_rounds(run_dir, "c")
     assert joined and joined[0] >= 1 and joined[-1] == rounds - 1
     assert "joined run" in logs["c"]
@@ -255,22 +264,13 @@ def test_a_two_rank_site_under_torchrun_trains_with_a_one_rank_site(tmp_path):
     rounds = 3
     config_path, run_dir = write_config(tmp_path, hivemind_config(nodes, rounds=rounds)), tmp_path / "run"
     peers_file = tmp_path / "peers.txt"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GEODILOCO_DEVICE="cpu",
-               GEODILOCO_MADDRS_FILE=str(peers_file))
-    with open(tmp_path / "a.log", "w") as log:
-        site_a = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                                   "-m", "runtime.train", "--config", str(config_path), "--node-name", "a",
-                                   "--run-dir", str(run_dir)], cwd=REPO_ROOT, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    processes = [site_a]
+    processes = [start_node(config_path, run_dir, "a", peers_file, first=True, ranks=2)]
     try:
         processes.append(start_node(config_path, run_dir, "b", peers_file, first=False))
-        for process, name in zip(processes, "ab"):
-            assert process.wait(timeout=150) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+        logs = assert_all_finish(processes, "ab", tmp_path)
     finally:
         stop_all(processes)
 
-    logs = {name: (tmp_path / f"{name}.log").read_text() for name in "ab"}
     records = read_jsonl(run_dir / "idle.jsonl")
     assert sorted((row["round"], row["node"], row["local_steps"]) for row in records) == sorted(
         (round_idx, node["name"], node["local_steps"]) for round_idx in range(rounds) for node in nodes)
