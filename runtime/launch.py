@@ -44,7 +44,7 @@ def choose_sites(requested: str) -> tuple[str, str]:
     """Resolve ``auto`` to netns (root + namespaces work) or local; returns (mode, reason)."""
     if requested == "local":
         return "local", "requested"
-    from runtime import sites
+    from lab import sites
     usable, reason = sites.can_use_netns()
     if requested == "netns" and not usable:
         raise RuntimeError(f"--sites netns is not possible here: {reason}; use --sites local")
@@ -74,7 +74,7 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str]) -> Itera
     processes: list[subprocess.Popen] = []
     with stack:
         if mode == "netns":
-            from runtime import sites
+            from lab import sites
             site_set = stack.enter_context(sites.netns_sites(sites.site_links(config.nodes)))
             master_addr, port = site_set.master_addr, 29500
         else:

@@ -23,7 +23,7 @@ from runtime.comm import TorchOuterSync, Topology
 from runtime.config import RunConfig
 from runtime.data import NodeShard, ShardCursor, eval_batches, load_corpus
 from runtime.diloco import COMPRESSION_DTYPES, OuterState, build_inner_optimizer, inner_lr, outer_weights
-from runtime.emulation import StepPacer
+from lab.virtual_gpu import StepPacer
 from runtime.evaluation import BackgroundEvaluator
 from runtime.gpu_sampler import GpuSampler
 from runtime.hivemind_sync import OutOfSync

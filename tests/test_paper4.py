@@ -32,7 +32,7 @@ def test_scaled_wan_gives_the_small_model_llama_150m_share_of_a_round():
 
 
 def test_node_offsets_make_batch_4_steps_last_the_paper_fitted_times():
-    from runtime.emulation import StepPacer
+    from lab.virtual_gpu import StepPacer
     from predictor.workload import resolve_dims
     from balancer.cluster import NodeSpec
 

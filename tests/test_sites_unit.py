@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from balancer.cluster import NodeSpec
-from runtime import sites as sites_mod
-from runtime.delayline import Direction, next_wakeup_s, parse_endpoint, write_due_frames
-from runtime.sites import Site, SiteLink, Sites, parse_rate_mbps, site_links, tbf_burst_bytes, tbf_rate
+from lab import sites as sites_mod
+from lab.delayline import Direction, next_wakeup_s, parse_endpoint, write_due_frames
+from lab.sites import Site, SiteLink, Sites, parse_rate_mbps, site_links, tbf_burst_bytes, tbf_rate
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "scripts" / "launch_site.sh"

@@ -2,7 +2,7 @@
 
 How it is measured: N emulated sites are created on this machine (one network
 namespace each, a veth to a shared bridge, tbf at --rate-mbps on both ends of
-every link; runtime/sites.py). One Python process per site (1 thread) holds a
+every link; lab/sites.py). One Python process per site (1 thread) holds a
 flat fp32 pseudo-gradient of --numel elements and runs --repeats outer syncs:
 
 - gloo: barrier, then ``TorchOuterSync.reduce_weighted`` (all_reduce SUM of the
@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -177,54 +176,32 @@ def site_network(num_sites: int, rate_mbps: float | None, shaped: bool, mtu: int
 
     if not shaped:
         return contextlib.nullcontext(None)
-    from runtime.sites import SiteLink, netns_sites
+    from lab.sites import SiteLink, netns_sites
     return netns_sites([SiteLink(f"site{i}", rate_mbps) for i in range(num_sites)], prefix="gdhm", mtu=mtu)
 
 
 def measure(num_sites: int, variant: str, args: argparse.Namespace, shaped: bool, work_dir: Path) -> list[dict]:
     """Per repeat, the slowest site's sync and exchange seconds."""
+    from lab.site_procs import SiteProcessError, run_per_site
+
     backend, codec, _ = VARIANTS[variant]
     peers_file = work_dir / f"peers-{num_sites}-{variant.replace(' ', '_')}.txt"
     peers_file.unlink(missing_ok=True)
+
+    def argv_for_site(rank: int, address: str) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(rank),
+                "--world", str(num_sites), "--numel", str(args.numel), "--repeats", str(args.repeats),
+                "--backend", backend, "--codec", codec, "--address", address, "--peers-file", str(peers_file)]
+
     with site_network(num_sites, args.rate_mbps, shaped, args.mtu) as sites:
-        processes = []
         try:
-            for rank in range(num_sites):
-                address = sites[rank].address if sites else "127.0.0.1"
-                argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(rank),
-                        "--world", str(num_sites), "--numel", str(args.numel), "--repeats", str(args.repeats),
-                        "--backend", backend, "--codec", codec, "--address", address,
-                        "--peers-file", str(peers_file)]
-                env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(MASTER_PORT))
-                if sites:
-                    env = sites.env(rank, master_port=MASTER_PORT, base=env)
-                    argv = sites.command(rank, argv)
-                processes.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True,
-                                                  cwd=REPO, start_new_session=True))
-            outputs = []
-            for process in processes:
-                stdout, _ = process.communicate(timeout=args.timeout_s)
-                if process.returncode != 0:
-                    raise SystemExit(f"{variant}: a site process failed with exit code {process.returncode}")
-                outputs.append([json.loads(line) for line in stdout.splitlines() if line.startswith("{")])
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-                with_suppressed_kill(process.pid)
+            outputs = run_per_site(argv_for_site, num_sites, sites, master_port=MASTER_PORT,
+                                   timeout_s=args.timeout_s, cwd=REPO)
+        except SiteProcessError as err:
+            raise SystemExit(f"{variant}: {err}") from None
     return [{"sync_s": max(out[repeat]["sync_s"] for out in outputs),
              "exchange_s": max(out[repeat]["exchange_s"] for out in outputs),
              "error": max(out[repeat]["error"] for out in outputs)} for repeat in range(args.repeats)]
-
-
-def with_suppressed_kill(pid: int) -> None:
-    """Whatever a site process left in its session (DHT, averager, p2pd) goes with it."""
-    import signal
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def make_row(num_sites: int, variant: str, samples: list[dict], args: argparse.Namespace, shaped: bool) -> Row:
@@ -335,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args)
 
-    from runtime.sites import can_use_netns
+    from lab.sites import can_use_netns
     shaped, note = can_use_netns()
     if not shaped:
         print(f"note: no emulated sites ({note}); measuring on unshaped loopback", file=sys.stderr)

@@ -57,7 +57,7 @@ def choose_sites(requested: str) -> tuple[str, str]:
     """The --sites value to run with, and a note for the results."""
     if requested == "local":
         return "local", "sites on loopback (requested); links are not shaped"
-    from runtime.sites import can_use_netns
+    from lab.sites import can_use_netns
     usable, reason = can_use_netns()
     if usable:
         return "netns", "one network namespace per site, tbf-shaped links"

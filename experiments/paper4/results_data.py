@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.config import load_config
-from runtime.emulation import StepPacer
+from lab.virtual_gpu import StepPacer
 
 
 @dataclass

@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -95,30 +94,21 @@ def worker(args: argparse.Namespace) -> int:
 
 def measure(num_sites: int, args: argparse.Namespace, rate_mbps: float | None) -> dict[str, list[float]]:
     """Per dtype, the slowest rank's time of each repeat (``rate_mbps`` None = unshaped links)."""
-    from runtime.sites import SiteLink, netns_sites
+    from lab.site_procs import SiteProcessError, run_per_site
+    from lab.sites import SiteLink, netns_sites
+
+    def argv_for_site(rank: int, _address: str) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(rank),
+                "--world", str(num_sites), "--numel", str(args.numel), "--repeats", str(args.repeats),
+                "--dtypes", *args.dtypes]
 
     links = [SiteLink(f"site{i}", rate_mbps) for i in range(num_sites)]
     with netns_sites(links, prefix="gdlb", mtu=args.mtu) as sites:
-        processes = []
-        for rank in range(num_sites):
-            argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(rank),
-                    "--world", str(num_sites), "--numel", str(args.numel), "--repeats", str(args.repeats),
-                    "--dtypes", *args.dtypes]
-            env = sites.env(rank, master_port=MASTER_PORT)
-            env["OMP_NUM_THREADS"] = "1"
-            processes.append(subprocess.Popen(sites.command(rank, argv), env=env, stdout=subprocess.PIPE, text=True))
-        outputs = []
         try:
-            for process in processes:
-                stdout, _ = process.communicate(timeout=args.timeout_s)
-                if process.returncode != 0:
-                    raise SystemExit(f"a site process failed with exit code {process.returncode}")
-                outputs.append([json.loads(line) for line in stdout.splitlines() if line.startswith("{")])
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
+            outputs = run_per_site(argv_for_site, num_sites, sites, master_port=MASTER_PORT,
+                                   timeout_s=args.timeout_s)
+        except SiteProcessError as err:
+            raise SystemExit(str(err)) from None
     times: dict[str, list[float]] = {}
     for dtype_name in args.dtypes:
         for repeat in range(args.repeats):
@@ -237,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return worker(args)
-    from runtime.sites import can_use_netns
+    from lab.sites import can_use_netns
 
     ok, reason = can_use_netns()
     if not ok:

@@ -9,13 +9,13 @@ Layout for N sites (all names live only inside the namespaces created here)::
 ``bandwidth_mbps`` puts a ``tbf`` qdisc on both ends of the site's link, so the
 site's upload (``wan0`` egress) and download (``sI`` egress) are each limited to
 that rate. ``latency_ms`` > 0 replaces the veth by two TAP devices joined by a
-userspace delay line (:mod:`runtime.delayline`) that delays every frame by
+userspace delay line (:mod:`lab.delayline`) that delays every frame by
 ``latency_ms`` each way; a packet between two sites crosses both sites' links,
 so its one-way delay is the sum of their ``latency_ms``.
 
 ``<owner>`` is the creating process id (plus a sequence number), so parallel
 runs never collide and namespaces left by a crashed run (owner no longer alive)
-are removed by :func:`cleanup_stale`. ``python -m runtime.sites up`` uses the
+are removed by :func:`cleanup_stale`. ``python -m lab.sites up`` uses the
 owner ``m`` (manual) and keeps the sites until ``down``.
 """
 from __future__ import annotations
@@ -274,7 +274,7 @@ def start_delay_line(site_ns: str, bridge_ns: str, port_ifname: str, latency_ms:
     Attached lines exit when our end of their stdin closes (so also when we die);
     detached ones (manual ``up``) live until their namespaces are deleted.
     """
-    argv = [sys.executable, "-m", "runtime.delayline", "--a", f"{site_ns}:{SITE_IFNAME}",
+    argv = [sys.executable, "-m", "lab.delayline", "--a", f"{site_ns}:{SITE_IFNAME}",
             "--b", f"{bridge_ns}:{port_ifname}", "--delay-ms", str(latency_ms)]
     if not detached:
         argv.append("--until-stdin-eof")
@@ -423,7 +423,7 @@ def site_links(nodes) -> list[SiteLink]:
                      node.wan.latency_ms if node.wan else 0.0) for node in nodes]
 
 
-# ----- command line: python -m runtime.sites up|down|status -----
+# ----- command line: python -m lab.sites up|down|status -----
 
 _RATE_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gbit|mbit|kbit)?\s*$", re.IGNORECASE)
 _RATE_TO_MBPS = {"gbit": 1000.0, "mbit": 1.0, "kbit": 0.001, None: 1.0}
@@ -469,7 +469,7 @@ def delay_lines_of(namespace: str) -> list[str]:
                 argv = handle.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if "runtime.delayline" in argv and any(arg.startswith(f"{namespace}:") for arg in argv):
+        if "lab.delayline" in argv and any(arg.startswith(f"{namespace}:") for arg in argv):
             delay_ms = argv[argv.index("--delay-ms") + 1] if "--delay-ms" in argv else "?"
             found.append(f"pid {cmdline_path.split('/')[2]}: {delay_ms} ms")
     return found
@@ -519,7 +519,7 @@ def _cmd_status(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m runtime.sites",
+    parser = argparse.ArgumentParser(prog="python -m lab.sites",
                                      description="Emulated sites in network namespaces with shaped links.")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--prefix", default=DEFAULT_PREFIX, help="namespace name prefix (default %(default)s)")
