@@ -36,15 +36,23 @@ def register(subparsers) -> None:
     plan.set_defaults(func=run_plan)
 
     simulate = subparsers.add_parser("simulate", help="simulate rounds of a cluster under a policy (no processes)",
-                                     description="Discrete-event simulation of outer rounds with ground-truth step "
-                                                 "times, per-step noise, slowdowns and the outer sync.")
+                                     description="Discrete-event simulation of outer rounds. Each node's true step "
+                                                 "time comes from the cluster file (measured: points or a point, else "
+                                                 "emulate:), not from the planner's prior; on top: per-step noise, "
+                                                 "stragglers, slow drift, slowdowns and the outer sync.")
     _add_common(simulate)
     simulate.add_argument("--rounds", type=int, default=10, help="outer rounds to simulate (default 10)")
     simulate.add_argument("--slowdown", action="append", default=[], metavar="NODE:ROUND:FACTOR",
                           help="node runs FACTOR x slower from ROUND on (repeatable; NODE:ROUND:FACTOR:UNTIL ends it)")
     simulate.add_argument("--model-error", type=float, help="relative error of the predictor's estimate for nodes "
-                                                            "without measured step times (default 0.1)")
+                                                            "that declare no step time (no measured:, no emulate:) "
+                                                            "(default 0.1)")
     simulate.add_argument("--step-noise", type=float, help="relative std of each step's time (default 0.02)")
+    simulate.add_argument("--straggler-prob", type=float,
+                          help="chance that a step is a straggler, 2-5x slower (default 0.01; 0 = none)")
+    simulate.add_argument("--drift-per-round", type=float,
+                          help="std of the log of a node's speed change per round, a slow random walk "
+                               "(default 0.02; 0 = none)")
     simulate.add_argument("--seed", type=int, help="random seed (default 0)")
     simulate.add_argument("--out", metavar="DIR", help="write idle.jsonl, plan.jsonl and config.yaml here")
     simulate.add_argument("--run-id", help="run_id of the written records (default: sim-POLICY)")
@@ -77,6 +85,8 @@ def run_simulate(args) -> int:
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
     simulation = {key: value for key, value in (("model_error", args.model_error), ("step_noise", args.step_noise),
+                                                ("straggler_prob", args.straggler_prob),
+                                                ("drift_per_round", args.drift_per_round),
                                                 ("seed", args.seed)) if value is not None}
     setup = _setup(args, simulation)
     slowdowns = [parse_slowdown(text) for text in args.slowdown]

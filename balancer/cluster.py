@@ -22,13 +22,22 @@ class SlowdownEvent(StrictModel):
 
 
 class EmulateSpec(StrictModel):
-    """Virtual GPU: pad each real inner step with sleep up to a target time.
+    """How a node gets its speed on a machine that lacks its GPUs: one of three sources.
 
-    Target at batch B: ``step_time_s * (fixed_fraction + (1 - fixed_fraction) * B / batch_size)``
-    (``fixed_fraction`` = share of the step that does not grow with the batch), or the
-    predictor's t(B) for ``gpu`` (a GPU name, a list of names, or ``from_gpus`` = the node's gpus)
-    running ``model`` (a preset or dims file; default the run's model) at ``seq_len`` (default
-    the run's). ``time_scale`` multiplies every target (e.g. to shorten a reproduction).
+    - ``step_time_s``: a virtual GPU; each real step is padded with sleep up to
+      ``step_time_s * (fixed_fraction + (1 - fixed_fraction) * B / batch_size)``
+      (``fixed_fraction`` = share of the step that does not grow with the batch;
+      ``batch_size`` defaults to the run's ``diloco.batch_size``);
+    - ``gpu``: a virtual GPU padded to the predictor's t(B) for ``gpu`` (a GPU name, a list,
+      or ``from_gpus`` = the node's gpus) running ``model`` (a preset or dims file; default the
+      run's model) at ``seq_len`` (default the run's);
+    - ``cpu_share``: real compute; the node's processes run in a cgroup limited to that
+      share of one CPU core (root needed), so a step takes whatever the real model takes.
+
+    ``time_scale`` multiplies every padded target. ``slowdown`` events divide a
+    ``cpu_share`` node's quota by their factor (a co-tenant arriving) and multiply a
+    virtual GPU's target. ``jitter`` is the relative std of a virtual GPU's step time.
+    The rule itself lives in :mod:`balancer.step_time`.
     """
 
     step_time_s: Optional[float] = Field(default=None, gt=0)
@@ -37,17 +46,32 @@ class EmulateSpec(StrictModel):
     gpu: Optional[Union[str, list[str]]] = None
     model: Optional[str] = None
     seq_len: Optional[int] = Field(default=None, ge=1)
+    cpu_share: Optional[float] = Field(default=None, gt=0.0, le=64.0)
+    cpu_period_ms: float = Field(default=20.0, ge=1.0, le=1000.0)
     time_scale: float = Field(default=1.0, gt=0)
     jitter: float = Field(default=0.0, ge=0.0, lt=1.0)
     slowdown: list[SlowdownEvent] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_source(self) -> "EmulateSpec":
-        if (self.step_time_s is None) == (self.gpu is None):
-            raise ValueError("give exactly one of emulate.step_time_s (seconds per step) or emulate.gpu (a GPU name, a list, or 'from_gpus')")
+        sources = [name for name, value in (("step_time_s", self.step_time_s), ("gpu", self.gpu),
+                                             ("cpu_share", self.cpu_share)) if value is not None]
+        if len(sources) != 1:
+            given = ", ".join(f"emulate.{name}" for name in sources) or "none"
+            raise ValueError("give exactly one of emulate.step_time_s (seconds per step), emulate.gpu (a GPU name, "
+                             f"a list, or 'from_gpus') or emulate.cpu_share (cores, e.g. 0.35); given: {given}")
         if self.gpu is None and (self.model is not None or self.seq_len is not None):
             raise ValueError("emulate.model and emulate.seq_len only apply with emulate.gpu")
+        if self.cpu_share is not None and (self.jitter or self.time_scale != 1.0 or self.batch_size
+                                           or self.fixed_fraction):
+            raise ValueError("emulate.cpu_share runs real compute: jitter, time_scale, batch_size and fixed_fraction "
+                             "do not apply (its noise and t(B) are the real ones); remove them")
         return self
+
+    @property
+    def real_compute(self) -> bool:
+        """True when the node's steps are real work under a CPU quota, not padded to a target."""
+        return self.cpu_share is not None
 
     def gpu_names(self, node_gpus: list[str]) -> list[str]:
         """The GPUs whose time is emulated (``from_gpus`` = the node's own)."""
@@ -71,24 +95,53 @@ class WanSpec(StrictModel):
     latency_ms: float = Field(default=0.0, ge=0)
 
 
-class MeasuredSpec(StrictModel):
-    """Ground-truth step time for the simulator: seconds per step at ``batch_size``, or a trace.
-
-    At other batch sizes the simulator scales it by ``fixed_fraction`` (share of
-    the step that does not grow with the batch, as in ``emulate``) when given,
-    else by the shape of the predictor's t(B) for the node's GPUs. A trace is
-    summarized by its mean and its relative spread (used as per-step noise).
-    """
+class MeasuredPoint(StrictModel):
+    """One measured point of a node's t(B): ``step_time_s`` seconds per step at ``batch_size``."""
 
     batch_size: int = Field(ge=1)
+    step_time_s: float = Field(gt=0)
+
+
+class MeasuredSpec(StrictModel):
+    """Ground-truth step time for the simulator, from a different code path than the planner's prior.
+
+    Either ``points`` (a measured t(B) curve, piecewise linear, so it can have a knee the
+    predictor lacks), or seconds per step at ``batch_size`` (or a ``trace_s`` of steps)
+    scaled to other batch sizes by ``fixed_fraction`` (share of the step that does not grow
+    with the batch) when given, else by the shape of the predictor's t(B) for the node's
+    GPUs. A trace is summarized by its mean and its relative spread (per-step noise).
+    """
+
+    batch_size: Optional[int] = Field(default=None, ge=1)
     step_time_s: Optional[float] = Field(default=None, gt=0)
     trace_s: Optional[list[float]] = None
     fixed_fraction: Optional[float] = Field(default=None, ge=0.0, lt=1.0)
+    points: list[MeasuredPoint] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _point_fields_from_curve(cls, data):
+        """With ``points``, ``batch_size``/``step_time_s`` (the reference point) are the first point."""
+        if isinstance(data, dict) and data.get("points"):
+            if any(data.get(key) is not None for key in ("batch_size", "step_time_s", "trace_s", "fixed_fraction")):
+                raise ValueError("measured.points is a whole t(B) curve: drop measured.batch_size, step_time_s, "
+                                 "trace_s and fixed_fraction, or drop points")
+            first = data["points"][0]
+            if isinstance(first, dict):
+                data = dict(data, batch_size=first.get("batch_size"), step_time_s=first.get("step_time_s"))
+        return data
 
     @model_validator(mode="after")
     def _has_time(self) -> "MeasuredSpec":
+        if self.points:
+            batches = [point.batch_size for point in self.points]
+            if len(set(batches)) != len(batches):
+                raise ValueError(f"measured.points: each batch_size once; got {batches}")
+            return self
+        if self.batch_size is None:
+            raise ValueError("give measured.batch_size (the batch the time was measured at), or measured.points")
         if self.step_time_s is None and not self.trace_s:
-            raise ValueError("give measured.step_time_s or a non-empty measured.trace_s")
+            raise ValueError("give measured.step_time_s, a non-empty measured.trace_s, or measured.points")
         if self.step_time_s is None:
             self.step_time_s = sum(self.trace_s) / len(self.trace_s)
         return self

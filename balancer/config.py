@@ -25,14 +25,30 @@ class SimulationConfig(StrictModel):
     """Ground truth knobs of ``geodiloco simulate`` (ignored by a real run).
 
     ``model_error``: relative spread (std of the log) of the true step time
-    around the predictor's estimate, drawn once per node, for nodes without
-    ``measured:`` or ``emulate.step_time_s``. ``step_noise``: relative std of
-    each step's time (a node's ``emulate.jitter`` wins). ``seed``: RNG seed.
+    around the predictor's estimate, drawn once per node, for nodes that declare
+    no time of their own (no ``measured:``, no ``emulate.step_time_s``/``gpu``).
+    ``step_noise``: relative std of each step's time (a virtual GPU's
+    ``emulate.jitter`` or a measured trace's spread wins). ``straggler_prob``:
+    chance that a step is a straggler, ``straggler_factor`` x slower (uniform in
+    [low, high]). ``drift_per_round``: std of the log of a node's speed change
+    from one round to the next (a slow random walk: thermals, co-tenants).
+    ``seed``: RNG seed.
     """
 
     model_error: float = Field(default=0.1, ge=0.0, le=2.0)
     step_noise: float = Field(default=0.02, ge=0.0, lt=0.5)
+    straggler_prob: float = Field(default=0.01, ge=0.0, le=0.5)
+    straggler_factor: tuple[float, float] = (2.0, 5.0)
+    drift_per_round: float = Field(default=0.02, ge=0.0, le=0.5)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _straggler_range(self) -> "SimulationConfig":
+        low, high = self.straggler_factor
+        if not 1.0 <= low <= high:
+            raise ValueError(f"balancing.simulation.straggler_factor: [low, high] with 1 <= low <= high; "
+                             f"got [{low:g}, {high:g}]")
+        return self
 
 
 class BalancingConfig(StrictModel):

@@ -8,64 +8,17 @@ time) learned from the rounds it finished; estimates are ``prior x factor``.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from balancer.cluster import NodeSpec
+from balancer.step_time import UNLIMITED_BATCH, LinearStepModel, ScaledStepModel, declared_step_model
 from predictor.base import StepTimeModel
-from predictor.schema import ConfigError
 
 ModelFactory = Callable[[list, Optional[int]], StepTimeModel]
 """(gpu names of one node, micro_batch_size or None) -> that node's step-time model."""
-
-UNLIMITED_BATCH = sys.maxsize
-
-
-class LinearStepModel:
-    """Step time declared in the config: ``step_time_s * (fixed + (1 - fixed) * B / batch_size)``.
-
-    The same rule the runtime's emulation pads to, so a node given as
-    ``emulate: {step_time_s: ...}`` is planned with the time it will run at.
-    It holds no memory model: ``max_batch_size`` is ``max_batch`` or unlimited.
-    """
-
-    def __init__(self, step_time_s: float, batch_size: int, fixed_fraction: float = 0.0,
-                 max_batch: Optional[int] = None) -> None:
-        self.step_time_s = step_time_s
-        self.batch_size = batch_size
-        self.fixed_fraction = fixed_fraction
-        self.max_batch = max_batch
-
-    def predict(self, batch_size: int) -> float:
-        share = self.fixed_fraction + (1.0 - self.fixed_fraction) * batch_size / self.batch_size
-        return self.step_time_s * share
-
-    def update(self, batch_size: int, step_time_s: float) -> None:
-        """Rescale to the measured time at ``batch_size`` (keeps the fixed share)."""
-        self.step_time_s *= step_time_s / self.predict(batch_size)
-
-    def max_batch_size(self) -> int:
-        return self.max_batch or UNLIMITED_BATCH
-
-
-class ScaledStepModel:
-    """A step-time model whose times are multiplied by ``time_scale`` (emulate.time_scale)."""
-
-    def __init__(self, inner: StepTimeModel, time_scale: float) -> None:
-        self.inner = inner
-        self.time_scale = time_scale
-
-    def predict(self, batch_size: int) -> float:
-        return self.inner.predict(batch_size) * self.time_scale
-
-    def update(self, batch_size: int, step_time_s: float) -> None:
-        self.inner.update(batch_size, step_time_s / self.time_scale)
-
-    def max_batch_size(self) -> int:
-        return self.inner.max_batch_size()
 
 
 def micro_batches(batch_size: np.ndarray, max_micro: np.ndarray) -> np.ndarray:
@@ -107,8 +60,10 @@ class StepTimeBank:
 
     def __init__(self, nodes: Sequence[NodeSpec], model_factory: ModelFactory,
                  memory_headroom: float = 0.0,
-                 workload_factory: Optional[Callable[[Optional[str], Optional[int]], ModelFactory]] = None) -> None:
+                 workload_factory: Optional[Callable[[Optional[str], Optional[int]], ModelFactory]] = None,
+                 base_batch_size: int = 1) -> None:
         self.names = [node.name for node in nodes]
+        self.base_batch_size = base_batch_size
         self.model_factory = model_factory
         self.workload_factory = workload_factory
         self.groups: list[NodeGroup] = []
@@ -124,13 +79,14 @@ class StepTimeBank:
         self.members = [np.flatnonzero(group_index == g) for g in range(len(self.groups))]
         self.max_micro = self._max_micro(memory_headroom)
 
-    @staticmethod
-    def _group_for(node: NodeSpec) -> tuple:
+    def _group_for(self, node: NodeSpec) -> tuple:
         """The prior a node is planned with, in the order a real run would know it.
 
         An ``emulate.gpu`` node runs at the predictor's time for its emulated GPUs and
         workload; otherwise the node's ``gpus`` (at the run's model); a node with only
-        ``emulate.step_time_s`` at that declared time; a node with neither is this CPU.
+        ``emulate.step_time_s`` at that declared time (the rule of :mod:`balancer.step_time`,
+        reference batch ``emulate.batch_size`` or the run's baseline); a node with neither
+        (or only ``emulate.cpu_share``: real compute) is planned as this CPU.
         """
         emulate = node.emulate
         if emulate is not None and emulate.gpu is not None:
@@ -141,10 +97,9 @@ class StepTimeBank:
         if node.gpus:
             return ("gpus", tuple(node.gpus)), NodeGroup(gpus=tuple(node.gpus), linear=None)
         if emulate is not None and emulate.step_time_s is not None:
-            batch = emulate.batch_size or 1
-            step_time_s = emulate.step_time_s * emulate.time_scale
-            key = ("linear", step_time_s, batch, emulate.fixed_fraction)
-            return key, NodeGroup(gpus=(), linear=LinearStepModel(step_time_s, batch, emulate.fixed_fraction))
+            declared = declared_step_model(emulate, node.gpus, self.base_batch_size, gpu_model=None)
+            key = ("linear", declared.step_time_s, declared.batch_size, declared.fixed_fraction)
+            return key, NodeGroup(gpus=(), linear=declared)
         return ("gpus", ()), NodeGroup(gpus=(), linear=None)
 
     def model(self, group_id: int, micro_batch_size: Optional[int] = None) -> StepTimeModel:

@@ -111,7 +111,7 @@ class Planner:
         workload_factory = None if model_factory else (
             lambda model, seq: predictor_model_factory(resolve_dims(model) if model else dims,
                                                        seq or seq_len, precision))
-        self.bank = StepTimeBank(self.nodes, factory, balancing.memory_headroom, workload_factory)
+        self.bank = StepTimeBank(self.nodes, factory, balancing.memory_headroom, workload_factory, batch_size)
         self.tflops_lookup = tflops_lookup or predictor_tflops_lookup(balancing.flops_field)
         self.calibration = Calibration(len(self.nodes), balancing.ewma_alpha, balancing.change_threshold)
         self.sync = OuterSyncModel(self.nodes, parameter_count(dims), balancing.sync_dtype)

@@ -1,11 +1,18 @@
 """Discrete-event simulation of outer rounds: no processes, every node at once with numpy.
 
-Per round: the planner plans (seeing only spec estimates and the rounds
-already finished), every node runs its local phase with its *true* step time
-(``measured:`` in the cluster file, else ``emulate.step_time_s``, else the
-predictor's estimate off by a per-node model error), with per-step noise and
-slowdown events; the outer sync starts when the last node is done and takes
-the network model's time. The planner then sees each node's mean step time.
+Per round: the planner plans (seeing only its prior and the rounds already
+finished), every node runs its local phase with its *true* step time, the outer
+sync starts when the last node is done and takes the network model's time, and
+the planner then sees each node's mean step time.
+
+The truth comes from a different code path than the planner's prior
+(:class:`GroundTruth`): the cluster file's ``measured:`` curve or point, else the
+node's declared ``emulate:`` time (:mod:`balancer.step_time`, the rule the virtual
+GPUs pad to), else, for nodes that declare nothing, the prior off by a per-node
+log-normal ``model_error`` (the one case that shares the prior's shape). On top of
+the mean: per-step jitter, occasional stragglers (a step ``straggler_factor`` x
+slower with probability ``straggler_prob``), a slow multiplicative drift per round,
+and slowdown events.
 """
 from __future__ import annotations
 
@@ -18,9 +25,12 @@ import numpy as np
 import yaml
 
 from balancer.cluster import NodeSpec, SlowdownEvent
-from balancer.estimates import StepTimeBank, micro_batches
-from balancer.planner import Planner, RoundPlan
+from balancer.config import SimulationConfig
+from balancer.estimates import StepTimeBank
+from balancer.planner import Planner
 from balancer.records import IdleRecord, append_records
+from balancer.step_time import (GpuModelFactory, declared_key, declared_step_model, measured_step_model,
+                                predictor_gpu_model, truth_source)
 from predictor.schema import ConfigError
 
 NOISE_WINDOW_SIGMAS = 6.0
@@ -37,45 +47,82 @@ class Slowdown:
 
 
 class GroundTruth:
-    """True seconds per step of every node, by batch size and round."""
+    """True mean seconds per step of every node, by batch size, before slowdowns, drift and noise.
 
-    def __init__(self, nodes: Sequence[NodeSpec], bank: StepTimeBank, model_error: float,
-                 step_noise: float, rng: np.random.Generator) -> None:
+    ``sources[i]`` says where node i's truth comes from: ``measured``, ``emulate`` or
+    ``prior x model_error``. Nodes with equal truths share one model and cache.
+    """
+
+    def __init__(self, nodes: Sequence[NodeSpec], bank: StepTimeBank, settings: SimulationConfig,
+                 base_batch_size: int, gpu_model: GpuModelFactory, rng: np.random.Generator) -> None:
         self.bank = bank
         count = len(nodes)
-        self.factor = np.exp(model_error * rng.standard_normal(count))
-        self.linear_step_s = np.full(count, np.nan)
-        self.linear_batch = np.ones(count)
-        self.linear_fixed = np.zeros(count)
-        self.noise = np.full(count, step_noise)
+        self.sources = [truth_source(node) for node in nodes]
+        self.factor = np.exp(settings.model_error * rng.standard_normal(count))
+        self.noise = np.full(count, settings.step_noise)
+        self.model_index = np.full(count, -1, dtype=np.int64)
+        self.models: list = []
+        self._cache: list[dict] = []
+        keys: dict = {}
         for position, node in enumerate(nodes):
-            self._node_truth(position, node)
-
-    def _node_truth(self, position: int, node: NodeSpec) -> None:
-        emulate, measured = node.emulate, node.measured
-        if emulate is not None:
-            self.noise[position] = emulate.jitter
-        if measured is not None:
-            if measured.trace_s and len(measured.trace_s) > 1:
-                self.noise[position] = float(np.std(measured.trace_s) / np.mean(measured.trace_s))
-            if measured.fixed_fraction is not None:
-                self.linear_step_s[position] = measured.step_time_s
-                self.linear_batch[position] = measured.batch_size
-                self.linear_fixed[position] = measured.fixed_fraction
-                return
-            batch = np.full(self.factor.shape, measured.batch_size, dtype=np.int64)
-            prior_s = self.bank.prior_step_s(batch, micro_batches(batch, self.bank.max_micro))[position]
-            self.factor[position] = measured.step_time_s / prior_s
-        elif emulate is not None and emulate.step_time_s is not None:
+            self.noise[position] = node_noise(node, settings.step_noise)
+            key, build = self._truth_for(position, node, base_batch_size, gpu_model)
+            if key is None:
+                continue
+            if key not in keys:
+                keys[key] = len(self.models)
+                self.models.append(build())
+                self._cache.append({})
+            self.model_index[position] = keys[key]
             self.factor[position] = 1.0
-        elif emulate is not None:
-            self.factor[position] *= emulate.time_scale
+
+    def _truth_for(self, position: int, node: NodeSpec, base_batch_size: int, gpu_model: GpuModelFactory):
+        """(key, builder) of a node's own truth model, or (None, None) for prior x model_error."""
+        if node.measured is not None:
+            group_id = int(self.bank.group_index[position])
+            key = ("measured", node.measured.model_dump_json(), group_id)
+            return key, lambda: measured_step_model(node.measured, self.bank.model(group_id))
+        key = declared_key(node.emulate, node.gpus, base_batch_size)
+        if key is None:
+            return None, None
+        return key, lambda: declared_step_model(node.emulate, node.gpus, base_batch_size, gpu_model)
+
+    def _model_step_s(self, model_id: int, batch_size: int) -> float:
+        cache = self._cache[model_id]
+        if batch_size not in cache:
+            cache[batch_size] = float(self.models[model_id].predict(int(batch_size)))
+        return cache[batch_size]
 
     def step_s(self, batch_size: np.ndarray, micro_batch_size: np.ndarray) -> np.ndarray:
-        """True mean seconds per step at (batch, micro-batch), before slowdowns."""
-        from_prior = self.bank.prior_step_s(batch_size, micro_batch_size) * self.factor
-        share = self.linear_fixed + (1.0 - self.linear_fixed) * batch_size / self.linear_batch
-        return np.where(np.isnan(self.linear_step_s), from_prior, self.linear_step_s * share)
+        """True mean seconds per step at (batch, micro-batch), before slowdowns, drift and noise."""
+        step_s = self.bank.prior_step_s(batch_size, micro_batch_size) * self.factor
+        batch_size = np.broadcast_to(np.asarray(batch_size, dtype=np.int64), self.model_index.shape)
+        own = np.flatnonzero(self.model_index >= 0)
+        if len(own):
+            pairs = (self.model_index[own] << 32) | batch_size[own]
+            unique_pairs, inverse = np.unique(pairs, return_inverse=True)
+            values = np.array([self._model_step_s(int(pair >> 32), int(pair & 0xFFFFFFFF)) for pair in unique_pairs])
+            step_s[own] = values[inverse]
+        return step_s
+
+
+def node_noise(node: NodeSpec, default: float) -> float:
+    """Relative per-step spread: a measured trace's, else a virtual GPU's ``jitter``, else ``default``."""
+    measured, emulate = node.measured, node.emulate
+    if measured is not None and measured.trace_s and len(measured.trace_s) > 1:
+        return float(np.std(measured.trace_s) / np.mean(measured.trace_s))
+    if emulate is not None and not emulate.real_compute:
+        return emulate.jitter
+    return default
+
+
+def drift_matrix(rounds: int, count: int, drift_per_round: float, rng: np.random.Generator) -> np.ndarray:
+    """Slow multiplicative drift per (round, node): a log-normal random walk starting at 1."""
+    if drift_per_round == 0 or rounds == 0:
+        return np.ones((rounds, count))
+    steps = drift_per_round * rng.standard_normal((rounds, count))
+    steps[0] = 0.0
+    return np.exp(np.cumsum(steps, axis=0))
 
 
 def slowdown_matrix(nodes: Sequence[NodeSpec], rounds: int, extra: Sequence[Slowdown] = ()) -> np.ndarray:
@@ -96,28 +143,61 @@ def slowdown_matrix(nodes: Sequence[NodeSpec], rounds: int, extra: Sequence[Slow
     return factors
 
 
+@dataclass(frozen=True)
+class Stragglers:
+    """A step is ``U(low, high)`` x slower with probability ``prob`` (a preempted kernel, a GC pause, I/O)."""
+
+    prob: float = 0.0
+    low: float = 2.0
+    high: float = 5.0
+
+    def extra_steps(self, steps: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Extra time of ``steps`` steps, in units of one mean step (sum over the stragglers among them)."""
+        if self.prob == 0:
+            return np.zeros(len(steps))
+        count = rng.binomial(np.asarray(steps, dtype=np.int64), self.prob)
+        mean_extra, var_extra = (self.low + self.high) / 2 - 1.0, (self.high - self.low) ** 2 / 12
+        spread = np.sqrt(count * var_extra) * rng.standard_normal(len(steps))
+        return np.maximum(count * mean_extra + spread, count * (self.low - 1.0))
+
+    def step_factors(self, shape: tuple, rng: np.random.Generator) -> np.ndarray:
+        """Per-step multiplier: 1, or ``U(low, high)`` for a straggler."""
+        if self.prob == 0:
+            return np.ones(shape)
+        slow = rng.random(shape) < self.prob
+        return np.where(slow, rng.uniform(self.low, self.high, shape), 1.0)
+
+
+NO_STRAGGLERS = Stragglers()
+
+
 def run_fixed_steps(step_s: np.ndarray, steps: np.ndarray, noise: np.ndarray,
-                    rng: np.random.Generator) -> np.ndarray:
-    """Seconds for ``steps`` steps with independent normal per-step noise (the sum is exact)."""
-    total_s = step_s * (steps + noise * np.sqrt(steps) * rng.standard_normal(len(steps)))
+                    rng: np.random.Generator, stragglers: Stragglers = NO_STRAGGLERS) -> np.ndarray:
+    """Seconds for ``steps`` steps with independent normal per-step noise and stragglers."""
+    total_s = step_s * (steps + noise * np.sqrt(steps) * rng.standard_normal(len(steps))
+                        + stragglers.extra_steps(steps, rng))
     return np.maximum(total_s, 1e-3 * step_s * steps)
 
 
 def run_until_deadline(step_s: np.ndarray, cap: np.ndarray, deadline_s: float, noise: np.ndarray,
-                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                       rng: np.random.Generator,
+                       stragglers: Stragglers = NO_STRAGGLERS) -> tuple[np.ndarray, np.ndarray]:
     """Steps done and seconds spent when each node stops before its next step would pass the deadline.
 
     Exact in distribution without drawing every step: the sum of the first
-    ``k0`` steps (well before the expected crossing) is one normal draw, then
-    a short window of single steps around the deadline is drawn one by one.
+    ``k0`` steps (well before the expected crossing) is one draw, then a short
+    window of single steps around the deadline is drawn one by one.
     """
     expected = np.minimum(deadline_s / step_s, cap)
     spread = NOISE_WINDOW_SIGMAS * noise * np.sqrt(np.maximum(expected, 1.0))
+    spread = spread + NOISE_WINDOW_SIGMAS * np.sqrt(stragglers.prob * np.maximum(expected, 1.0)) * stragglers.high
     head = np.clip(np.floor(expected - spread - 2), 0, cap).astype(np.int64)
-    head_s = step_s * (head + noise * np.sqrt(head) * rng.standard_normal(len(head)))
+    head_s = step_s * (head + noise * np.sqrt(head) * rng.standard_normal(len(head))
+                       + stragglers.extra_steps(head, rng))
     width = int(np.max(np.minimum(cap - head, np.ceil(2 * spread) + 4)))
     width = max(width, 1)
-    steps_s = step_s[:, None] * np.maximum(1.0 + noise[:, None] * rng.standard_normal((len(head), width)), 1e-3)
+    jitter = np.maximum(1.0 + noise[:, None] * rng.standard_normal((len(head), width)), 1e-3)
+    steps_s = step_s[:, None] * jitter * stragglers.step_factors((len(head), width), rng)
     elapsed_s = head_s[:, None] + np.cumsum(steps_s, axis=1)
     within_cap = (head[:, None] + np.arange(1, width + 1)[None, :]) <= cap[:, None]
     fits = (elapsed_s <= deadline_s) & within_cap
@@ -222,8 +302,10 @@ def simulate(planner: Planner, rounds: int, slowdowns: Sequence[Slowdown] = (),
     settings = planner.balancing.simulation
     rng = np.random.default_rng(settings.seed)
     nodes = planner.nodes
-    truth = GroundTruth(nodes, planner.bank, settings.model_error, settings.step_noise, rng)
-    slow = slowdown_matrix(nodes, rounds, slowdowns)
+    truth = GroundTruth(nodes, planner.bank, settings, planner.batch_size,
+                        predictor_gpu_model(planner.dims, planner.seq_len, planner.precision), rng)
+    stragglers = Stragglers(settings.straggler_prob, *settings.straggler_factor)
+    slow = slowdown_matrix(nodes, rounds, slowdowns) * drift_matrix(rounds, len(nodes), settings.drift_per_round, rng)
     shape = (rounds, len(nodes))
     steps_done, batch = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
     compute_s, wait_s, comm_s = np.zeros(shape), np.zeros(shape), np.zeros(shape)
@@ -239,9 +321,10 @@ def simulate(planner: Planner, rounds: int, slowdowns: Sequence[Slowdown] = (),
         true_step_s = truth.step_s(plan.batch_size, plan.micro_batch_size) * slow[round_idx]
         if plan.deadline_s is None:
             done = plan.local_steps
-            spent_s = run_fixed_steps(true_step_s, done, truth.noise, rng)
+            spent_s = run_fixed_steps(true_step_s, done, truth.noise, rng, stragglers)
         else:
-            done, spent_s = run_until_deadline(true_step_s, plan.local_steps, plan.deadline_s, truth.noise, rng)
+            done, spent_s = run_until_deadline(true_step_s, plan.local_steps, plan.deadline_s, truth.noise, rng,
+                                               stragglers)
         phase_s = float(np.max(spent_s))
         steps_done[round_idx], batch[round_idx] = done, plan.batch_size
         compute_s[round_idx], wait_s[round_idx], comm_s[round_idx] = spent_s, phase_s - spent_s, sync_s

@@ -10,7 +10,7 @@ from balancer.simulate import Slowdown, simulate
 from runtime.cli import main
 from test_balancer_helpers import nodes, planner
 
-EXACT = {"simulation": {"model_error": 0.0, "step_noise": 0.0}}
+EXACT = {"simulation": {"model_error": 0.0, "step_noise": 0.0, "straggler_prob": 0.0, "drift_per_round": 0.0}}
 
 
 def measured_nodes(fast_step_s=0.2):
@@ -99,7 +99,8 @@ def test_out_dir_has_idle_and_plan_logs(tmp_path):
 def test_many_nodes_are_simulated_together():
     kinds = ["slow", "fast", "mid", "overhead"]
     specs = [NodeSpec(name=f"n{i}", gpus=[kinds[i % 4]]) for i in range(2000)]
-    result = simulate(planner("adaptive", specs), rounds=10)
+    step_noise_only = {"simulation": {"straggler_prob": 0.0, "drift_per_round": 0.0}}
+    result = simulate(planner("adaptive", specs, **step_noise_only), rounds=10)
     assert result.compute_s.shape == (10, 2000)
     phase_s = (result.compute_s + result.wait_s)[:, 0]
     waiting_share = result.wait_s.sum(axis=1) / (phase_s * 2000)
@@ -119,7 +120,8 @@ def test_cli_simulate_json_and_out(tmp_path, capsys):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CLUSTER)
     code = main(["simulate", "--cluster", str(cluster), "--policy", "time", "--rounds", "2", "--model", "tiny",
-                 "--seq-len", "64", "--step-noise", "0", "--json", "--out", str(tmp_path / "run")])
+                 "--seq-len", "64", "--step-noise", "0", "--straggler-prob", "0", "--drift-per-round", "0",
+                 "--json", "--out", str(tmp_path / "run")])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert [n["local_steps"] for n in summary["nodes"]] == [100, 300]
