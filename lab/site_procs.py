@@ -24,6 +24,14 @@ class SiteProcessError(RuntimeError):
     """A site process exited non-zero or did not finish in time."""
 
 
+def display_path(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` when inside it (results name no machine-specific prefixes)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(path)
+
+
 def json_lines(text: str) -> list[dict]:
     """Every line of ``text`` that is a JSON object, parsed, in order."""
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]

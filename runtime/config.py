@@ -53,10 +53,18 @@ class ModelSection(StrictModel):
 
 
 class DataSection(StrictModel):
-    """``source``: 'stdlib' (Python's own sources) or a text file / directory."""
+    """``source``: 'stdlib' (Python's own sources) or a text file / directory.
+
+    ``shards``: how the corpus is split among nodes. ``iid`` deals windows of the whole
+    corpus to every node (DiLoCo's usual assumption: nodes draw from one distribution);
+    ``non_iid`` gives each node a contiguous slice, so sites own different data.
+    ``eval_batches`` x ``eval_batch_size`` sequences are held out, sampled uniformly from
+    the whole corpus and removed from every node's training windows (0 batches = no eval).
+    """
 
     source: str = "stdlib"
     max_bytes: int = Field(default=8_000_000, ge=10_000)
+    shards: Literal["iid", "non_iid"] = "iid"
     eval_batches: int = Field(default=4, ge=0)
     eval_batch_size: int = Field(default=8, ge=1)
 

@@ -1,14 +1,17 @@
-"""Offline, real-text training data: byte-level tokens, one disjoint shard per node.
+"""Offline, real-text training data: byte-level tokens, one disjoint shard per node,
+and an eval set held out uniformly from the whole corpus.
 
 The default corpus is the Python standard library's own source files, which
 every machine with Python has. Users point ``data.source`` at text files or
-directories instead. Token ids are raw bytes (0..255).
+directories instead. Token ids are raw bytes (0..255). Offsets into the corpus
+are in tokens (= bytes).
 """
 from __future__ import annotations
 
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Optional
 
 import numpy as np
 import torch
@@ -48,6 +51,14 @@ def load_corpus(source: str, max_bytes: int) -> np.ndarray:
     return np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8)
 
 
+ShardMode = Literal["iid", "non_iid"]
+
+EVAL_SAMPLE_STREAM = 1_000_001
+"""Second seed word of the eval sample's generator (node indices never reach it)."""
+IID_DEAL_STREAM = 1_000_002
+"""Second seed word of the generator that deals i.i.d. windows to nodes."""
+
+
 @dataclass
 class ShardCursor:
     """Position in a shard's shuffled order of windows; saved in checkpoints."""
@@ -56,21 +67,111 @@ class ShardCursor:
     index: int = 0
 
 
-class NodeShard:
-    """Fixed-length windows from one node's contiguous slice of the corpus.
+def window_tokens(seq_len: int) -> int:
+    """Tokens in one training or eval window: ``seq_len`` inputs plus the last target."""
+    return seq_len + 1
 
-    Windows are visited in a seeded random order per epoch, so the stream is
-    deterministic given (seed, node index) and resumable from a ShardCursor.
+
+def eval_window_starts(num_tokens: int, seq_len: int, num_windows: int, seed: int) -> np.ndarray:
+    """Token offsets of the held-out windows, sorted: a seeded uniform sample without
+    replacement of the corpus cut into back-to-back ``seq_len + 1`` windows.
+
+    Sampled from the whole corpus, so the eval loss measures the same distribution
+    every node trains on (the corpus tail is one file, not a representative sample).
+    """
+    if num_windows == 0:
+        return np.zeros(0, dtype=np.int64)
+    length = window_tokens(seq_len)
+    grid_windows = num_tokens // length
+    if num_windows >= grid_windows:
+        raise ValueError(f"data.eval_batches x data.eval_batch_size = {num_windows} eval windows of "
+                         f"{length} tokens leave no training data in a corpus of {grid_windows} such windows; "
+                         "lower them or raise data.max_bytes")
+    rng = np.random.default_rng([seed, EVAL_SAMPLE_STREAM])
+    return np.sort(rng.choice(grid_windows, size=num_windows, replace=False)).astype(np.int64) * length
+
+
+def eval_batches(tokens: np.ndarray, starts: np.ndarray, seq_len: int,
+                 batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The held-out windows at ``starts`` as (inputs, targets) batches of ``batch_size``,
+    the same on every node; ``len(starts)`` must be a multiple of ``batch_size``."""
+    if len(starts) % batch_size:
+        raise ValueError(f"{len(starts)} eval windows do not fill batches of data.eval_batch_size = {batch_size}")
+    windows = gather_windows(torch.from_numpy(np.array(tokens, dtype=np.uint8)), starts, seq_len)
+    return [(batch[:, :-1], batch[:, 1:]) for batch in windows.split(batch_size)]
+
+
+def gather_windows(tokens: torch.Tensor, starts: np.ndarray, seq_len: int) -> torch.Tensor:
+    """(len(starts), seq_len + 1) int64 windows of ``tokens`` beginning at ``starts``."""
+    offsets = torch.arange(window_tokens(seq_len))
+    return tokens[torch.as_tensor(starts, dtype=torch.int64)[:, None] + offsets].long()
+
+
+def outside_held_out(starts: np.ndarray, seq_len: int, held_out_starts: np.ndarray) -> np.ndarray:
+    """Mask of the windows at ``starts`` that share no token with any held-out window
+    (both ``seq_len + 1`` tokens long)."""
+    length = window_tokens(seq_len)
+    held_out = np.sort(np.asarray(held_out_starts, dtype=np.int64))
+    if len(held_out) == 0:
+        return np.ones(len(starts), dtype=bool)
+    after = np.searchsorted(held_out, starts)
+    next_gap = held_out[np.minimum(after, len(held_out) - 1)] - starts
+    previous_gap = starts - held_out[np.maximum(after - 1, 0)]
+    clashes_next = (after < len(held_out)) & (np.abs(next_gap) < length)
+    clashes_previous = (after > 0) & (np.abs(previous_gap) < length)
+    return ~(clashes_next | clashes_previous)
+
+
+def non_iid_window_starts(num_tokens: int, node_index: int, num_nodes: int, seq_len: int) -> np.ndarray:
+    """Node ``node_index``'s contiguous ``num_tokens // num_nodes`` slice, cut into windows
+    every ``seq_len`` tokens (consecutive windows share one token), as token offsets."""
+    slice_tokens = num_tokens // num_nodes
+    count = max(0, (slice_tokens - 1) // seq_len)
+    return node_index * slice_tokens + np.arange(count, dtype=np.int64) * seq_len
+
+
+def iid_window_starts(num_tokens: int, node_index: int, num_nodes: int, seq_len: int,
+                      held_out_starts: np.ndarray, seed: int) -> np.ndarray:
+    """Every ``num_nodes``-th window of one seeded permutation of the corpus's back-to-back
+    ``seq_len + 1`` windows (held-out ones removed), sorted token offsets: each node's windows
+    spread uniformly over the whole corpus, and nodes never share a token."""
+    length = window_tokens(seq_len)
+    grid = np.arange(num_tokens // length, dtype=np.int64) * length
+    kept = grid[outside_held_out(grid, seq_len, held_out_starts)]
+    dealt = np.random.default_rng([seed, IID_DEAL_STREAM]).permutation(kept)[node_index::num_nodes]
+    return np.sort(dealt)
+
+
+class NodeShard:
+    """One node's training windows of the corpus, streamed in a seeded order.
+
+    ``shards``: ``non_iid`` (the default here, the stream NodeShard always had) gives node i
+    the i-th contiguous slice of the corpus, so nodes see different files; ``iid`` deals
+    windows from the whole corpus (see ``iid_window_starts``). Windows sharing a token with a
+    ``held_out_starts`` window (the eval set) are left out in both modes. Windows are visited
+    in a seeded random order per epoch, so the stream is deterministic given (seed, node
+    index) and resumable from a ShardCursor.
     """
 
-    def __init__(self, tokens: np.ndarray, node_index: int, num_nodes: int, seq_len: int, seed: int) -> None:
-        shard_len = len(tokens) // num_nodes
-        self.tokens = torch.from_numpy(tokens[node_index * shard_len:(node_index + 1) * shard_len].astype(np.int64))
+    def __init__(self, tokens: np.ndarray, node_index: int, num_nodes: int, seq_len: int, seed: int,
+                 shards: ShardMode = "non_iid", held_out_starts: Optional[np.ndarray] = None) -> None:
+        held_out = np.zeros(0, dtype=np.int64) if held_out_starts is None else np.asarray(held_out_starts)
+        if shards == "iid":
+            starts = iid_window_starts(len(tokens), node_index, num_nodes, seq_len, held_out, seed)
+        elif shards == "non_iid":
+            starts = non_iid_window_starts(len(tokens), node_index, num_nodes, seq_len)
+            starts = starts[outside_held_out(starts, seq_len, held_out)]
+        else:
+            raise ValueError(f"data.shards: {shards!r} is not 'iid' or 'non_iid'")
+        if len(starts) < 1:
+            raise ValueError(f"node {node_index} gets no {window_tokens(seq_len)}-token training window from a "
+                             f"corpus of {len(tokens)} bytes split {num_nodes} ways ({shards}) after the eval "
+                             "windows; raise data.max_bytes or use fewer nodes, a shorter model.seq_len or a "
+                             "smaller eval set")
+        self.tokens = torch.from_numpy(np.array(tokens, dtype=np.uint8))
+        self.window_starts = starts
         self.seq_len = seq_len
-        self.num_windows = (len(self.tokens) - 1) // seq_len
-        if self.num_windows < 1:
-            raise ValueError(f"the corpus shard of node {node_index} ({shard_len} bytes) is shorter than "
-                             f"seq_len + 1 = {seq_len + 1}; use more data or fewer nodes")
+        self.num_windows = len(starts)
         self.seed = seed
         self.node_index = node_index
         self.cursor = ShardCursor()
@@ -91,14 +192,7 @@ class NodeShard:
             if self.cursor.index >= self.num_windows:
                 self.cursor = ShardCursor(self.cursor.epoch + 1, 0)
                 self._order = self._epoch_order(self.cursor.epoch)
-            starts.append(int(self._order[self.cursor.index]) * self.seq_len)
+            starts.append(self.window_starts[self._order[self.cursor.index]])
             self.cursor.index += 1
-        windows = torch.stack([self.tokens[start:start + self.seq_len + 1] for start in starts])
+        windows = gather_windows(self.tokens, np.asarray(starts, dtype=np.int64), self.seq_len)
         return windows[:, :-1], windows[:, 1:]
-
-
-def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, num_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Fixed held-out batches from the corpus tail, the same on every node."""
-    needed = num_batches * batch_size * (seq_len + 1)
-    tail = torch.from_numpy(tokens[-needed:].astype(np.int64)).view(num_batches, batch_size, seq_len + 1)
-    return [(batch[:, :-1], batch[:, 1:]) for batch in tail]

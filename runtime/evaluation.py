@@ -5,13 +5,18 @@ separate model and computes the held-out loss in a background thread, while
 the next local phase runs. So evaluation costs no round time (on a GPU it
 shares the device with training; on a CPU the emulation's padding absorbs it).
 The ``global`` metrics row of a round is written once its evaluation is done.
+It carries ``eval_loss`` (mean per-sequence cross-entropy, nats per token) and
+``eval_loss_se`` (its standard error over the sequences), so two runs' eval
+losses can be told apart from the noise of a finite eval set.
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from predictor.workload import ModelDims
 from runtime.models import build_model
@@ -40,9 +45,12 @@ class BackgroundEvaluator:
 
     @torch.no_grad()
     def _evaluate(self) -> None:
-        losses = [self.model(inputs.to(self.device), targets.to(self.device)).item()
-                  for inputs, targets in self.batches]
-        self._pending_row["eval_loss"] = sum(losses) / len(losses)
+        losses: list[float] = []
+        for inputs, targets in self.batches:
+            losses.extend(per_sequence_losses(self.model, inputs.to(self.device), targets.to(self.device)).tolist())
+        mean, standard_error = mean_and_standard_error(losses)
+        self._pending_row["eval_loss"] = mean
+        self._pending_row["eval_loss_se"] = standard_error
 
     def _join(self) -> None:
         if self._thread is not None:
@@ -56,3 +64,21 @@ class BackgroundEvaluator:
             self._join()
         rows, self._finished = self._finished, []
         return rows
+
+
+def per_sequence_losses(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(batch,) mean cross-entropy of each sequence over its tokens (nats per token), float32."""
+    logits = model(inputs).float()
+    token_losses = F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), reduction="none")
+    return token_losses.view(targets.shape).mean(dim=1)
+
+
+def mean_and_standard_error(values: list[float]) -> tuple[float, Optional[float]]:
+    """Mean of ``values`` and its standard error (sample std with n - 1 / sqrt(n));
+    the error is None below two values, where it is undefined."""
+    count = len(values)
+    mean = math.fsum(values) / count
+    if count < 2:
+        return mean, None
+    variance = math.fsum((value - mean) ** 2 for value in values) / (count - 1)
+    return mean, math.sqrt(variance / count)

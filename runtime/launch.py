@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 from runtime.config import RunConfig
 
@@ -60,7 +60,7 @@ def node_env(config: RunConfig, index: int, master_addr: str, master_port: int) 
         "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(index), "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port), "GEODILOCO_NODE": config.nodes[index].name,
         "GEODILOCO_DEVICE": "cpu", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-        "PYTHONUNBUFFERED": "1",
+        "PYTHONUNBUFFERED": "1", "GEODILOCO_CPU_GROUP_OWNER": str(os.getpid()),
     })
     # Inside a namespace the host name has no reverse lookup; c10d warns about it on every connect.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -174,6 +174,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool) -> 
     def forward_term(signum, _frame):
         raise KeyboardInterrupt
 
+    announce_cpu_shares(config)
     previous = signal.signal(signal.SIGTERM, forward_term)
     try:
         with site_processes(config, mode, train_args) as processes:
@@ -184,3 +185,25 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool) -> 
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        from lab.cpu_share import cleanup_stale
+        cleanup_stale(owner_pid=os.getpid())
+
+
+def announce_cpu_shares(config: RunConfig) -> None:
+    """Say which nodes run real compute under a CPU quota, or why their quota will be skipped."""
+    shares = {node.name: node.emulate.cpu_share for node in config.nodes
+              if node.emulate is not None and node.emulate.cpu_share is not None}
+    if not shares:
+        return
+    from lab.cpu_share import can_use_cpu_share
+    usable, reason = can_use_cpu_share()
+    listed = ", ".join(f"{name} {share:g}" for name, share in shares.items())
+    if usable:
+        print(f"[geodiloco] real compute under CPU quotas (cores): {listed}; {reason}", flush=True)
+        total = sum(shares.values())
+        if total > (os.cpu_count() or 1) * 0.8:
+            print(f"[geodiloco] note: the quotas add up to {total:g} cores of {os.cpu_count()}; nodes may get less "
+                  "than their share", file=sys.stderr, flush=True)
+    else:
+        print(f"[geodiloco] note: emulate.cpu_share skipped ({listed}): {reason}; those nodes run unthrottled",
+              file=sys.stderr, flush=True)

@@ -96,6 +96,8 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     finally:
         if trainer.gpu_sampler is not None:
             trainer.gpu_sampler.stop()
+        if trainer.cpu_share is not None:
+            trainer.cpu_share.close()
         trainer.sync.close()
 
 

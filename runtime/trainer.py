@@ -6,7 +6,7 @@ round loop that drives it is in runtime/train.py.
 """
 from __future__ import annotations
 
-import contextlib
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -16,13 +16,16 @@ from typing import Optional
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from balancer.cluster import NodeSpec
 from balancer.plan import NodePlan, Plan, RoundMeasurement
 from balancer.planner import Planner
 from runtime import checkpoint
+from runtime.batching import StepSamples, accumulate_gradients, micro_batch_sizes
 from runtime.comm import TorchOuterSync, Topology
 from runtime.config import RunConfig
-from runtime.data import NodeShard, ShardCursor, eval_batches, load_corpus
+from runtime.data import NodeShard, ShardCursor, eval_batches, eval_window_starts, load_corpus
 from runtime.diloco import COMPRESSION_DTYPES, OuterState, build_inner_optimizer, inner_lr, outer_weights
+from lab.cpu_share import NodeCpuShare, start_node_share
 from lab.virtual_gpu import StepPacer
 from runtime.evaluation import BackgroundEvaluator
 from runtime.gpu_sampler import GpuSampler
@@ -58,6 +61,16 @@ class LocalResult:
         return sum(self.losses) / len(self.losses) if self.losses else float("nan")
 
 
+def start_cpu_share(node: NodeSpec) -> Optional[NodeCpuShare]:
+    """This process under its node's ``emulate.cpu_share`` quota (real compute), or None."""
+    emulate = node.emulate
+    if emulate is None or emulate.cpu_share is None:
+        return None
+    owner = os.environ.get("GEODILOCO_CPU_GROUP_OWNER")
+    return start_node_share(node.name, emulate.cpu_share, emulate.cpu_period_ms, emulate.slowdown_factor,
+                            owner_pid=int(owner) if owner else None)
+
+
 class NodeTrainer:
     """Holds one node's model, optimizers, data and outer state for the whole run."""
 
@@ -83,15 +96,10 @@ class NodeTrainer:
         if topology.is_leader:
             outer_device = "cuda" if config.comm.outer_device == "cuda" else "cpu"
             self.outer = OuterState(self.model, outer.lr, outer.momentum, outer.nesterov, outer_device)
-        corpus = load_corpus(config.data.source, config.data.max_bytes)
-        eval_bytes = config.data.eval_batches * config.data.eval_batch_size * (self.seq_len + 1)
-        train_tokens = corpus[:len(corpus) - eval_bytes] if eval_bytes else corpus
-        self.eval_set = (eval_batches(corpus, self.seq_len, config.data.eval_batch_size, config.data.eval_batches)
-                         if eval_bytes else [])
-        self.shard = NodeShard(train_tokens, topology.node_index, topology.num_nodes, self.seq_len,
-                               config.run.seed)
+        self.eval_set, self.shard = build_data(config, topology)
         self.pacer = StepPacer(self.node, topology.node_index, config.diloco.batch_size, config.run.seed,
                                self.dims, self.seq_len, config.model.precision)
+        self.cpu_share = start_cpu_share(self.node)
         self.planner = self.new_planner()
         self.measurements: list[RoundMeasurement] = []
         self.hivemind = config.comm.backend == "hivemind"
@@ -99,6 +107,7 @@ class NodeTrainer:
         self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()))
         self.gpu_sampler = start_gpu_sampler(config, topology, device)
         self.evaluator: Optional[BackgroundEvaluator] = None
+        self._warned_batch_growth: set[tuple[int, int]] = set()
 
     def new_planner(self) -> Planner:
         config = self.config
@@ -106,14 +115,6 @@ class NodeTrainer:
                        config.diloco.local_steps, config.diloco.batch_size, config.model.precision)
 
     # ----- local phase -------------------------------------------------------------------
-
-    def _micro_batch(self, micro_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's slice of the node's next micro-batch (all ranks advance one cursor)."""
-        inputs, targets = self.shard.next_batch(micro_size)
-        ranks = self.topology.local_world_size
-        if ranks > 1:
-            inputs, targets = inputs[self.topology.local_rank::ranks], targets[self.topology.local_rank::ranks]
-        return inputs.to(self.device), targets.to(self.device)
 
     def _set_lr(self, round_idx: int, step_idx: int, local_steps: int) -> float:
         inner, base_steps = self.config.optim.inner, self.config.diloco.local_steps
@@ -124,31 +125,39 @@ class NodeTrainer:
             group["lr"] = lr
         return lr
 
-    def inner_step(self, batch_size: int, micro_size: int) -> float:
-        """One optimizer step over ``batch_size`` samples in micro-batches; returns the loss."""
-        total_loss = 0.0
-        remaining = batch_size
-        while remaining > 0:
-            size = min(micro_size, remaining)
-            remaining -= size
-            inputs, targets = self._micro_batch(size)
-            if inputs.shape[0] == 0:
-                continue
-            syncing = remaining == 0 or not isinstance(self.train_model, DistributedDataParallel)
-            context = self.train_model.no_sync() if not syncing else contextlib.nullcontext()
-            with context:
-                loss = self.train_model(inputs, targets) * (size / batch_size)
-                loss.backward()
-            total_loss += loss.item()
+    def inner_step(self, batch_size: int, micro_size: int) -> StepSamples:
+        """One optimizer step on the mean loss over the node's batch, in micro-batches shared
+        by the node's ranks (see ``runtime.batching``: every rank trains at least one sample
+        per micro-batch, which can make the effective batch larger than ``batch_size``).
+        Returns the node's mean loss and the samples trained, the same on every rank."""
+        ranks = self.topology.local_world_size
+        self._warn_if_batch_grows(batch_size, micro_size, ranks)
+        step = accumulate_gradients(self.train_model, self.shard.next_batch, batch_size, micro_size,
+                                    self.topology.local_rank, ranks, self.device, self.topology.node_group)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.inner.grad_clip)
         self.inner_optimizer.step()
         self.inner_optimizer.zero_grad(set_to_none=True)
-        return total_loss
+        return step
+
+    def _warn_if_batch_grows(self, batch_size: int, micro_size: int, ranks: int) -> None:
+        """Once per (batch, micro-batch) plan: say when the node trains more samples than planned."""
+        effective = sum(micro_batch_sizes(batch_size, micro_size, ranks))
+        if effective == batch_size or (batch_size, micro_size) in self._warned_batch_growth:
+            return
+        self._warned_batch_growth.add((batch_size, micro_size))
+        if self.topology.is_leader:
+            print(f"[geodiloco] node {self.node.name}: planned batch {batch_size} (micro-batch {micro_size}) "
+                  f"leaves some of its {ranks} GPUs without a sample; training an effective batch of "
+                  f"{effective} so every GPU takes part in each micro-step. To train the planned batch, give "
+                  f"this node a batch that is a multiple of {ranks} (diloco.batch_size, or nodes[].batch_size)",
+                  file=sys.stderr, flush=True)
 
     def local_phase(self, round_idx: int, node_plan: NodePlan, round_started: float,
                     num_nodes: int = 1) -> LocalResult:
         """Run the plan's inner steps; under a deadline, stop early (see ``stop_before_deadline``)."""
         result = LocalResult()
+        if self.cpu_share is not None:
+            self.cpu_share.enter_round(round_idx)
         for step_idx in range(node_plan.local_steps):
             if node_plan.deadline_s is not None and step_idx > 0:
                 expected_step_s = sum(result.step_times_s) / len(result.step_times_s)
@@ -157,11 +166,12 @@ class NodeTrainer:
                     break
             step_started = time.perf_counter()
             result.lr = self._set_lr(round_idx, step_idx, node_plan.local_steps)
-            result.losses.append(self.inner_step(node_plan.batch_size, node_plan.micro_batch_size))
-            self.pacer.pad(step_started, round_idx, step_idx, node_plan.batch_size)
+            step = self.inner_step(node_plan.batch_size, node_plan.micro_batch_size)
+            result.losses.append(step.mean_loss)
+            self.pacer.pad(step_started, round_idx, step_idx, step.samples)
             result.step_times_s.append(time.perf_counter() - step_started)
             result.steps += 1
-        result.tokens = result.steps * node_plan.batch_size * self.seq_len
+            result.tokens += step.samples * self.seq_len
         return result
 
     # ----- outer sync --------------------------------------------------------------------
@@ -300,6 +310,18 @@ class NodeTrainer:
         self.planner = self.new_planner()
         for measurement in self.measurements:
             self.planner.observe(measurement)
+
+
+def build_data(config: RunConfig, topology: Topology) -> tuple[list, NodeShard]:
+    """(eval batches, this node's training shard): the eval windows are a seeded uniform
+    sample of the whole corpus, left out of every node's shard (``data.shards`` mode)."""
+    data, seq_len = config.data, config.model.seq_len
+    corpus = load_corpus(data.source, data.max_bytes)
+    held_out = eval_window_starts(len(corpus), seq_len, data.eval_batches * data.eval_batch_size, config.run.seed)
+    eval_set = eval_batches(corpus, held_out, seq_len, data.eval_batch_size) if len(held_out) else []
+    shard = NodeShard(corpus, topology.node_index, topology.num_nodes, seq_len, config.run.seed,
+                      shards=data.shards, held_out_starts=held_out)
+    return eval_set, shard
 
 
 def build_outer_sync(config: RunConfig, topology: Topology, num_params: int):

@@ -19,7 +19,7 @@ INNER_LR = 0.05
 def sgd_config(nodes, rounds, weighting, outer):
     config = small_config(nodes)
     config["model"]["seq_len"] = SEQ_LEN
-    config["data"].update({"eval_batches": 0})
+    config["data"].update({"eval_batches": 0, "shards": "non_iid"})
     config["optim"] = {"inner": {"optimizer": "sgd", "lr": INNER_LR, "warmup_steps": 0, "min_lr_ratio": 1.0,
                                  "weight_decay": 0.0, "grad_clip": 1.0e9},
                        "outer": outer}
