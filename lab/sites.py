@@ -51,6 +51,10 @@ _PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 _sequence = itertools.count()
 
 
+NETNS_RUN_DIR = "/run/netns"
+"""Where ``ip netns add`` keeps the namespace handles that ``nsenter --net`` opens."""
+
+
 class SitesError(RuntimeError):
     """Creating or removing emulated sites failed; the message names the command and its error."""
 
@@ -84,8 +88,13 @@ class Site:
     latency_ms: float
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run inside this site's namespace."""
-        return ["ip", "netns", "exec", self.namespace, *argv]
+        """``argv`` run inside this site's network namespace, with the host's mounts.
+
+        ``nsenter --net`` rather than ``ip netns exec``: the latter also gives the process
+        a private /sys without the cgroup mounts, so a real-compute node could not set its
+        CPU quota (``emulate.cpu_share``) from inside its site.
+        """
+        return ["nsenter", f"--net={NETNS_RUN_DIR}/{self.namespace}", "--", *argv]
 
 
 @dataclass
@@ -161,9 +170,9 @@ def can_use_netns() -> tuple[bool, str]:
         return False, f"network namespaces need Linux (this is {sys.platform})"
     if os.geteuid() != 0:
         return False, "creating network namespaces needs root (effective uid 0)"
-    for tool in ("ip", "tc"):
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("nsenter", "util-linux")):
         if shutil.which(tool) is None:
-            return False, f"`{tool}` (iproute2) is not installed"
+            return False, f"`{tool}` ({package}) is not installed"
     probe = f"{DEFAULT_PREFIX}probe{os.getpid()}x{next(_sequence)}"
     created = run_ip(["ip", "netns", "add", probe], check=False)
     if created.returncode != 0:

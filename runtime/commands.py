@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,16 @@ def register(subparsers) -> None:
                      help="override a config value, e.g. --set diloco.rounds=3 (repeatable)")
     run.add_argument("--no-report", action="store_true", help="do not print the idle report at the end")
     run.set_defaults(func=run_command)
+
+    evaluate = subparsers.add_parser(
+        "evaluate", help="score every kept round's global model on the run's held-out set",
+        description="Eval loss (nats per token) and its standard error of each round's global model whose "
+                    "checkpoint the run kept (checkpoint.every_rounds: 1, checkpoint.keep >= rounds), on the "
+                    "run's held-out windows; writes RUN_DIR/eval.jsonl. Runs after the run, so a large eval set "
+                    "costs the training nothing (set data.eval_every_rounds: 0 to skip evaluation in the run).")
+    evaluate.add_argument("run_dir", help="a run directory of geodiloco run")
+    evaluate.add_argument("--json", action="store_true", help="print the rows as JSON")
+    evaluate.set_defaults(func=evaluate_command)
 
     train = subparsers.add_parser("train", help="train one node (the torchrun entry at each site)", add_help=False,
                                   description="Same as `python -m runtime.train` (its --help lists the options).")
@@ -58,6 +69,36 @@ def print_report(run_dir: Path) -> int:
         print(f"[geodiloco] logs in {run_dir} (idle.jsonl, metrics.jsonl, plan.jsonl)")
         return 0
     return report_main([str(run_dir)])
+
+
+def evaluate_command(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from runtime.evaluation import evaluate_checkpoints
+    torch.set_num_threads(os.cpu_count() or 1)
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        print(f"geodiloco evaluate: error: {run_dir} has no config.yaml; pass a run directory of geodiloco run",
+              file=sys.stderr)
+        return 2
+
+    def progress(row: dict) -> None:
+        if not args.json:
+            se = f" +- {row['eval_loss_se']:.4f}" if row["eval_loss_se"] is not None else ""
+            print(f"round {row['round'] + 1}: eval loss {row['eval_loss']:.4f}{se} ({row['sequences']} sequences)",
+                  flush=True)
+
+    try:
+        rows = evaluate_checkpoints(run_dir, progress)
+    except ValueError as err:
+        print(f"geodiloco evaluate: error: {err}", file=sys.stderr)
+        return 2
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    return 0
 
 
 def train_command(args: argparse.Namespace) -> int:

@@ -60,6 +60,9 @@ class DataSection(StrictModel):
     ``non_iid`` gives each node a contiguous slice, so sites own different data.
     ``eval_batches`` x ``eval_batch_size`` sequences are held out, sampled uniformly from
     the whole corpus and removed from every node's training windows (0 batches = no eval).
+    ``eval_every_rounds``: evaluate the global model in the run every N rounds (0 = never:
+    the set stays held out, and ``geodiloco evaluate RUN_DIR`` scores the kept checkpoints
+    afterwards, so a large eval set costs the run no compute).
     """
 
     source: str = "stdlib"
@@ -67,6 +70,7 @@ class DataSection(StrictModel):
     shards: Literal["iid", "non_iid"] = "iid"
     eval_batches: int = Field(default=4, ge=0)
     eval_batch_size: int = Field(default=8, ge=1)
+    eval_every_rounds: int = Field(default=1, ge=0)
 
 
 class InnerOptim(StrictModel):

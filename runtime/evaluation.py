@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -82,3 +83,54 @@ def mean_and_standard_error(values: list[float]) -> tuple[float, Optional[float]
         return mean, None
     variance = math.fsum((value - mean) ** 2 for value in values) / (count - 1)
     return mean, math.sqrt(variance / count)
+
+
+def held_out_batches(config, batch_size: Optional[int] = None) -> list:
+    """The run's held-out eval set (the windows every node left out of training), in batches."""
+    from runtime.data import eval_batches, eval_window_starts, load_corpus
+    data, seq_len = config.data, config.model.seq_len
+    corpus = load_corpus(data.source, data.max_bytes)
+    starts = eval_window_starts(len(corpus), seq_len, data.eval_batches * data.eval_batch_size, config.run.seed)
+    return eval_batches(corpus, starts, seq_len, batch_size or data.eval_batch_size) if len(starts) else []
+
+
+def kept_rounds(run_dir: Path) -> list[int]:
+    """Rounds whose global checkpoint is in ``run_dir/checkpoints`` (ascending)."""
+    found = []
+    for path in sorted((run_dir / "checkpoints").glob("round_*/global.pt")):
+        found.append(int(path.parent.name.split("_", 1)[1]))
+    return found
+
+
+@torch.no_grad()
+def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
+    """Eval loss and its standard error of every kept round's global model, on the run's held-out set.
+
+    Rows: ``round``, ``eval_loss`` (mean per-sequence loss, nats per token), ``eval_loss_se``,
+    ``sequences``. Runs on this process's CPU, after (not during) the run.
+    """
+    from runtime import checkpoint
+    from runtime.config import load_config
+    config = load_config(str(run_dir / "config.yaml"))
+    batches = held_out_batches(config)
+    if not batches:
+        raise ValueError(f"{run_dir}: the run held out no eval set (data.eval_batches is 0)")
+    rounds = kept_rounds(run_dir)
+    if not rounds:
+        raise ValueError(f"{run_dir}: no checkpoints/round_*/global.pt; keep them with checkpoint.every_rounds: 1 "
+                         "and checkpoint.keep >= diloco.rounds")
+    model = build_model(config.model.dims(), config.run.seed).eval()
+    rows = []
+    for round_idx in rounds:
+        params = checkpoint.load_global(run_dir, round_idx)["outer"]["global_params"]
+        for target, source in zip(model.parameters(), params):
+            target.copy_(source.to(target.dtype))
+        losses: list[float] = []
+        for inputs, targets in batches:
+            losses.extend(per_sequence_losses(model, inputs, targets).tolist())
+        mean, standard_error = mean_and_standard_error(losses)
+        rows.append({"round": round_idx, "eval_loss": mean, "eval_loss_se": standard_error,
+                     "sequences": len(losses)})
+        if progress is not None:
+            progress(rows[-1])
+    return rows

@@ -254,7 +254,8 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, stats
     global_row = {"run_id": run_id, "round": plan.round, "node": "global", "eval_loss": None,
                   "tokens": total_tokens, "wall_s": clock.marks["synced"]}
     evaluated = trainer.finished_evaluations(wait=False)
-    if trainer.eval_set:
+    every = config.data.eval_every_rounds
+    if trainer.eval_set and every and ((plan.round + 1) % every == 0 or plan.round + 1 == config.diloco.rounds):
         trainer.evaluate_in_background(global_row)
     else:
         evaluated.append(global_row)

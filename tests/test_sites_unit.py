@@ -47,7 +47,7 @@ def test_sites_lookup_command_and_env():
     assert sites["busan"].namespace == "gdl-1x0-s1"
     assert sites[0].name == "seoul"
     assert sites.command("busan", ["python", "-c", "pass"]) == [
-        "ip", "netns", "exec", "gdl-1x0-s1", "python", "-c", "pass"]
+        "nsenter", "--net=/run/netns/gdl-1x0-s1", "--", "python", "-c", "pass"]
     env = sites.env(1, master_port=29555, base={"PATH": "/bin"})
     assert env == {"PATH": "/bin", "MASTER_ADDR": "10.213.0.1", "MASTER_PORT": "29555",
                    "GLOO_SOCKET_IFNAME": "wan0", "TP_SOCKET_IFNAME": "wan0"}

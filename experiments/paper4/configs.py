@@ -12,6 +12,12 @@ What each node is (see README.md, "What is emulated"):
   The offset is written as an ``emulate.slowdown`` event from round 0: the planner
   never reads slowdowns, so it plans from the predictor's estimate of the node's GPUs
   and has to learn the offset from measured steps, like on real hardware.
+
+``truth="real"`` replaces the virtual GPUs by real compute: each node trains the
+``tiny`` model at seq 128 in a cgroup limited to a CPU share proportional to its
+speed in the paper (``emulate.cpu_share``, the four shares adding up to 1.6 cores),
+so its step time, t(B) shape and noise are whatever this CPU does. The planner still
+plans from the nodes' GPU names: wrong in scale (GPU seconds for a CPU) and in shape.
 """
 from __future__ import annotations
 
@@ -30,6 +36,10 @@ EMULATED_SEQ_LEN = 1024
 PAPER_LOCAL_STEPS = 100
 PAPER_BATCH_SIZE = 4
 PAPER_BANDWIDTH_MBPS = 1000.0
+REAL_TOTAL_CORES = 1.6
+REAL_SEQ_LEN = 128
+CPU_MEASURED_CLUSTER = ROOT / "experiments" / "configs" / "clusters" / "paper4_cpu_measured.yaml"
+TRUTHS = ("virtual", "real")
 PRECISION = "bf16"
 POLICIES = ("uniform", "batch_by_flops", "max_batch_by_memory", "steps_by_flops",
             "time", "hybrid", "adaptive", "deadline")
@@ -54,11 +64,19 @@ class Scaling:
     model: str = "tiny"
     seq_len: int = 32
     wan: str = "literal"
+    truth: str = "virtual"
 
     @property
     def round_scale(self) -> float:
-        """Emulated seconds per paper second of local phase: H'/H x time_scale."""
-        return self.local_steps / PAPER_LOCAL_STEPS * self.time_scale
+        """Seconds here per paper second of local phase: H'/H x time_scale (real truth: x the CPU's
+        step time at batch 4 over the paper's, for the slowest node, from the measured curves)."""
+        return self.local_steps / PAPER_LOCAL_STEPS * self.effective_time_scale
+
+    @property
+    def effective_time_scale(self) -> float:
+        if self.truth == "virtual":
+            return self.time_scale
+        return real_time_scale()
 
     def bandwidth_mbps(self) -> float:
         """Link rate (Mbit/s) of every site."""
@@ -86,6 +104,26 @@ def paper_nodes() -> list[NodeSpec]:
     return load_cluster(PAPER_CLUSTER).nodes
 
 
+def real_shares(total_cores: float = REAL_TOTAL_CORES) -> dict[str, float]:
+    """CPU share per node, proportional to 1 / its paper-fitted step time, adding up to ``total_cores``."""
+    speed = {node.name: 1.0 / node.measured.step_time_s for node in paper_nodes()}
+    total = sum(speed.values())
+    return {name: round(total_cores * value / total, 4) for name, value in speed.items()}
+
+
+def real_time_scale() -> float:
+    """CPU seconds per paper second for the slowest node at batch 4 (from the measured curves;
+    1.0 when they were not measured here). Only sets the WAN share and the paper-scale column."""
+    if not CPU_MEASURED_CLUSTER.is_file():
+        return 1.0
+    from balancer.step_time import CurveStepModel
+    paper = {node.name: node.measured.step_time_s for node in paper_nodes()}
+    slowest = max(paper, key=paper.get)
+    measured = next(node for node in load_cluster(CPU_MEASURED_CLUSTER).nodes if node.name == slowest)
+    curve = CurveStepModel([(point.batch_size, point.step_time_s) for point in measured.measured.points])
+    return curve.predict(PAPER_BATCH_SIZE) / paper[slowest]
+
+
 def speed_offset(node: NodeSpec) -> float:
     """Paper-fitted step time / the predictor's, both at the paper's batch (the planner does not know it)."""
     model = node_step_model(node.gpus, resolve_dims(EMULATED_MODEL), EMULATED_SEQ_LEN, precision=PRECISION)
@@ -93,6 +131,8 @@ def speed_offset(node: NodeSpec) -> float:
 
 
 def node_entry(node: NodeSpec, scaling: Scaling, scenario: Scenario) -> dict:
+    if scaling.truth == "real":
+        return real_node_entry(node, scaling, scenario)
     slowdown = [{"from_round": 0, "factor": round(speed_offset(node), 6)}]
     if scenario.slow_node == node.name:
         slowdown.append({"from_round": scenario.slow_from_round, "factor": scenario.slow_factor})
@@ -104,18 +144,41 @@ def node_entry(node: NodeSpec, scaling: Scaling, scenario: Scenario) -> dict:
     }
 
 
-def run_config(policy: str, scaling: Scaling, scenario: Scenario = PAPER) -> dict:
-    """A complete run config (the mapping `geodiloco run --config` reads)."""
+def real_node_entry(node: NodeSpec, scaling: Scaling, scenario: Scenario) -> dict:
+    """A real-compute node: a CPU share in the paper's proportions; a slowdown divides the share."""
+    slowdown = ([{"from_round": scenario.slow_from_round, "factor": scenario.slow_factor}]
+                if scenario.slow_node == node.name else [])
     return {
-        "run": {"name": f"{scenario.name}-{policy}", "out_dir": "runs", "seed": 0},
-        "model": {"preset": scaling.model, "seq_len": scaling.seq_len, "precision": PRECISION},
-        "data": {"source": "stdlib", "max_bytes": 2_000_000, "eval_batches": 4, "eval_batch_size": 8},
+        "name": node.name, "site": node.site, "gpus": list(node.gpus),
+        "emulate": {"cpu_share": real_shares()[node.name], "slowdown": slowdown},
+        "wan": {"bandwidth_mbps": round(scaling.bandwidth_mbps(), 3)},
+    }
+
+
+def run_config(policy: str, scaling: Scaling, scenario: Scenario = PAPER, seed: int = 0,
+               shards: str = "iid", offline_eval: bool = False) -> dict:
+    """A complete run config (the mapping `geodiloco run --config` reads).
+
+    ``offline_eval``: hold out a large eval set (512 sequences) that the run never evaluates
+    itself (so evaluation steals no CPU from a real-compute node); every round's global
+    checkpoint is kept for `geodiloco evaluate`.
+    """
+    seq_len = REAL_SEQ_LEN if scaling.truth == "real" else scaling.seq_len
+    data = {"source": "stdlib", "max_bytes": 2_000_000, "eval_batches": 4, "eval_batch_size": 8, "shards": shards}
+    checkpoint = {"every_rounds": scaling.rounds, "keep": 1}
+    if offline_eval:
+        data.update({"eval_batches": 32, "eval_batch_size": 16, "eval_every_rounds": 0})
+        checkpoint = {"every_rounds": 1, "keep": scaling.rounds}
+    return {
+        "run": {"name": f"{scenario.name}-{policy}", "out_dir": "runs", "seed": seed},
+        "model": {"preset": scaling.model, "seq_len": seq_len, "precision": PRECISION},
+        "data": data,
         "optim": {"inner": {"lr": 1.0e-3, "warmup_steps": 10, "weight_decay": 0.1, "grad_clip": 1.0},
                   "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": True}},
         "diloco": {"rounds": scaling.rounds, "local_steps": scaling.local_steps,
                    "batch_size": PAPER_BATCH_SIZE, "weighting": "auto"},
         "balancing": {"policy": policy},
         "comm": {"backend": "torch", "timeout_s": 300},
-        "checkpoint": {"every_rounds": scaling.rounds, "keep": 1},
+        "checkpoint": checkpoint,
         "nodes": [node_entry(node, scaling, scenario) for node in paper_nodes()],
     }

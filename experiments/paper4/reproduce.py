@@ -2,7 +2,14 @@
 
     experiments/paper4/run.sh            # full: 8 policies + the slowdown scenario (about 15 min on 2 cores)
     experiments/paper4/run.sh --quick    # 3 policies, 3 rounds (under 3 min); results under runs/
+    experiments/paper4/run.sh --truth real --seeds 3     # evidence: real-compute sites, 3 seeds per policy
     .venv/bin/python experiments/paper4/reproduce.py --help
+
+Evidence mode (``--truth real`` or ``--seeds N``): every policy runs once per seed, each
+run holds out 512 sequences and keeps every round's global checkpoint, `geodiloco evaluate`
+scores them afterwards, and evidence.py writes per-policy waiting and total idle (mean and
+spread over seeds, with and without round 0) and loss at equal tokens and wall-clock into
+experiments/paper4/evidence/<truth>-<wan>-<shards>/.
 
 Each run is `geodiloco run` with a config from configs.py (four emulated sites in
 network namespaces, virtual GPUs of the paper's nodes, real DiLoCo on the tiny
@@ -24,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import analyze  # noqa: E402
 import configs  # noqa: E402
+import evidence  # noqa: E402
 from runner import display_path, run_policy  # noqa: E402
 
 README = Path(__file__).resolve().parent / "README.md"
@@ -49,6 +57,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="outer rounds per run (default 10, --quick 3)")
     parser.add_argument("--policies", help="comma-separated subset of the paper-scenario policies")
     parser.add_argument("--no-slowdown", action="store_true", help="skip the slowdown scenario")
+    parser.add_argument("--truth", choices=configs.TRUTHS, default="virtual",
+                        help="virtual: sleep-padded virtual GPUs timed as the paper's nodes; real: real compute, "
+                             "each node in a cgroup with a CPU share in the paper's proportions (root)")
+    parser.add_argument("--seeds", type=int, help="runs per policy with seeds 0..N-1 (evidence mode; default 1)")
+    parser.add_argument("--shards", choices=["iid", "non_iid"], default="iid",
+                        help="data split among nodes (data.shards)")
     parser.add_argument("--analyze-only", action="store_true", help="redo tables and figures from the kept logs")
     return parser.parse_args(argv)
 
@@ -68,6 +82,13 @@ def choose_sites(requested: str) -> tuple[str, str]:
     return "local", note
 
 
+def require_cpu_shares() -> None:
+    from lab.cpu_share import can_use_cpu_share
+    usable, reason = can_use_cpu_share()
+    if not usable:
+        raise SystemExit(f"reproduce: --truth real needs CPU quotas (cgroups, root): {reason}")
+
+
 def environment() -> dict:
     import numpy
     import pydantic
@@ -83,6 +104,10 @@ def environment() -> dict:
             "load_average_at_start": list(os.getloadavg()), "date": time.strftime("%Y-%m-%d %H:%M %Z")}
 
 
+def evidence_mode(args: argparse.Namespace) -> bool:
+    return args.truth == "real" or args.seeds is not None
+
+
 def plan_runs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     policies = list(configs.QUICK_POLICIES if args.quick else configs.POLICIES)
     if args.policies:
@@ -90,19 +115,32 @@ def plan_runs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         unknown = sorted(set(policies) - set(configs.POLICIES))
         if unknown:
             raise SystemExit(f"reproduce: unknown policies {unknown}; known: {', '.join(configs.POLICIES)}")
-    slowdown = [] if (args.quick or args.no_slowdown) else list(configs.SLOWDOWN_POLICIES)
+    slowdown = [] if (args.quick or args.no_slowdown or evidence_mode(args)) else list(configs.SLOWDOWN_POLICIES)
     return policies, slowdown
+
+
+def seeded_jobs(args: argparse.Namespace, scaling: "configs.Scaling", policies: list[str]) -> list[tuple[str, dict]]:
+    """(run name, config) per policy and seed; names end in -seedK in evidence mode."""
+    if not evidence_mode(args):
+        return [(f"paper-{p}", configs.run_config(p, scaling, configs.PAPER, shards=args.shards)) for p in policies]
+    return [(f"paper-{p}-seed{seed}", configs.run_config(p, scaling, configs.PAPER, seed=seed, shards=args.shards,
+                                                        offline_eval=True))
+            for seed in range(args.seeds or 1) for p in policies]
 
 
 def run_all(args: argparse.Namespace, results: Path, runs_dir: Path) -> dict:
     scaling = configs.Scaling(rounds=args.rounds or (3 if args.quick else 10), local_steps=args.local_steps,
-                              time_scale=args.time_scale, wan=args.wan)
+                              time_scale=args.time_scale, wan=args.wan, truth=args.truth)
     sites, sites_note = choose_sites(args.sites)
+    if args.truth == "real":
+        require_cpu_shares()
     policies, slowdown_policies = plan_runs(args)
-    jobs = [(f"paper-{p}", configs.run_config(p, scaling, configs.PAPER)) for p in policies]
+    jobs = seeded_jobs(args, scaling, policies)
     jobs += [(f"slowdown-{p}", configs.run_config(p, scaling, configs.SLOWDOWN)) for p in slowdown_policies]
     manifest = {"command": " ".join(["experiments/paper4/run.sh", *sys.argv[1:]]),
-                "quick": args.quick, "scaling": asdict(scaling), "round_scale": scaling.round_scale,
+                "quick": args.quick, "scaling": asdict(scaling), "truth": args.truth,
+                "seeds": args.seeds or 1, "shards": args.shards,
+                "cpu_shares": configs.real_shares() if args.truth == "real" else None, "round_scale": scaling.round_scale,
                 "bandwidth_mbps": scaling.bandwidth_mbps(), "sites": sites, "sites_note": sites_note,
                 "policies": policies, "slowdown_policies": slowdown_policies,
                 "slowdown": {"node": configs.SLOWDOWN.slow_node, "from_round": configs.SLOWDOWN.slow_from_round,
@@ -151,12 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     suffix = "-quick" if args.quick else ""
     default_results = configs.ROOT / (f"runs/paper4{suffix}/results" if args.quick else "experiments/paper4/results")
+    if evidence_mode(args):
+        label = f"{args.truth}-{args.wan}-{args.shards}"
+        default_results, suffix = evidence.EVIDENCE_ROOT / label, f"-{label}"
     results = (args.results or default_results).resolve()
     runs_dir = (args.runs_dir or configs.ROOT / f"runs/paper4{suffix}").resolve()
     results.mkdir(parents=True, exist_ok=True)
     if not args.analyze_only:
         manifest = run_all(args, results, runs_dir)
         (results / "environment.md").write_text(environment_text(manifest) + "\n")
+    if evidence_mode(args):
+        print(evidence.analyze(results))
+        print(f"[paper4] results in {display_path(results, configs.ROOT)}", flush=True)
+        return 0
     output = analyze.analyze(results)
     summary = (results / "summary.md").read_text()
     if results == (configs.ROOT / "experiments/paper4/results").resolve():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-KEPT_LOGS = ("idle.jsonl", "metrics.jsonl", "plan.jsonl", "config.yaml")
+KEPT_LOGS = ("idle.jsonl", "metrics.jsonl", "plan.jsonl", "config.yaml", "eval.jsonl")
 SLOW_STEPS = re.compile(r"node (\S+): (\d+) steps were slower than the emulated GPU's target")
 
 
@@ -49,6 +49,15 @@ def geodiloco_command(config_path: str, run_dir: str, sites: str) -> list[str]:
     return ["geodiloco", "run", "--config", config_path, "--sites", sites, "--run-dir", run_dir, "--no-report"]
 
 
+def evaluate_offline(run_dir: Path, root: Path, kept: Path) -> None:
+    """`geodiloco evaluate RUN_DIR`: every kept round's global model on the held-out set (eval.jsonl)."""
+    completed = subprocess.run([sys.executable, "-m", "runtime.cli", "evaluate", str(run_dir)], cwd=root,
+                               capture_output=True, text=True)
+    (kept / "evaluate.log").write_text(completed.stdout + completed.stderr)
+    if completed.returncode != 0:
+        raise RuntimeError(f"geodiloco evaluate {run_dir} failed:\n{completed.stderr[-2000:]}")
+
+
 def run_policy(name: str, config: dict, root: Path, configs_dir: Path, runs_dir: Path, kept_dir: Path,
                sites: str) -> RunOutcome:
     """Write the config, run it from ``root``, copy its logs to ``kept_dir/name``; raises on failure."""
@@ -72,6 +81,8 @@ def run_policy(name: str, config: dict, root: Path, configs_dir: Path, runs_dir:
     if completed.returncode != 0:
         tail = "\n".join(console.splitlines()[-20:])
         raise RuntimeError(f"run {name} failed with exit code {completed.returncode}:\n{tail}")
+    if config.get("data", {}).get("eval_every_rounds") == 0:
+        evaluate_offline(run_dir, root, kept)
     for log_name in KEPT_LOGS:
         source = run_dir / log_name
         if source.is_file():
