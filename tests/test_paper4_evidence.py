@@ -65,3 +65,6 @@ def test_changes_against_uniform_pair_each_seed_and_losses_meet_at_common_points
     # uniform at 24 s: seed 0 between 2.8 (20 s) and 2.6 (30 s) -> 2.72; seed 1 -> 2.82
     assert uniform_row["loss_at_equal_wall"]["mean"] == pytest.approx((2.72 + 2.82) / 2)
     assert time_row["loss_at_equal_tokens"]["mean"] == pytest.approx((2.5 + 2.6) / 2)
+    # paired with uniform of the same seed at 300 tokens: 2.5 - 2.6 and 2.6 - 2.7
+    assert time_row["loss_at_equal_tokens_vs_uniform"]["mean"] == pytest.approx(-0.1)
+    assert time_row["loss_at_equal_tokens_vs_uniform"]["std"] == pytest.approx(0.0, abs=1e-12)

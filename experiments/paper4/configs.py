@@ -155,6 +155,16 @@ def real_node_entry(node: NodeSpec, scaling: Scaling, scenario: Scenario) -> dic
     }
 
 
+REAL_MAX_BATCH = 32
+"""The largest batch of the paper's policy B (Table 2). Under the real truth the planner sizes
+memory for the tiny model on 24-32 GB GPUs, which would allow thousands of samples: more than
+this CPU machine's memory holds. So every real-truth run caps the batch at the paper's largest."""
+
+
+def real_balancing(policy: str) -> dict:
+    return {"policy": policy, "max_batch_size": REAL_MAX_BATCH}
+
+
 def run_config(policy: str, scaling: Scaling, scenario: Scenario = PAPER, seed: int = 0,
                shards: str = "iid", offline_eval: bool = False) -> dict:
     """A complete run config (the mapping `geodiloco run --config` reads).
@@ -177,7 +187,7 @@ def run_config(policy: str, scaling: Scaling, scenario: Scenario = PAPER, seed: 
                   "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": True}},
         "diloco": {"rounds": scaling.rounds, "local_steps": scaling.local_steps,
                    "batch_size": PAPER_BATCH_SIZE, "weighting": "auto"},
-        "balancing": {"policy": policy},
+        "balancing": real_balancing(policy) if scaling.truth == "real" else {"policy": policy},
         "comm": {"backend": "torch", "timeout_s": 300},
         "checkpoint": checkpoint,
         "nodes": [node_entry(node, scaling, scenario) for node in paper_nodes()],

@@ -107,6 +107,11 @@ def policy_rows(runs: dict[str, dict[int, dict]]) -> tuple[list[dict], float, fl
         row["loss_at_equal_wall"] = spread([interpolate(n["curve_wall_s"], n["curve_loss"], equal_wall_s)
                                             for n in by_seed.values()])
         row["final_loss"] = spread([n["curve_loss"][-1] for n in by_seed.values()])
+        for key, axis, point in (("tokens", "curve_tokens", equal_tokens), ("wall", "curve_wall_s", equal_wall_s)):
+            row[f"loss_at_equal_{key}_vs_uniform"] = spread([
+                interpolate(n[axis], n["curve_loss"], point) - interpolate(uniform[seed][axis],
+                                                                           uniform[seed]["curve_loss"], point)
+                for seed, n in by_seed.items() if seed in uniform])
         row["eval_se"] = spread([n["curve_se"][-1] for n in by_seed.values() if n["curve_se"][-1] is not None])
         rows.append(row)
     return rows, equal_tokens, equal_wall_s
@@ -126,6 +131,12 @@ def loss_text(stats: dict) -> str:
     return f"{stats['mean']:.3f} ± {stats['std']:.3f}"
 
 
+def delta_text(stats: dict) -> str:
+    if stats["n"] == 0:
+        return "-"
+    return f"{stats['mean']:+.3f} ± {stats['std']:.3f}"
+
+
 def markdown(header: list[str], lines: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(out + ["| " + " | ".join(line) + " |" for line in lines])
@@ -140,9 +151,10 @@ def idle_table(rows: list[dict], warm: bool) -> str:
 
 
 def convergence_table(rows: list[dict], equal_tokens: float, equal_wall_s: float) -> str:
-    header = ["policy", f"eval loss @ {equal_tokens / 1e3:.0f} k tokens", f"eval loss @ {equal_wall_s:.0f} s",
-              "final eval loss", "eval standard error"]
-    lines = [[row["policy"], loss_text(row["loss_at_equal_tokens"]), loss_text(row["loss_at_equal_wall"]),
+    header = ["policy", f"eval loss @ {equal_tokens / 1e3:.0f} k tokens", "vs uniform, same seed",
+              f"eval loss @ {equal_wall_s:.0f} s", "vs uniform, same seed", "final eval loss", "eval standard error"]
+    lines = [[row["policy"], loss_text(row["loss_at_equal_tokens"]), delta_text(row["loss_at_equal_tokens_vs_uniform"]),
+              loss_text(row["loss_at_equal_wall"]), delta_text(row["loss_at_equal_wall_vs_uniform"]),
               loss_text(row["final_loss"]), f"{row['eval_se']['mean']:.3f}" if row["eval_se"]["n"] else "-"]
              for row in rows]
     return markdown(header, lines)
@@ -206,8 +218,11 @@ def analyze(results: Path) -> str:
         "## Convergence", "",
         f"Eval loss of each round's global model on {sequences} held-out sequences sampled uniformly from the "
         "whole corpus (`geodiloco evaluate`, after the run), interpolated at the largest token count and "
-        "wall-clock every run reached; mean ± std over seeds. The last column is the eval set's own standard "
-        "error (std of per-sequence losses / sqrt(n)): differences smaller than about twice it are noise.", "",
+        "wall-clock every run reached; mean ± std over seeds. `vs uniform, same seed`: the difference to uniform "
+        "run with the same seed (same initial model, data order and eval set), mean ± std over seeds; negative "
+        "is better. The last column is the eval set's own standard error (std of per-sequence losses / "
+        "sqrt(n)): a single loss is known to about twice it; paired differences on one set are known better, "
+        "and the seed-to-seed std of the paired difference is the spread to compare against.", "",
         convergence_table(rows, equal_tokens, equal_wall_s), "",
         f"![eval loss]({display_path(results / 'loss.png', results)})", "",
         f"Regenerate: `{manifest['command']}` ({manifest['total_s'] / 60:.0f} min).",
@@ -227,10 +242,11 @@ def combine(root: Path = EVIDENCE_ROOT, out: Path = COMBINED) -> str:
         for row in data["rows"]:
             lines.append([data["label"], row["policy"], pct(row["warm_idle_share"]),
                           pct(row["warm_idle_share_vs_uniform"], True), pct(row["warm_wait_share"]),
-                          pct(row["warm_wait_share_vs_uniform"], True), loss_text(row["loss_at_equal_tokens"]),
-                          loss_text(row["loss_at_equal_wall"])])
+                          pct(row["warm_wait_share_vs_uniform"], True),
+                          delta_text(row["loss_at_equal_tokens_vs_uniform"]),
+                          delta_text(row["loss_at_equal_wall_vs_uniform"])])
     header = ["truth-wan-shards", "policy", "total GPU idle", "vs uniform", "waiting", "vs uniform",
-              "loss @ equal tokens", "loss @ equal wall-clock"]
+              "eval loss vs uniform @ equal tokens", "@ equal wall-clock"]
     text = "\n".join([
         "# Balancing against truths the planner did not build", "",
         "The paper's four-node cluster on this machine, every policy, several seeds, rounds 1+ (shares of node "
