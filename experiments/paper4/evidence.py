@@ -265,6 +265,79 @@ def combine(root: Path = EVIDENCE_ROOT, out: Path = COMBINED) -> str:
     return text
 
 
+README = ROOT / "README.md"
+README_START, README_END = "<!-- evidence:start -->", "<!-- evidence:end -->"
+README_POLICIES = ("uniform", "steps_by_flops", "time", "hybrid", "adaptive", "deadline")
+SIMULATED = ROOT / "experiments" / "results" / "balancer" / "independent_truth.json"
+
+
+def readme_cell(row: dict) -> str:
+    idle, wait = row["warm_idle_share"]["mean"], row["warm_wait_share"]["mean"]
+    if row["policy"] == "uniform":
+        return f"**{100 * idle:.1f} %** (wait {100 * wait:.1f} %)"
+    return (f"**{100 * idle:.1f} %** ({100 * row['warm_idle_share_vs_uniform']['mean']:+.0f} %); wait "
+            f"{100 * wait:.1f} % ({100 * row['warm_wait_share_vs_uniform']['mean']:+.0f} %)")
+
+
+def simulated_row() -> list[str]:
+    """The simulator's CPU-measured-truth scenario in the README table's shape (same cells)."""
+    data = json.loads(SIMULATED.read_text())
+    by_policy = {row["policy"]: row["seeds"] for row in data["cpu_measured"]}
+    uniform = by_policy["uniform"]
+    cells = []
+    for policy in README_POLICIES:
+        seeds = by_policy.get(policy)
+        if not seeds:
+            cells.append("-")
+            continue
+        stats = {"policy": policy,
+                 "warm_idle_share": spread([seed["warm"]["idle_share"] for seed in seeds]),
+                 "warm_wait_share": spread([seed["warm"]["wait_share"] for seed in seeds]),
+                 "warm_idle_share_vs_uniform": spread([seed["warm"]["idle_share"] / base["warm"]["idle_share"] - 1
+                                                       for seed, base in zip(seeds, uniform)]),
+                 "warm_wait_share_vs_uniform": spread([seed["warm"]["wait_share"] / base["warm"]["wait_share"] - 1
+                                                       for seed, base in zip(seeds, uniform)])}
+        cells.append(readme_cell(stats))
+    return [f"simulated: CPU-measured t(B) curves, stragglers + drift, sync at the paper's share, "
+            f"{data['seeds']} seeds ([details](experiments/results/balancer/independent_truth.md))"] + cells + ["-"]
+
+
+def readme_table(root: Path = EVIDENCE_ROOT) -> str:
+    """Total GPU idle (and waiting) per policy and truth, rounds 1+, for the README."""
+    header = ["paper's cluster, 3 seeds, rounds 1+"] + [f"`{policy}`" for policy in README_POLICIES] + [
+        "`time`: eval loss vs uniform, equal tokens / equal wall-clock"]
+    lines = []
+    for path in sorted(root.glob("*/evidence.json"), key=lambda p: (not p.parent.name.startswith("real"), "-scaled-" in p.parent.name, p.parent.name)):
+        data = json.loads(path.read_text())
+        rows = {row["policy"]: row for row in data["rows"]}
+        time_row = rows.get("time")
+        loss = (f"{delta_text(time_row['loss_at_equal_tokens_vs_uniform'])} / "
+                f"{delta_text(time_row['loss_at_equal_wall_vs_uniform'])}"
+                if time_row and "loss_at_equal_tokens_vs_uniform" in time_row else "-")
+        label = f"[{data['label']}](experiments/paper4/evidence/{path.parent.name}/evidence.md)"
+        lines.append([label] + [readme_cell(rows[policy]) if policy in rows else "-" for policy in README_POLICIES]
+                     + [loss])
+    if SIMULATED.is_file():
+        lines.append(simulated_row())
+    legend = ("`real` = real compute under CPU quotas, `virtual` = sleep-padded virtual GPUs; `literal` = 1 Gbit/s "
+              "links, `scaled` = the sync takes the share of a round that llama-150m's takes at 1 Gbit/s (the "
+              "paper's WAN share); `iid` / `non_iid` = data shards. Cells: **total GPU idle** as a share of node "
+              "time (change vs uniform of the same seed); waiting (change). Mean over seeds; spreads, all rounds "
+              "and all eight policies in each linked file and in "
+              "[experiments/results/evidence.md](experiments/results/evidence.md). Regenerate: "
+              "`experiments/paper4/run.sh --truth real --seeds 3 --rounds 6 [...]` "
+              "(commands in each file), then `.venv/bin/python experiments/paper4/evidence.py --combine`.")
+    return markdown(header, lines) + "\n\n" + legend
+
+
+def update_readme(table: str) -> None:
+    text = README.read_text()
+    if README_START not in text or README_END not in text:
+        return
+    head, rest = text.split(README_START, 1)
+    README.write_text(f"{head}{README_START}\n{table}\n{README_END}{rest.split(README_END, 1)[1]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="?", type=Path, help="an evidence folder written by reproduce.py")
@@ -272,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.combine:
         print(combine())
+        update_readme(readme_table())
     elif args.results:
         print(analyze(args.results))
     else:
