@@ -34,6 +34,9 @@ from balancer.step_time import (GpuModelFactory, declared_key, declared_step_mod
 from predictor.schema import ConfigError
 
 NOISE_WINDOW_SIGMAS = 6.0
+STRAGGLER_WINDOW_SIGMAS = 3.0
+"""Stragglers widen the window of single steps drawn around the deadline by this many standard
+deviations of their summed extra time (a node whose crossing falls outside stops at the window's end)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,12 @@ class Stragglers:
         spread = np.sqrt(count * var_extra) * rng.standard_normal(len(steps))
         return np.maximum(count * mean_extra + spread, count * (self.low - 1.0))
 
+    def extra_std(self, steps: np.ndarray) -> np.ndarray:
+        """Standard deviation of ``extra_steps`` for ``steps`` steps (in mean steps)."""
+        mean_extra, var_extra = (self.low + self.high) / 2 - 1.0, (self.high - self.low) ** 2 / 12
+        second_moment = mean_extra ** 2 + var_extra
+        return np.sqrt(steps * self.prob * (second_moment - self.prob * mean_extra ** 2))
+
     def step_factors(self, shape: tuple, rng: np.random.Generator) -> np.ndarray:
         """Per-step multiplier: 1, or ``U(low, high)`` for a straggler."""
         if self.prob == 0:
@@ -190,7 +199,7 @@ def run_until_deadline(step_s: np.ndarray, cap: np.ndarray, deadline_s: float, n
     """
     expected = np.minimum(deadline_s / step_s, cap)
     spread = NOISE_WINDOW_SIGMAS * noise * np.sqrt(np.maximum(expected, 1.0))
-    spread = spread + NOISE_WINDOW_SIGMAS * np.sqrt(stragglers.prob * np.maximum(expected, 1.0)) * stragglers.high
+    spread = spread + STRAGGLER_WINDOW_SIGMAS * stragglers.extra_std(np.maximum(expected, 1.0))
     head = np.clip(np.floor(expected - spread - 2), 0, cap).astype(np.int64)
     head_s = step_s * (head + noise * np.sqrt(head) * rng.standard_normal(len(head))
                        + stragglers.extra_steps(head, rng))

@@ -5,7 +5,7 @@
 What it measures, all with `balancer.simulate` (no processes, no GPU):
 1. paper4.md/.json/.png: the source paper's cluster (experiments/configs/clusters/paper4.yaml,
    ground truth derived from its Table 3), llama-150m, seq 1024, baseline H=100, B=4,
-   10 rounds, per-step noise 2 %, seed 0: waiting per node per round for every policy
+   10 rounds, the simulator's default noise (2 % per step, 1 % straggler steps 2-5x slower, 2 % drift per round), seed 0: waiting per node per round for every policy
    beside the paper's Table 3, the outer sync, tokens per round and per hour.
 2. slowdown.md/.json: the same with node1 running 2x slower from round 5 on.
 3. speed.md/.json: planner and simulator wall time for a 10,000-node cluster of six
@@ -169,7 +169,7 @@ def main() -> None:
         "# Simulated waiting at the outer sync on the source paper's cluster\n\n"
         f"Command: `{command}`. Cluster: experiments/configs/clusters/paper4.yaml (step times at batch 4 "
         "fitted to the paper's Table 3, read as seconds per round; other batch sizes follow the predictor's t(B) "
-        "shape). llama-150m, seq 1024, baseline H=100, B=4, 10 rounds, per-step noise 2 %, seed 0. "
+        "shape). llama-150m, seq 1024, baseline H=100, B=4, 10 rounds, default noise (2 % per step, 1 % straggler steps 2-5x slower, 2 % drift per round), seed 0. "
         "'wait' is what the paper's Table 3 measures (a node's GPU waiting for the slowest node); the outer sync "
         "(ring all-reduce of fp32 pseudo-gradients over 1 Gbit/s) is listed apart: every node spends it idle "
         "under every policy. 'time (specs only)' never uses measurements; the other time-based policies plan "

@@ -302,12 +302,18 @@ def simulated_row() -> list[str]:
             f"{data['seeds']} seeds ([details](experiments/results/balancer/independent_truth.md))"] + cells + ["-"]
 
 
+def readme_order(path: Path) -> tuple:
+    """Real before virtual, 1 Gbit/s before the paper's WAN share, then by name."""
+    label = path.parent.name
+    return (not label.startswith("real"), "-scaled-" in label, label)
+
+
 def readme_table(root: Path = EVIDENCE_ROOT) -> str:
     """Total GPU idle (and waiting) per policy and truth, rounds 1+, for the README."""
     header = ["paper's cluster, 3 seeds, rounds 1+"] + [f"`{policy}`" for policy in README_POLICIES] + [
         "`time`: eval loss vs uniform, equal tokens / equal wall-clock"]
     lines = []
-    for path in sorted(root.glob("*/evidence.json"), key=lambda p: (not p.parent.name.startswith("real"), "-scaled-" in p.parent.name, p.parent.name)):
+    for path in sorted(root.glob("*/evidence.json"), key=readme_order):
         data = json.loads(path.read_text())
         rows = {row["policy"]: row for row in data["rows"]}
         time_row = rows.get("time")
