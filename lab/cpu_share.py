@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from lab.pids import process_alive
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 GROUP_PREFIX = "geodiloco"
 MIN_QUOTA_US = 1000
@@ -135,16 +137,6 @@ def remove_group(path: Path) -> bool:
         return False
 
 
-def owner_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_stale(root: Path = CGROUP_ROOT, owner_pid: Optional[int] = None) -> list[str]:
     """Remove empty ``geodiloco-*`` groups whose owner is gone (or whose owner is ``owner_pid``)."""
     try:
@@ -157,7 +149,7 @@ def cleanup_stale(root: Path = CGROUP_ROOT, owner_pid: Optional[int] = None) -> 
         if not match or not path.is_dir():
             continue
         owner = int(match.group(1))
-        if (owner == owner_pid or not owner_alive(owner)) and remove_group(path):
+        if (owner == owner_pid or not process_alive(owner)) and remove_group(path):
             removed.append(path.name)
     return removed
 

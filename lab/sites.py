@@ -37,6 +37,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
+from lab.pids import process_alive
+
 SITE_IFNAME = "wan0"
 BRIDGE_IFNAME = "br0"
 DEFAULT_PREFIX = "gdl"
@@ -225,14 +227,7 @@ def owner_alive(owner: str) -> bool:
     """Whether the process that created namespaces with this owner tag is still running."""
     if owner == MANUAL_OWNER:
         return True
-    pid = int(owner.split("x")[0])
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_alive(int(owner.split("x")[0]))
 
 
 def delete_namespaces(namespaces: Sequence[str]) -> list[str]:
