@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from balancer.cluster import NodeSpec
-from balancer.step_time import UNLIMITED_BATCH, LinearStepModel, ScaledStepModel, declared_step_model
+from balancer.step_time import UNLIMITED_BATCH, LinearStepModel, ScaledStepModel, declared_key, declared_step_model
 from predictor.base import StepTimeModel
 
 ModelFactory = Callable[[list, Optional[int]], StepTimeModel]
@@ -97,9 +97,9 @@ class StepTimeBank:
         if node.gpus:
             return ("gpus", tuple(node.gpus)), NodeGroup(gpus=tuple(node.gpus), linear=None)
         if emulate is not None and emulate.step_time_s is not None:
-            declared = declared_step_model(emulate, node.gpus, self.base_batch_size, gpu_model=None)
-            key = ("linear", declared.step_time_s, declared.batch_size, declared.fixed_fraction)
-            return key, NodeGroup(gpus=(), linear=declared)
+            key = declared_key(emulate, node.gpus, self.base_batch_size)
+            return key, NodeGroup(gpus=(), linear=declared_step_model(emulate, node.gpus, self.base_batch_size,
+                                                                       gpu_model=None))
         return ("gpus", ()), NodeGroup(gpus=(), linear=None)
 
     def model(self, group_id: int, micro_batch_size: Optional[int] = None) -> StepTimeModel:

@@ -154,20 +154,27 @@ class Stragglers:
     low: float = 2.0
     high: float = 5.0
 
+    @property
+    def mean_extra(self) -> float:
+        """Mean extra time of one straggler step, in mean steps."""
+        return (self.low + self.high) / 2 - 1.0
+
+    @property
+    def var_extra(self) -> float:
+        return (self.high - self.low) ** 2 / 12
+
     def extra_steps(self, steps: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Extra time of ``steps`` steps, in units of one mean step (sum over the stragglers among them)."""
         if self.prob == 0:
             return np.zeros(len(steps))
         count = rng.binomial(np.asarray(steps, dtype=np.int64), self.prob)
-        mean_extra, var_extra = (self.low + self.high) / 2 - 1.0, (self.high - self.low) ** 2 / 12
-        spread = np.sqrt(count * var_extra) * rng.standard_normal(len(steps))
-        return np.maximum(count * mean_extra + spread, count * (self.low - 1.0))
+        spread = np.sqrt(count * self.var_extra) * rng.standard_normal(len(steps))
+        return np.maximum(count * self.mean_extra + spread, count * (self.low - 1.0))
 
     def extra_std(self, steps: np.ndarray) -> np.ndarray:
         """Standard deviation of ``extra_steps`` for ``steps`` steps (in mean steps)."""
-        mean_extra, var_extra = (self.low + self.high) / 2 - 1.0, (self.high - self.low) ** 2 / 12
-        second_moment = mean_extra ** 2 + var_extra
-        return np.sqrt(steps * self.prob * (second_moment - self.prob * mean_extra ** 2))
+        second_moment = self.mean_extra ** 2 + self.var_extra
+        return np.sqrt(steps * self.prob * (second_moment - self.prob * self.mean_extra ** 2))
 
     def step_factors(self, shape: tuple, rng: np.random.Generator) -> np.ndarray:
         """Per-step multiplier: 1, or ``U(low, high)`` for a straggler."""

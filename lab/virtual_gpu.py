@@ -29,7 +29,6 @@ class StepPacer:
                  dims: ModelDims, seq_len: int, precision: str) -> None:
         self.node_index = node_index
         self.seed = seed
-        self.base_batch_size = base_batch_size
         self.slow_steps = 0
         self._declared = declared_step_model(node.emulate, node.gpus, base_batch_size,
                                              predictor_gpu_model(dims, seq_len, precision))

@@ -57,6 +57,12 @@ def latest_round(run_dir: Path) -> Optional[int]:
     return int(pointer.read_text().strip())
 
 
+def kept_rounds(run_dir: Path) -> list[int]:
+    """Rounds whose global checkpoint is kept in ``run_dir/checkpoints`` (ascending)."""
+    return sorted(int(path.parent.name.split("_", 1)[1])
+                  for path in (run_dir / "checkpoints").glob("round_*/global.pt"))
+
+
 def load_global(run_dir: Path, round_idx: int) -> dict:
     return torch.load(round_dir(run_dir, round_idx) / "global.pt", weights_only=False)
 

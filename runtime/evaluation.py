@@ -94,14 +94,6 @@ def held_out_batches(config, batch_size: Optional[int] = None) -> list:
     return eval_batches(corpus, starts, seq_len, batch_size or data.eval_batch_size) if len(starts) else []
 
 
-def kept_rounds(run_dir: Path) -> list[int]:
-    """Rounds whose global checkpoint is in ``run_dir/checkpoints`` (ascending)."""
-    found = []
-    for path in sorted((run_dir / "checkpoints").glob("round_*/global.pt")):
-        found.append(int(path.parent.name.split("_", 1)[1]))
-    return found
-
-
 @torch.no_grad()
 def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     """Eval loss and its standard error of every kept round's global model, on the run's held-out set.
@@ -115,7 +107,7 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     batches = held_out_batches(config)
     if not batches:
         raise ValueError(f"{run_dir}: the run held out no eval set (data.eval_batches is 0)")
-    rounds = kept_rounds(run_dir)
+    rounds = checkpoint.kept_rounds(run_dir)
     if not rounds:
         raise ValueError(f"{run_dir}: no checkpoints/round_*/global.pt; keep them with checkpoint.every_rounds: 1 "
                          "and checkpoint.keep >= diloco.rounds")

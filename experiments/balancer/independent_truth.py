@@ -50,9 +50,9 @@ STEP_NOISE_ONLY = {"straggler_prob": 0.0, "drift_per_round": 0.0}
 
 def scaled_bandwidth_mbps(nodes: list[NodeSpec], model: str) -> float:
     """Link rate at which ``model``'s ring all-reduce takes the paper's share of the slowest local phase."""
-    from balancer.step_time import CurveStepModel
-    slowest_phase_s = max(LOCAL_STEPS * CurveStepModel([(p.batch_size, p.step_time_s) for p in node.measured.points])
-                          .predict(BATCH_SIZE) for node in nodes)
+    from balancer.step_time import measured_step_model
+    slowest_phase_s = max(LOCAL_STEPS * measured_step_model(node.measured, None).predict(BATCH_SIZE)
+                          for node in nodes)
     payload_bits = parameter_count(resolve_dims(model)) * 4 * 8
     ring_factor = 2 * (len(nodes) - 1) / len(nodes)
     return ring_factor * payload_bits / (PAPER_SYNC_SHARE * slowest_phase_s) / 1e6

@@ -34,12 +34,10 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def paper_shares(total_cores: float = TOTAL_CORES) -> dict[str, float]:
-    """CPU share per paper node, proportional to 1 / its fitted step time, adding up to ``total_cores``."""
-    from balancer.cluster import load_cluster
-    nodes = load_cluster(PAPER_CLUSTER).nodes
-    speed = {node.name: 1.0 / node.measured.step_time_s for node in nodes}
-    total = sum(speed.values())
-    return {name: round(total_cores * value / total, 4) for name, value in speed.items()}
+    """CPU share per paper node (the shares of ``run.sh --truth real``), adding up to ``total_cores``."""
+    sys.path.insert(0, str(ROOT / "experiments" / "paper4"))
+    from configs import real_shares
+    return real_shares(total_cores)
 
 
 def worker(args: argparse.Namespace) -> int:

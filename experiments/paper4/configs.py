@@ -116,12 +116,11 @@ def real_time_scale() -> float:
     1.0 when they were not measured here). Only sets the WAN share and the paper-scale column."""
     if not CPU_MEASURED_CLUSTER.is_file():
         return 1.0
-    from balancer.step_time import CurveStepModel
+    from balancer.step_time import measured_step_model
     paper = {node.name: node.measured.step_time_s for node in paper_nodes()}
     slowest = max(paper, key=paper.get)
     measured = next(node for node in load_cluster(CPU_MEASURED_CLUSTER).nodes if node.name == slowest)
-    curve = CurveStepModel([(point.batch_size, point.step_time_s) for point in measured.measured.points])
-    return curve.predict(PAPER_BATCH_SIZE) / paper[slowest]
+    return measured_step_model(measured.measured, None).predict(PAPER_BATCH_SIZE) / paper[slowest]
 
 
 def speed_offset(node: NodeSpec) -> float:

@@ -29,6 +29,10 @@ from runner import display_path  # noqa: E402
 
 EVIDENCE_ROOT = ROOT / "experiments" / "paper4" / "evidence"
 COMBINED = ROOT / "experiments" / "results" / "evidence.md"
+WAN_TEXT = {
+    "literal": "the paper's 1 Gbit/s",
+    "scaled": "the sync takes the share of a round that llama-150m's takes at 1 Gbit/s",
+}
 TRUTH_TEXT = {
     "virtual": "virtual GPUs: each step padded with sleep to the paper-fitted time of the node (the predictor's "
                "t(B) shape x a per-node offset the planner does not read), no jitter",
@@ -192,7 +196,7 @@ def describe(manifest: dict) -> str:
             f"names (llama-150m GPU seconds), calibrated only by measured steps. {manifest['seeds']} seeds per policy, "
             f"{scaling['rounds']} rounds, baseline H = {scaling['local_steps']}, batch 4, data shards "
             f"`{manifest['shards']}`; WAN {manifest['bandwidth_mbps']:.1f} Mbit/s per site ({scaling['wan']}: "
-            f"{'the paper' + chr(39) + 's 1 Gbit/s' if scaling['wan'] == 'literal' else 'the sync takes the share of a round that llama-150m' + chr(39) + 's takes at 1 Gbit/s'}); "
+            f"{WAN_TEXT[scaling['wan']]}); "
             f"sites: {manifest['sites']}.")
 
 
