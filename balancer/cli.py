@@ -21,6 +21,10 @@ def _add_common(parser) -> None:
     parser.add_argument("--local-steps", type=int, help="baseline local steps H (default: diloco.local_steps, else 100)")
     parser.add_argument("--batch-size", type=int, help="baseline batch size B (default: diloco.batch_size, else 4)")
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"], help="training precision")
+    parser.add_argument("--overlap", choices=["none", "delayed", "streaming"],
+                        help="outer sync overlap to plan for (default: the file's diloco.overlap, else none)")
+    parser.add_argument("--compression", choices=["none", "fp16", "bf16", "int8", "int4"],
+                        help="pseudo-gradient codec to plan for (default: the file's diloco.compression, else none)")
     parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
                         help=COMMON_HELP["set"])
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -63,7 +67,8 @@ def _setup(args, simulation=None):
     from balancer.setup import load_setup
     return load_setup(args.cluster, policy=args.policy, model=args.model, seq_len=args.seq_len,
                       local_steps=args.local_steps, batch_size=args.batch_size, precision=args.precision,
-                      assignments=args.assignments, simulation=simulation)
+                      assignments=args.assignments, simulation=simulation, overlap=args.overlap,
+                      compression=args.compression)
 
 
 def run_plan(args) -> int:

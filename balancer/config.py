@@ -82,8 +82,12 @@ class BalancingConfig(StrictModel):
     change_threshold: float = Field(default=0.1, gt=0.0)
     hysteresis: float = Field(default=0.02, ge=0.0, lt=1.0)
     deadline_step_slack: float = Field(default=0.25, ge=0.0, le=10.0)
-    # Outer sync (network-aware planning).
+    # Outer sync (network-aware planning). ``sync_dtype``: wire dtype the planner assumes when no
+    # run config says (a run plans with diloco.compression). ``max_phase_stretch``: with
+    # diloco.overlap, the time-based policies lengthen the local phase up to this factor to hide
+    # the sync behind it.
     sync_dtype: SyncDtype = "fp32"
+    max_phase_stretch: float = Field(default=2.0, ge=1.0, le=100.0)
     simulation: SimulationConfig = Field(default_factory=SimulationConfig)
 
     @model_validator(mode="after")

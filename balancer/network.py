@@ -1,4 +1,4 @@
-"""Outer-sync time model: a ring all-reduce of the pseudo-gradients over the WAN.
+"""Outer-sync time model: what goes on the wire, how long it takes, and how much of it hides.
 
 A ring all-reduce of ``S`` bytes among ``n`` nodes runs ``2 (n - 1)`` steps
 (reduce-scatter, then all-gather); in each step every node sends one chunk of
@@ -6,10 +6,20 @@ A ring all-reduce of ``S`` bytes among ``n`` nodes runs ``2 (n - 1)`` steps
 needs for a chunk plus that link's one-way latency. The collective ends at the
 same moment on every node, so every node spends the same time in it; the
 slowest link and the largest latency set that time. Nodes without a ``wan:``
-entry are treated as having an unlimited, zero-latency link.
+entry are treated as having an unlimited, zero-latency link. A compressed sum
+(all-to-all, fp32 sum, all-gather; runtime/sync/wire.py) moves the same share of
+its encoded payload in the same number of steps, so the same formula holds with
+the encoded size.
+
+With ``diloco.overlap`` the sync runs behind compute: a round's critical path is
+the longer of the local phase and the sync, so only ``max(0, sync - phase)`` is
+exposed (delayed), or, per fragment, ``max(0, fragment sync - phase / N)``
+(streaming). The model learns from measured syncs like the step-time model does
+from steps: an EWMA of measured / predicted scales every prediction.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -17,6 +27,22 @@ import numpy as np
 from balancer.cluster import NodeSpec
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+CHUNK_ELEMENTS = 2048
+"""Elements per fp32 scale of the integer codecs (2 KiB of int8 carry 4 bytes of scale)."""
+CODEC_BITS = {"none": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
+CODECS_BY_SIZE = ("none", "bf16", "int8", "int4")
+SYNC_DTYPE_CODEC = {"fp32": "none", "bf16": "bf16", "fp16": "fp16", "int8": "int8"}
+MEASURED_SYNC_ALPHA = 0.5
+
+
+def encoded_bytes(codec: str, numel: int) -> int:
+    """Bytes of ``numel`` pseudo-gradient elements encoded with ``codec`` (scales included)."""
+    if codec not in CODEC_BITS:
+        raise ValueError(f"unknown codec {codec!r}; known: {', '.join(CODEC_BITS)}")
+    payload = -(-numel * CODEC_BITS[codec] // 8)
+    if codec in ("int8", "int4"):
+        payload += 4 * -(-numel // CHUNK_ELEMENTS)
+    return payload
 
 
 def pseudo_gradient_bytes(num_params: int, sync_dtype: str = "fp32") -> int:
@@ -26,6 +52,21 @@ def pseudo_gradient_bytes(num_params: int, sync_dtype: str = "fp32") -> int:
     except KeyError:
         known = ", ".join(BYTES_PER_ELEMENT)
         raise ValueError(f"unknown sync dtype {sync_dtype!r}; known: {known}") from None
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """How the run syncs: ``overlap`` (none | delayed | streaming), ``codec`` (none | fp16 | bf16 |
+    int8 | int4) and ``fragments`` (streaming). The runtime passes its ``diloco:`` values."""
+
+    overlap: str = "none"
+    codec: str = "none"
+    fragments: int = 1
+
+    @property
+    def sync_count(self) -> int:
+        """Syncs per round: one per fragment under streaming."""
+        return self.fragments if self.overlap == "streaming" else 1
 
 
 def ring_allreduce_s(payload_bytes: float, bandwidths_mbps: Sequence[float],
@@ -50,25 +91,61 @@ def ring_allreduce_s(payload_bytes: float, bandwidths_mbps: Sequence[float],
 class OuterSyncModel:
     """Per-node time in the outer sync for a cluster (seconds; equal for all nodes in a ring)."""
 
-    def __init__(self, nodes: Sequence[NodeSpec], num_params: int, sync_dtype: str = "fp32") -> None:
+    def __init__(self, nodes: Sequence[NodeSpec], num_params: int, sync_dtype: str = "fp32",
+                 settings: Optional[SyncSettings] = None) -> None:
+        self.settings = settings or SyncSettings(codec=SYNC_DTYPE_CODEC[sync_dtype])
         self.num_nodes = len(nodes)
-        self.payload_bytes = pseudo_gradient_bytes(num_params, sync_dtype)
+        self.num_params = num_params
+        self.payload_bytes = encoded_bytes(self.settings.codec, num_params)
         linked = [node.wan for node in nodes if node.wan is not None]
         self.bandwidths_mbps = [wan.bandwidth_mbps for wan in linked]
         self.latencies_ms = [wan.latency_ms for wan in linked]
-        self._sync_s = self._ring_s()
+        self.measured_factor = 1.0
+        self._sync_s = self._ring_s(self.payload_bytes)
 
     def sync_s(self) -> float:
-        """Time of one outer all-reduce (seconds); 0 without any ``wan:`` entry."""
-        return self._sync_s
+        """Time of one outer sync of the whole model (seconds); 0 without any ``wan:`` entry."""
+        return self._sync_s * self.measured_factor
 
-    def _ring_s(self) -> float:
+    def codec_sync_s(self, codec: str) -> float:
+        """What one whole-model sync would take with ``codec`` (seconds), learned factor included."""
+        return self._ring_s(encoded_bytes(codec, self.num_params)) * self.measured_factor
+
+    def one_sync_s(self) -> float:
+        """Time of one of the round's syncs: a fragment under streaming, else the whole model."""
+        fragments = self.settings.sync_count
+        if fragments == 1:
+            return self.sync_s()
+        return self._ring_s(self.payload_bytes / fragments) * self.measured_factor
+
+    def _ring_s(self, payload_bytes: float) -> float:
         if not self.bandwidths_mbps:
             return 0.0
         # Unlimited links do not slow a step; only the listed links can be the bottleneck.
         bandwidths = self.bandwidths_mbps + [max(self.bandwidths_mbps)] * (self.num_nodes - len(self.bandwidths_mbps))
-        return ring_allreduce_s(self.payload_bytes, bandwidths, self.latencies_ms)
+        return ring_allreduce_s(payload_bytes, bandwidths, self.latencies_ms)
 
     def node_sync_s(self) -> np.ndarray:
         """Each node's seconds in the outer sync (one value per node)."""
         return np.full(self.num_nodes, self.sync_s())
+
+    def exposed_s(self, phase_s: float) -> float:
+        """Seconds of sync a round leaves the GPUs waiting on, for a local phase of ``phase_s``."""
+        if self.settings.overlap == "none":
+            return self.sync_s()
+        fragments = self.settings.sync_count
+        return fragments * max(0.0, self.one_sync_s() - phase_s / fragments)
+
+    def hide_phase_s(self) -> float:
+        """Shortest local phase that hides the sync entirely (0 for blocking sync: nothing hides)."""
+        if self.settings.overlap == "none":
+            return 0.0
+        return self.settings.sync_count * self.one_sync_s()
+
+    def observe(self, measured_sync_s: float) -> None:
+        """Learn from one measured sync (seconds, one of the round's syncs as ``one_sync_s``)."""
+        predicted_s = self.one_sync_s() / self.measured_factor
+        if predicted_s <= 0 or measured_sync_s <= 0:
+            return
+        ratio = measured_sync_s / predicted_s
+        self.measured_factor = (1 - MEASURED_SYNC_ALPHA) * self.measured_factor + MEASURED_SYNC_ALPHA * ratio

@@ -61,6 +61,8 @@ class Plan:
     weighting: str = "tokens"
     predicted_round_s: float = 0.0
     predicted_idle_s: float = 0.0
+    predicted_sync_s: float = 0.0
+    sync_advice: Optional[str] = None
 
     def node(self, name: str) -> NodePlan:
         for node_plan in self.nodes:
@@ -93,3 +95,5 @@ class RoundMeasurement:
     compute_s: float = 0.0
     wait_s: float = 0.0
     comm_s: float = 0.0
+    sync_s: Optional[float] = None
+    """Duration of one of the node's syncs landed last (seconds; None = none measured)."""

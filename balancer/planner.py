@@ -15,6 +15,7 @@ predicted to waste more than ``hysteresis`` of the local phase.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -23,7 +24,7 @@ import numpy as np
 from balancer.cluster import NodeSpec
 from balancer.config import BalancingConfig
 from balancer.estimates import Calibration, ModelFactory, StepTimeBank, micro_batches, prior_gpus
-from balancer.network import OuterSyncModel
+from balancer.network import CODECS_BY_SIZE, OuterSyncModel, SyncSettings
 from balancer.plan import NodePlan, Plan, RoundMeasurement
 from balancer.policies import POLICIES, POLICY_WEIGHTING, Assignment, PolicyInputs
 from predictor.schema import ConfigError
@@ -31,6 +32,8 @@ from predictor.workload import ModelDims, parameter_count, resolve_dims
 
 STATIC_POLICIES = ("uniform", "batch_by_flops", "max_batch_by_memory", "steps_by_flops")
 CALIBRATED_ONCE = ("time", "hybrid")
+SYNC_ADVICE_SHARE = 0.1
+"""A sync that blocks (or stays exposed for) 10 % of a round or more gets advice in the plan."""
 REPLANNING = ("adaptive", "deadline")
 
 TflopsLookup = Callable[[str], float]
@@ -51,6 +54,8 @@ class RoundPlan:
     comm_s: np.ndarray
     phase_s: float
     deadline_s: Optional[float] = None
+    sync_s: float = 0.0
+    sync_advice: Optional[str] = None
 
     @property
     def idle_s(self) -> np.ndarray:
@@ -94,7 +99,8 @@ class Planner:
     def __init__(self, balancing: BalancingConfig, nodes: list[NodeSpec], dims: ModelDims,
                  seq_len: int, local_steps: int, batch_size: int, precision: str = "bf16", *,
                  model_factory: Optional[ModelFactory] = None,
-                 tflops_lookup: Optional[TflopsLookup] = None) -> None:
+                 tflops_lookup: Optional[TflopsLookup] = None,
+                 sync_settings: Optional[SyncSettings] = None) -> None:
         self.balancing = balancing
         self.nodes = list(nodes)
         self.names = [node.name for node in self.nodes]
@@ -114,7 +120,8 @@ class Planner:
         self.bank = StepTimeBank(self.nodes, factory, balancing.memory_headroom, workload_factory, batch_size)
         self.tflops_lookup = tflops_lookup or predictor_tflops_lookup(balancing.flops_field)
         self.calibration = Calibration(len(self.nodes), balancing.ewma_alpha, balancing.change_threshold)
-        self.sync = OuterSyncModel(self.nodes, parameter_count(dims), balancing.sync_dtype)
+        self.sync_settings = sync_settings
+        self.sync = OuterSyncModel(self.nodes, parameter_count(dims), balancing.sync_dtype, sync_settings)
         self.base_steps = np.array([node.local_steps or local_steps for node in self.nodes], dtype=np.int64)
         self.base_batch = np.array([node.batch_size or batch_size for node in self.nodes], dtype=np.int64)
         self.measurements: list[RoundMeasurement] = []
@@ -158,9 +165,11 @@ class Planner:
 
     def _inputs(self, calibrated: bool) -> PolicyInputs:
         factor = self.calibration.factor.copy() if calibrated else np.ones(len(self.nodes))
+        blocking = self.sync.settings.overlap == "none"
         return PolicyInputs(config=self.balancing, names=self.names, base_steps=self.base_steps,
-                            base_batch=self.base_batch, seq_len=self.seq_len, comm_s=self.sync.sync_s(),
-                            bank=self.bank, factor=factor, nominal_tflops=self.nominal_tflops)
+                            base_batch=self.base_batch, seq_len=self.seq_len,
+                            comm_s=self.sync.sync_s() if blocking else 0.0, bank=self.bank, factor=factor,
+                            nominal_tflops=self.nominal_tflops, hide_phase_s=self.sync.hide_phase_s())
 
     # ---------------------------------------------------------------- planning
     def _base_policy(self) -> str:
@@ -210,10 +219,12 @@ class Planner:
             done = np.minimum(local_steps, np.maximum(1, np.floor(deadline_s / step_s + 1e-9)))
             compute_s = done * step_s
             phase_s = float(np.max(compute_s))
-        comm_s = self.sync.node_sync_s()
+        comm_s = np.full(len(self.nodes), self.sync.exposed_s(phase_s))
         plan = RoundPlan(round=round_idx, local_steps=local_steps, batch_size=assignment.batch_size,
                          micro_batch_size=assignment.micro_batch_size, step_s=step_s, compute_s=compute_s,
-                         wait_s=phase_s - compute_s, comm_s=comm_s, phase_s=phase_s, deadline_s=deadline_s)
+                         wait_s=phase_s - compute_s, comm_s=comm_s, phase_s=phase_s, deadline_s=deadline_s,
+                         sync_s=self.sync.settings.sync_count * self.sync.one_sync_s(),
+                         sync_advice=self.sync_advice(phase_s))
         self._issued[round_idx] = plan
         self._issued.pop(round_idx - 2, None)
         return plan
@@ -242,7 +253,8 @@ class Planner:
                 balancing = balancing.model_copy(update={"reference_node": "slowest"})
             self._subsets[key] = Planner(balancing, [self.nodes[i] for i in positions], self.dims, self.seq_len,
                                          self.local_steps, self.batch_size, self.precision,
-                                         model_factory=self._model_factory_arg, tflops_lookup=self.tflops_lookup)
+                                         model_factory=self._model_factory_arg, tflops_lookup=self.tflops_lookup,
+                                         sync_settings=self.sync_settings)
         subset = self._subsets[key]
         subset.calibration.factor[:] = self.calibration.factor[positions]
         subset.calibration.seen[:] = self.calibration.seen[positions]
@@ -261,7 +273,34 @@ class Planner:
         ]
         return Plan(policy=self.balancing.policy, round=arrays.round, nodes=node_plans, weighting=self.weighting,
                     predicted_round_s=arrays.phase_s + float(np.max(arrays.comm_s)),
-                    predicted_idle_s=float(np.sum(arrays.idle_s)))
+                    predicted_idle_s=float(np.sum(arrays.idle_s)), predicted_sync_s=arrays.sync_s,
+                    sync_advice=arrays.sync_advice)
+
+    def sync_advice(self, phase_s: float) -> Optional[str]:
+        """What would hide the outer sync, when it is a large share of the round (None otherwise)."""
+        sync, settings = self.sync, self.sync.settings
+        total_s = settings.sync_count * sync.one_sync_s()
+        if total_s <= 0 or phase_s <= 0:
+            return None
+        if settings.overlap == "none":
+            share = total_s / (phase_s + total_s)
+            if share < SYNC_ADVICE_SHARE:
+                return None
+            hides = "which hides it" if total_s <= phase_s else "which hides part of it"
+            return (f"the outer sync ({total_s:.3g} s) blocks every GPU for {share:.0%} of each round; "
+                    f"diloco.overlap: delayed runs it behind the next local phase ({phase_s:.3g} s), {hides}")
+        exposed_s = sync.exposed_s(phase_s)
+        if exposed_s <= SYNC_ADVICE_SHARE * phase_s:
+            return None
+        smaller = CODECS_BY_SIZE[CODECS_BY_SIZE.index(settings.codec) + 1:] if settings.codec in CODECS_BY_SIZE \
+            else CODECS_BY_SIZE[2:]
+        fitting = [codec for codec in smaller if sync.codec_sync_s(codec) <= phase_s]
+        steps_needed = math.ceil(self.local_steps * sync.hide_phase_s() / phase_s)
+        options = [f"diloco.compression: {fitting[0]} (sync {sync.codec_sync_s(fitting[0]):.3g} s)"] if fitting else []
+        options.append(f"diloco.local_steps: {steps_needed} (now {self.local_steps})")
+        return (f"the outer sync ({total_s:.3g} s) is longer than the local phase can be made "
+                f"({phase_s:.3g} s, at most balancing.max_phase_stretch x the baseline): {exposed_s:.3g} s stay "
+                f"exposed each round. To hide it: {' or '.join(options)}")
 
     # ------------------------------------------------------------- measurements
     def observe(self, measurement: RoundMeasurement) -> None:
@@ -269,6 +308,8 @@ class Planner:
         if measurement.node not in self.index:
             raise KeyError(f"measurement for unknown node {measurement.node!r}")
         self.measurements.append(measurement)
+        if measurement.sync_s is not None:
+            self.sync.observe(measurement.sync_s)
         if measurement.step_times_s:
             step_s = float(np.median(measurement.step_times_s))
         elif measurement.local_steps > 0 and measurement.compute_s > 0:

@@ -45,6 +45,8 @@ class PolicyInputs:
     bank: StepTimeBank
     factor: np.ndarray
     nominal_tflops: Callable[[], np.ndarray]
+    hide_phase_s: float = 0.0
+    """Shortest local phase that hides an overlapped sync (0 when the sync blocks)."""
 
     def step_s(self, batch_size: np.ndarray, micro_batch_size: np.ndarray) -> np.ndarray:
         """Estimated seconds per step of every node (prior x calibration factor)."""
@@ -84,6 +86,8 @@ def clip_batch(batch: np.ndarray, config: BalancingConfig) -> np.ndarray:
 
 
 PHASE_END_CANDIDATES = 16
+HIDE_MARGIN = 0.05
+"""An overlapped sync is hidden behind a phase 5 % longer than it, so jitter does not expose it."""
 
 
 def fill_steps(step_s: np.ndarray, target_s: float, config: BalancingConfig,
@@ -115,11 +119,15 @@ def fill_steps(step_s: np.ndarray, target_s: float, config: BalancingConfig,
 
 
 def stretch_for_network(phase_s: float, inputs: PolicyInputs) -> float:
-    """Lengthen the local phase so the outer sync is at most ``max_comm_fraction`` of the round."""
+    """Lengthen the local phase for the network: a blocking sync to at most ``max_comm_fraction``
+    of the round; an overlapped one until it hides behind the phase, by at most
+    ``max_phase_stretch`` x (past that the plan says what would hide it)."""
     fraction = inputs.config.max_comm_fraction
-    if fraction is None or inputs.comm_s <= 0:
-        return phase_s
-    return max(phase_s, inputs.comm_s * (1.0 - fraction) / fraction)
+    if fraction is not None and inputs.comm_s > 0:
+        phase_s = max(phase_s, inputs.comm_s * (1.0 - fraction) / fraction)
+    if inputs.hide_phase_s > phase_s:
+        phase_s = min(inputs.hide_phase_s * (1.0 + HIDE_MARGIN), phase_s * inputs.config.max_phase_stretch)
+    return phase_s
 
 
 def round_time_budget_s(inputs: PolicyInputs) -> Optional[float]:

@@ -2,8 +2,10 @@
 
 Written by the runtime's tracker and by the simulator in the same shape, read
 by the report. Times are seconds; ``round_start``/``round_end`` are unix seconds.
-GPU idle = wait_s + comm_s + overhead_s (the outer sync is not overlapped with
-compute in this runtime).
+GPU idle = wait_s + comm_s + overhead_s, where ``comm_s`` is the exposed sync (the GPU
+waits on communication). ``comm_hidden_s`` is sync time overlapped with compute
+(``diloco.overlap``): not idle, reported beside it. ``sync_bytes``: bytes the node sent
+in the outer sync this round. Compute utilization = compute_s / node time.
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ class IdleRecord:
     round_start: float
     round_end: float
     overhead_s: float = 0.0
+    comm_hidden_s: float = 0.0
+    sync_bytes: int = 0
     gpus: list[str] = field(default_factory=list)
     num_gpus: int = 1
     source: str = "runtime"

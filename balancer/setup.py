@@ -1,8 +1,10 @@
 """Build a Planner from a cluster file and command-line choices (shared by `plan` and `simulate`).
 
 A cluster file is either just a ``nodes:`` list or a whole run config; from a
-run config the ``balancing:`` section, ``model.preset``/``model.seq_len`` and
-``diloco.local_steps``/``diloco.batch_size`` become defaults that flags override.
+run config the ``balancing:`` section, ``model.preset``/``model.seq_len``,
+``diloco.local_steps``/``diloco.batch_size`` and the sync settings
+``diloco.overlap``/``diloco.compression``/``diloco.fragments`` become defaults that flags
+override.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import yaml
 
 from balancer.cluster import ClusterSpec, load_cluster
 from balancer.config import BalancingConfig
+from balancer.network import CODEC_BITS, SYNC_DTYPE_CODEC, SyncSettings
 from balancer.planner import Planner
 from balancer.simulate import Slowdown
 from predictor.schema import ConfigError, load_yaml_mapping, validate
@@ -36,17 +39,20 @@ class PlanningSetup:
     local_steps: int
     batch_size: int
     precision: str
+    sync: SyncSettings = SyncSettings()
 
     def planner(self) -> Planner:
         return Planner(self.balancing, self.cluster.nodes, self.dims, self.seq_len,
-                       self.local_steps, self.batch_size, self.precision)
+                       self.local_steps, self.batch_size, self.precision, sync_settings=self.sync)
 
     def to_config(self, run_name: str) -> dict:
         """A run-config-shaped record of what was planned or simulated (``config.yaml``)."""
         return {
             "run": {"name": run_name},
             "model": {"preset": self.model, "seq_len": self.seq_len},
-            "diloco": {"local_steps": self.local_steps, "batch_size": self.batch_size},
+            "diloco": {"local_steps": self.local_steps, "batch_size": self.batch_size,
+                       "overlap": self.sync.overlap, "compression": self.sync.codec,
+                       "fragments": self.sync.fragments},
             "balancing": self.balancing.model_dump(mode="json"),
             "nodes": [node.model_dump(mode="json", exclude_none=True) for node in self.cluster.nodes],
         }
@@ -88,7 +94,8 @@ def balancing_options(file_data: dict, policy: Optional[str], assignments: Seque
 def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[str] = None,
                seq_len: Optional[int] = None, local_steps: Optional[int] = None,
                batch_size: Optional[int] = None, precision: str = "bf16",
-               assignments: Sequence[str] = (), simulation: Optional[dict] = None) -> PlanningSetup:
+               assignments: Sequence[str] = (), simulation: Optional[dict] = None,
+               overlap: Optional[str] = None, compression: Optional[str] = None) -> PlanningSetup:
     file_data = load_yaml_mapping(cluster_path)
     cluster = load_cluster(cluster_path)
     model_section, diloco = _section(file_data, "model"), _section(file_data, "diloco")
@@ -105,7 +112,27 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return PlanningSetup(cluster=cluster, balancing=balancing, model=model_name, dims=dims,
-                         seq_len=resolved_seq_len, local_steps=steps, batch_size=batch, precision=precision)
+                         seq_len=resolved_seq_len, local_steps=steps, batch_size=batch, precision=precision,
+                         sync=sync_settings(diloco, balancing, overlap, compression))
+
+
+OVERLAP_MODES = ("none", "delayed", "streaming")
+
+
+def sync_settings(diloco: dict, balancing: BalancingConfig, overlap: Optional[str],
+                  compression: Optional[str]) -> SyncSettings:
+    """The run's sync as the planner models it: flags, else the file's ``diloco:``, else blocking
+    with ``balancing.sync_dtype``."""
+    chosen_overlap = overlap or diloco.get("overlap") or "none"
+    codec = compression or diloco.get("compression") or SYNC_DTYPE_CODEC[balancing.sync_dtype]
+    fragments = diloco.get("fragments", 4)
+    if chosen_overlap not in OVERLAP_MODES:
+        raise ConfigError(f"diloco.overlap: {chosen_overlap!r} is not one of {', '.join(OVERLAP_MODES)}")
+    if codec not in CODEC_BITS:
+        raise ConfigError(f"diloco.compression: {codec!r} is not one of {', '.join(CODEC_BITS)}")
+    if not isinstance(fragments, int) or fragments < 1:
+        raise ConfigError(f"diloco.fragments must be a positive integer, got {fragments!r}")
+    return SyncSettings(chosen_overlap, codec, fragments if chosen_overlap == "streaming" else 1)
 
 
 def parse_slowdown(text: str) -> Slowdown:

@@ -327,7 +327,6 @@ def simulate(planner: Planner, rounds: int, slowdowns: Sequence[Slowdown] = (),
     compute_s, wait_s, comm_s = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     predicted_compute_s, predicted_idle_s = np.zeros(shape), np.zeros(shape)
     round_start, round_end = np.zeros(rounds), np.zeros(rounds)
-    sync_s = planner.sync.node_sync_s()
     plans = []
     clock_s = start_s
     for round_idx in range(rounds):
@@ -343,10 +342,11 @@ def simulate(planner: Planner, rounds: int, slowdowns: Sequence[Slowdown] = (),
                                                stragglers)
         phase_s = float(np.max(spent_s))
         steps_done[round_idx], batch[round_idx] = done, plan.batch_size
-        compute_s[round_idx], wait_s[round_idx], comm_s[round_idx] = spent_s, phase_s - spent_s, sync_s
+        exposed_s = planner.sync.exposed_s(phase_s)
+        compute_s[round_idx], wait_s[round_idx], comm_s[round_idx] = spent_s, phase_s - spent_s, exposed_s
         predicted_compute_s[round_idx], predicted_idle_s[round_idx] = plan.compute_s, plan.idle_s
         round_start[round_idx] = clock_s
-        clock_s += phase_s + float(np.max(sync_s))
+        clock_s += phase_s + exposed_s
         round_end[round_idx] = clock_s
         planner.observe_round(round_idx, plan.batch_size, spent_s / done)
     return SimulationResult(

@@ -23,6 +23,8 @@ def plan_summary(plan: Plan) -> dict:
         } for node in plan.nodes],
         "predicted_round_s": plan.predicted_round_s,
         "predicted_idle_s": plan.predicted_idle_s,
+        "predicted_sync_s": plan.predicted_sync_s,
+        "sync_advice": plan.sync_advice,
     }
 
 
@@ -41,8 +43,15 @@ def print_plan(plan: Plan, setup, console: Console | None = None) -> None:
     console.print(table)
     wait_s = sum(node.predicted_wait_s for node in plan.nodes)
     console.print(f"predicted round {plan.predicted_round_s:.2f} s; waiting {wait_s:.2f} s and GPU idle "
-                  f"(waiting + outer sync) {plan.predicted_idle_s:.2f} s summed over nodes; "
+                  f"(waiting + exposed outer sync) {plan.predicted_idle_s:.2f} s summed over nodes; "
                   f"outer-average weighting: {plan.weighting}")
+    sync = setup.sync
+    exposed_s = max((node.predicted_comm_s for node in plan.nodes), default=0.0)
+    console.print(f"outer sync: {plan.predicted_sync_s:.2f} s per round (overlap {sync.overlap}, codec {sync.codec}"
+                  f"{f', {sync.fragments} fragments' if sync.overlap == 'streaming' else ''}); "
+                  f"{exposed_s:.2f} s exposed, {max(0.0, plan.predicted_sync_s - exposed_s):.2f} s hidden behind compute")
+    if plan.sync_advice:
+        console.print(f"[bold yellow]advice:[/] {plan.sync_advice}")
 
 
 def _gpu_text(gpus: list) -> str:

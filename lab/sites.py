@@ -230,6 +230,20 @@ def owner_alive(owner: str) -> bool:
     return process_alive(int(owner.split("x")[0]))
 
 
+def site_traffic(sites: "Sites") -> dict[str, dict[str, int]]:
+    """Bytes each site's ``wan0`` has sent and received so far (kernel counters, Ethernet frames
+    with their headers), keyed by site name; a site whose counters cannot be read is left out."""
+    traffic = {}
+    for site in sites:
+        result = run_ip(["ip", "-n", site.namespace, "-s", "-j", "link", "show", SITE_IFNAME], check=False)
+        try:
+            stats = json.loads(result.stdout)[0]["stats64"]
+        except (ValueError, IndexError, KeyError):
+            continue
+        traffic[site.name] = {"tx_bytes": int(stats["tx"]["bytes"]), "rx_bytes": int(stats["rx"]["bytes"])}
+    return traffic
+
+
 def delete_namespaces(namespaces: Sequence[str]) -> list[str]:
     """Delete namespaces (their veths go with them); return the error lines of those that failed."""
     errors = []

@@ -35,6 +35,8 @@ class NodeRound(LogLine):
     round_start: float
     round_end: float
     overhead_s: NonNegativeFloat = 0.0
+    comm_hidden_s: NonNegativeFloat = 0.0
+    sync_bytes: NonNegativeInt = 0
     gpus: list[str] = Field(default_factory=list)
     num_gpus: NonNegativeInt = 1
     source: str = "runtime"
@@ -51,7 +53,8 @@ class NodeRound(LogLine):
 
     @property
     def idle_s(self) -> float:
-        """GPU idle seconds: waiting for peers + outer sync + other non-compute time."""
+        """GPU idle seconds: waiting for peers + exposed outer sync + other non-compute time
+        (``comm_hidden_s``, sync overlapped with compute, is not idle)."""
         return self.wait_s + self.comm_s + self.overhead_s
 
     @property

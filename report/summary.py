@@ -2,7 +2,9 @@
 
 Units: seconds for times, GPU-seconds = seconds x the node's GPU count,
 GPU-hours per 1,000 rounds = GPU-seconds / rounds x 1000 / 3600, USD from a
-price table in USD per GPU-hour. "Idle" = wait_s + comm_s + overhead_s.
+price table in USD per GPU-hour. "Idle" = wait_s + comm_s + overhead_s, with comm_s the
+exposed sync; sync hidden behind compute (comm_hidden_s) is shown beside it, not counted.
+"Compute utilization" = compute_s over node time.
 """
 from __future__ import annotations
 
@@ -44,6 +46,10 @@ class NodeSummary:
     idle_cost_usd: Optional[float] = None
     idle_cost_usd_per_1k_rounds: Optional[float] = None
     energy: EnergyTotals = field(default_factory=EnergyTotals)
+    comm_hidden_s: float = 0.0
+    sync_bytes: int = 0
+    compute_utilization: float = 0.0
+    """Compute over node time (GPU-weighted in the total): 1 - idle share."""
 
 
 @dataclass
@@ -173,6 +179,9 @@ def summarize_node(node: str, site: str, gpus: list[str], records: list[NodeRoun
         overhead_s=sum(record.overhead_s for record in records),
         idle_s=idle_s, wall_s=wall_s, tokens=sum(record.tokens for record in records),
         idle_share=idle_s / wall_s if wall_s > 0 else 0.0,
+        comm_hidden_s=sum(record.comm_hidden_s for record in records),
+        sync_bytes=sum(record.sync_bytes for record in records),
+        compute_utilization=sum(record.compute_s for record in records) / wall_s if wall_s > 0 else 0.0,
         idle_gpu_s=idle_gpu_s,
         wall_gpu_s=sum(record.wall_s * record.gpu_count for record in records),
         idle_gpu_h_per_1k_rounds=idle_gpu_s / len(records) * ROUNDS_PER_KILO / SECONDS_PER_HOUR,
@@ -206,6 +215,9 @@ def summarize_total(nodes: list[NodeSummary], records: list[NodeRound], rounds: 
         comm_s=sum(node.comm_s for node in nodes), overhead_s=sum(node.overhead_s for node in nodes),
         idle_s=idle_s, wall_s=wall_s, tokens=sum(node.tokens for node in nodes),
         idle_share=idle_gpu_s / wall_gpu_s if wall_gpu_s > 0 else (idle_s / wall_s if wall_s > 0 else 0.0),
+        comm_hidden_s=sum(node.comm_hidden_s for node in nodes), sync_bytes=sum(node.sync_bytes for node in nodes),
+        compute_utilization=(sum(record.compute_s * record.gpu_count for record in records) / wall_gpu_s
+                             if wall_gpu_s > 0 else 0.0),
         idle_gpu_s=idle_gpu_s, wall_gpu_s=wall_gpu_s,
         idle_gpu_h_per_1k_rounds=idle_gpu_s / rounds * ROUNDS_PER_KILO / SECONDS_PER_HOUR,
         predicted_idle_s=_optional_sum([node.predicted_idle_s for node in nodes]),

@@ -47,7 +47,10 @@ def waste_line(summary: RunSummary) -> Text:
     text = Text("GPU waste: ")
     text.append(f"{fmt.seconds(total.idle_gpu_s)} GPU-s idle", style=IDLE_STYLE)
     text.append(f" of {fmt.seconds(total.wall_gpu_s)} GPU-s ({fmt.percent(total.idle_share)}); "
-                f"{fmt.number(total.idle_gpu_h_per_1k_rounds, 3)} GPU-h per 1,000 rounds")
+                f"{fmt.number(total.idle_gpu_h_per_1k_rounds, 3)} GPU-h per 1,000 rounds; "
+                f"compute utilization {fmt.percent(total.compute_utilization)}")
+    if total.comm_hidden_s > 0:
+        text.append(f"; {fmt.seconds(total.comm_hidden_s)} s of sync hidden behind compute")
     if total.idle_cost_usd is not None:
         text.append("; ")
         text.append(f"{fmt.usd(total.idle_cost_usd)} idle", style=IDLE_STYLE)
@@ -59,13 +62,16 @@ def _number_column(table: Table, header: str, style: str = "") -> None:
     table.add_column(header, justify="right", no_wrap=True, style=style)
 
 
-def _node_cells(node: NodeSummary, show_overhead: bool, show_predicted: bool, show_cost: bool) -> list[str]:
+def _node_cells(node: NodeSummary, show_overhead: bool, show_predicted: bool, show_cost: bool,
+                show_hidden: bool = False) -> list[str]:
     cells = [node.node, node.site, fmt.gpus(node.gpus, node.num_gpus) if node.node != "total" else str(node.num_gpus),
              fmt.seconds(node.compute_s), fmt.seconds(node.wait_s), fmt.seconds(node.comm_s)]
+    if show_hidden:
+        cells.append(fmt.seconds(node.comm_hidden_s))
     if show_overhead:
         cells.append(fmt.seconds(node.overhead_s))
-    cells += [fmt.seconds(node.idle_s), fmt.percent(node.idle_share), fmt.seconds(node.idle_gpu_s),
-              fmt.number(node.idle_gpu_h_per_1k_rounds, 3)]
+    cells += [fmt.seconds(node.idle_s), fmt.percent(node.idle_share), fmt.percent(node.compute_utilization),
+              fmt.seconds(node.idle_gpu_s), fmt.number(node.idle_gpu_h_per_1k_rounds, 3)]
     if show_predicted:
         cells.append(fmt.seconds(node.predicted_idle_s))
     if show_cost:
@@ -78,15 +84,19 @@ def node_table(summary: RunSummary) -> Table:
     show_overhead = summary.total.overhead_s > 0
     show_predicted = summary.total.predicted_idle_s is not None
     show_cost = summary.has_prices
-    table = Table(title="GPU time per node (sync = WAN outer sync; idle = wait + sync + other; "
-                        "GPU-h/1k rnd = idle GPU-hours per 1,000 rounds)", box=box.SIMPLE_HEAVY, title_justify="left")
+    show_hidden = summary.total.comm_hidden_s > 0
+    table = Table(title="GPU time per node (sync = WAN outer sync the GPUs waited on; idle = wait + sync + other; "
+                        "util = compute share; GPU-h/1k rnd = idle GPU-hours per 1,000 rounds)"
+                        + ("; hidden = sync overlapped with compute, not idle" if show_hidden else ""),
+                  box=box.SIMPLE_HEAVY, title_justify="left")
     table.add_column("node", style="bold", no_wrap=True)
     table.add_column("site")
     table.add_column("GPUs")
-    for header in ["compute s", "wait s", "sync s"] + (["other s"] if show_overhead else []):
+    for header in (["compute s", "wait s", "sync s"] + (["hidden\nsync s"] if show_hidden else [])
+                   + (["other s"] if show_overhead else [])):
         _number_column(table, header)
     _number_column(table, "idle s", style=IDLE_STYLE)
-    for header in ["idle %", "idle\nGPU-s", "GPU-h\n/1k rnd"]:
+    for header in ["idle %", "util %", "idle\nGPU-s", "GPU-h\n/1k rnd"]:
         _number_column(table, header)
     if show_predicted:
         _number_column(table, "predicted\nidle s", style="dim")
@@ -94,9 +104,9 @@ def node_table(summary: RunSummary) -> Table:
         _number_column(table, "idle $", style=IDLE_STYLE)
         _number_column(table, "idle $\n/1k rnd")
     for position, node in enumerate(summary.nodes):
-        table.add_row(*_node_cells(node, show_overhead, show_predicted, show_cost),
+        table.add_row(*_node_cells(node, show_overhead, show_predicted, show_cost, show_hidden),
                       end_section=position == len(summary.nodes) - 1)
-    table.add_row(*_node_cells(summary.total, show_overhead, show_predicted, show_cost), style="bold")
+    table.add_row(*_node_cells(summary.total, show_overhead, show_predicted, show_cost, show_hidden), style="bold")
     return table
 
 

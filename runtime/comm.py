@@ -1,54 +1,19 @@
-"""Outer-sync transports and the process layout of a run.
+"""The process layout of a run: which ranks form which node, and their groups.
 
 A *node* (one site) has one or more ranks (one per GPU); the ranks of a node
-train together with DDP. Every rank joins the readiness exchange (tiny), only
-each node's leader (local rank 0) takes part in the pseudo-gradient all-reduce
-over the WAN, then broadcasts the new global parameters inside its node.
-
-Backends implement ``OuterSync``: ``exchange`` (readiness + per-node round
-statistics: its duration on a node is that node's wait for its peers) and
-``reduce_weighted`` (the weighted pseudo-gradient sum over node leaders).
-``TorchOuterSync`` is here; the hivemind backend is runtime/hivemind_sync.py.
+train together with DDP. Each node's leader (local rank 0) takes part in the
+outer sync over the WAN and shares the result inside its node. The outer-sync
+backends are in runtime/sync/.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-
-
-class OuterSync(Protocol):
-    """What the training loop needs from an outer-sync backend."""
-
-    def exchange(self, stats: Any) -> list[Any]:
-        """Block until the participating ranks are ready; return their ``stats`` (rank order).
-
-        The nodes present this round are the ones whose leader's stats come back.
-        """
-        ...
-
-    def reduce_weighted(self, flat: torch.Tensor, weight: float, wire_dtype: torch.dtype,
-                        total_weight: Optional[float] = None) -> torch.Tensor:
-        """sum_i weight_i * flat_i over the node leaders, sent as ``wire_dtype``; returns fp32.
-
-        ``total_weight``: sum of the present nodes' weights, for a backend whose group can
-        shrink during the all-reduce (hivemind) to renormalize; a fixed world ignores it.
-        """
-        ...
-
-    def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
-        """Leader -> the other ranks of its node."""
-        ...
-
-    def barrier(self) -> None:
-        ...
-
-    def close(self) -> None:
-        ...
 
 
 @dataclass
@@ -131,37 +96,3 @@ def node_name_from_env(cli_node: Optional[str], config_node_names: list[str]) ->
         return config_node_names[int(group_rank)]
     raise RuntimeError("cannot tell which config node this process is: pass --node-name NAME "
                        f"(one of {', '.join(config_node_names)})")
-
-
-class TorchOuterSync:
-    """Outer sync over torch.distributed (gloo on CPU tensors, nccl on CUDA tensors)."""
-
-    def __init__(self, topology: Topology) -> None:
-        self.topology = topology
-
-    def exchange(self, stats: Any) -> list[Any]:
-        gathered: list = [None] * self.topology.world_size
-        dist.all_gather_object(gathered, stats)
-        return gathered
-
-    def reduce_weighted(self, flat: torch.Tensor, weight: float, wire_dtype: torch.dtype,
-                        total_weight: Optional[float] = None) -> torch.Tensor:
-        """Scale by this node's weight, cast to the wire dtype, all-reduce SUM over leaders."""
-        wire = flat.mul_(weight).to(wire_dtype) if wire_dtype != flat.dtype else flat.mul_(weight)
-        if self.topology.num_nodes > 1:
-            dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.topology.leaders_group)
-        return wire.to(torch.float32)
-
-    def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
-        """Leader -> other ranks of the node, after the outer step."""
-        if self.topology.node_group is None:
-            return
-        for tensor in tensors:
-            dist.broadcast(tensor, src=self.topology.node_ranks[0], group=self.topology.node_group)
-
-    def barrier(self) -> None:
-        dist.barrier()
-
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()

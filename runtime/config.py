@@ -102,14 +102,21 @@ class DilocoSection(StrictModel):
     """Baseline local steps H and batch B (the balancer may change them per node and round).
 
     ``weighting``: how pseudo-gradients are averaged (uniform | tokens | normalized | auto =
-    what the balancing policy recommends). ``compression``: dtype of the outer all-reduce.
+    what the balancing policy recommends). ``overlap``: when the outer sync runs (none =
+    blocking; delayed = behind the next round's inner steps, applied one round late;
+    streaming = ``fragments`` parameter fragments synced at staggered points of the round).
+    ``compression``: codec of the pseudo-gradients on the wire (none = fp32; fp16, bf16; int8,
+    int4 with per-chunk scales), always summed in fp32, with error feedback for lossy codecs.
+    See docs/sync.md.
     """
 
     rounds: int = Field(default=10, ge=1)
     local_steps: int = Field(default=100, ge=1)
     batch_size: int = Field(default=4, ge=1)
     weighting: Literal["uniform", "tokens", "normalized", "auto"] = "tokens"
-    compression: Literal["none", "fp16", "bf16"] = "none"
+    overlap: Literal["none", "delayed", "streaming"] = "none"
+    fragments: int = Field(default=4, ge=1, le=1024)
+    compression: Literal["none", "fp16", "bf16", "int8", "int4"] = "none"
 
 
 class HivemindSection(StrictModel):
@@ -196,6 +203,8 @@ class RunConfig(StrictModel):
         check_unique_names(self.nodes)
         if (self.model.preset is None) == (self.model.file is None):
             raise ValueError("model: give exactly one of model.preset or model.file")
+        if self.comm.backend == "hivemind":
+            check_hivemind_sync(self.diloco)
         return self
 
     def node(self, name: str) -> NodeSpec:
@@ -210,6 +219,20 @@ class RunConfig(StrictModel):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+HIVEMIND_CODECS = ("none", "fp16", "bf16", "int8")
+
+
+def check_hivemind_sync(diloco: DilocoSection) -> None:
+    """The hivemind backend averages in groups formed on the fly, blocking, through its own codecs."""
+    if diloco.overlap != "none":
+        raise ValueError(f"diloco.overlap: {diloco.overlap} needs comm.backend: torch; the hivemind backend "
+                         "forms a new averaging group every round and cannot keep a sync in flight across "
+                         "rounds. Use diloco.overlap: none with hivemind, or comm.backend: torch")
+    if diloco.compression not in HIVEMIND_CODECS:
+        raise ValueError(f"diloco.compression: {diloco.compression} has no hivemind codec; use one of "
+                         f"{', '.join(HIVEMIND_CODECS)} with comm.backend: hivemind, or comm.backend: torch")
 
 
 def parse_config(data: dict, source: str) -> RunConfig:

@@ -8,13 +8,10 @@ pseudo-gradient, applied by SGD with Nesterov momentum to the global copy
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
-
-COMPRESSION_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
 
 def outer_weights(mode: str, tokens: Sequence[int], local_steps: Sequence[int],
                   batch_sizes: Sequence[int]) -> list[float]:
@@ -82,19 +79,26 @@ class OuterState:
                                          nesterov=nesterov and momentum > 0)
         self.numel = sum(param.numel() for param in self.global_params)
 
-    def pseudo_gradient(self, model: nn.Module, weight: float = 1.0) -> torch.Tensor:
-        """Flat ``weight * (global - local)`` in fp32 on the global copy's device."""
+    def pseudo_gradient(self, model: nn.Module | Sequence[torch.Tensor], weight: float = 1.0) -> torch.Tensor:
+        """Flat ``weight * (global - local)`` in fp32 on the global copy's device (``model``: a module
+        or its parameter list)."""
+        params = model.parameters() if isinstance(model, nn.Module) else model
         pieces = [(global_param - local.detach().to(global_param.device, torch.float32)).view(-1)
-                  for global_param, local in zip(self.global_params, model.parameters())]
+                  for global_param, local in zip(self.global_params, params)]
         flat = torch.cat(pieces)
         if weight != 1.0:
             flat.mul_(weight)
         return flat
 
-    def apply(self, averaged: torch.Tensor) -> None:
-        """Outer step with the averaged pseudo-gradient as the gradient of the global copy."""
+    def apply(self, averaged: torch.Tensor, indices: Optional[Sequence[int]] = None) -> None:
+        """Outer step with the averaged pseudo-gradient as the gradient of the global copy.
+
+        ``indices``: the parameters ``averaged`` covers (concatenated in that order; default all).
+        Parameters outside them keep their values and momentum."""
+        indices = range(len(self.global_params)) if indices is None else indices
         offset = 0
-        for global_param in self.global_params:
+        for index in indices:
+            global_param = self.global_params[index]
             count = global_param.numel()
             global_param.grad = averaged[offset:offset + count].view_as(global_param).to(
                 global_param.device, torch.float32)
@@ -103,9 +107,10 @@ class OuterState:
         self.optimizer.zero_grad(set_to_none=True)
 
     @torch.no_grad()
-    def load_into(self, model: nn.Module) -> None:
-        """Copy the global parameters into the local model (start of a round)."""
-        for global_param, local in zip(self.global_params, model.parameters()):
+    def load_into(self, model: nn.Module | Sequence[torch.Tensor]) -> None:
+        """Copy the global parameters into the local model or parameter list (start of a round)."""
+        params = model.parameters() if isinstance(model, nn.Module) else model
+        for global_param, local in zip(self.global_params, params):
             local.copy_(global_param.to(local.device, local.dtype))
 
     def state_dict(self) -> dict:

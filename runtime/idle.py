@@ -1,13 +1,19 @@
 """Idle-time tracker: per node and round, where the wall-clock time went.
 
 Method: the round starts when the local phase starts. ``compute_s`` is the local
-phase (emulated padding included). ``wait_s`` is the readiness exchange that
-follows: it returns only once every node has finished its local phase, so its
-duration is the time this node waited for its peers (plus the latency of one
-tiny collective). ``comm_s`` is the pseudo-gradient all-reduce, the outer step
-and the in-node broadcast. ``overhead_s`` is what follows before the next round
-(logging, evaluation, checkpoint). The four add up to the round's wall time by
-construction: each phase ends where the next begins, measured with one clock.
+phase (emulated padding included) less the time it stood still waiting on a sync
+(streaming). ``wait_s`` is the readiness exchange that follows: it returns only
+once every node has finished its local phase, so its duration is the time this
+node waited for its peers (plus the latency of one tiny collective). ``comm_s``
+is the *exposed* sync: the outer step phase (waiting for the pseudo-gradient sum,
+the outer step, the in-node broadcast) plus the waits on a sync inside the local
+phase. ``overhead_s`` is what follows before the next round (logging, evaluation,
+checkpoint). The four add up to the round's wall time by construction: each phase
+ends where the next begins, measured with one clock.
+
+``comm_hidden_s`` is not part of that sum: it is the sync time that ran while this
+node computed (overlap), i.e. the overlap of every sync landed this round with the
+local phase, less the local phase's own waits on a sync. Blocking sync has none.
 
 A hivemind node left out of a round's averaging group throws that round's work
 away and reloads the peers' state; the time from that round's start until the
@@ -25,16 +31,25 @@ class RoundClock:
     """Marks phase boundaries with ``time.time()`` (unix seconds)."""
 
     marks: dict[str, float] = field(default_factory=dict)
+    blocked_in_phase_s: float = 0.0
+    comm_hidden_s: float = 0.0
 
     def mark(self, phase_end: str) -> None:
         self.marks[phase_end] = time.time()
+
+    def record_sync(self, intervals: list[tuple[float, float]], blocked_in_phase_s: float) -> None:
+        """Syncs landed this round ((start, end) unix seconds) and the local phase's waits on them."""
+        phase_start, phase_end = self.marks["start"], self.marks["local_done"]
+        overlap_s = sum(max(0.0, min(end, phase_end) - max(start, phase_start)) for start, end in intervals)
+        self.blocked_in_phase_s = min(max(0.0, blocked_in_phase_s), self.span_s("start", "local_done"))
+        self.comm_hidden_s = max(0.0, overlap_s - self.blocked_in_phase_s)
 
     def span_s(self, start: str, end: str) -> float:
         return max(0.0, self.marks[end] - self.marks[start])
 
     @property
     def compute_s(self) -> float:
-        return self.span_s("start", "local_done")
+        return self.span_s("start", "local_done") - self.blocked_in_phase_s
 
     @property
     def wait_s(self) -> float:
@@ -42,7 +57,7 @@ class RoundClock:
 
     @property
     def comm_s(self) -> float:
-        return self.span_s("ready", "synced")
+        return self.span_s("ready", "synced") + self.blocked_in_phase_s
 
     @property
     def lost_s(self) -> float:

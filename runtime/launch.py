@@ -19,6 +19,7 @@ to lose).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -105,6 +106,18 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str]) -> Itera
             if hivemind:
                 for process in processes:
                     kill_session(process)
+            if mode == "netns":
+                write_site_traffic(peers_file.parent, sites.site_traffic(site_set))
+
+
+SITE_TRAFFIC_FILE = "site_traffic.json"
+
+
+def write_site_traffic(run_dir: Path, traffic: dict) -> None:
+    """Bytes each emulated site's link carried during the run (measured by the kernel), so
+    benchmarks can report bytes on the wire without trusting the runtime's own count."""
+    if traffic and run_dir.is_dir():
+        (run_dir / SITE_TRAFFIC_FILE).write_text(json.dumps(traffic, indent=1) + "\n")
 
 
 def wait_for_peers(peers_file: Path, first: subprocess.Popen, timeout_s: float) -> list[str]:

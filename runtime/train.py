@@ -3,14 +3,11 @@
 Started by torchrun at each site (or by ``geodiloco run`` on one machine). Each
 outer round: take this round's plan, run the local phase (inner AdamW steps,
 padded to the emulated GPU's step time), wait for the peers (readiness
-exchange), all-reduce the weighted pseudo-gradients, take the outer Nesterov
-step, then log and checkpoint.
+exchange), take the outer step through the sync backend, then log and checkpoint.
 
-With ``comm.backend: hivemind`` there is no torch.distributed world across nodes
-(runtime/hivemind_sync.py): nodes that find peers training join them with the
-peers' global state, a node that falls behind rejoins, each node's leader writes
-its own idle rows, and the first present node of a round writes the round's plan,
-metrics and global checkpoint.
+The loop talks to the outer sync only through ``runtime.sync.OuterSync``: the
+torch backend (one torch.distributed world, optional overlap and compression) or
+the hivemind backend (no world across nodes; nodes join, fall behind and rejoin).
 """
 from __future__ import annotations
 
@@ -28,14 +25,12 @@ import torch
 
 from balancer.plan import Plan, RoundMeasurement
 from balancer.records import IdleRecord
-from runtime import checkpoint
-from runtime.comm import build_topology, init_process_group, node_name_from_env
+from runtime.comm import node_name_from_env
 from runtime.config import RunConfig, load_config
-from runtime.hivemind_sync import OutOfSync
 from runtime.idle import RoundClock
 from runtime.runlog import RunLog
-from runtime.trainer import LocalResult, NodeTrainer, fresh_run_id
-from runtime.hivemind_join import finish_hivemind, join_from_peers, reload_global_state, start_hivemind
+from runtime.sync import OutOfSync, RoundSync, SyncOutcome, join_world
+from runtime.trainer import LocalResult, NodeTrainer
 
 FORCED_EXIT_GRACE_S = 10.0
 
@@ -73,6 +68,7 @@ class RoundStats:
     start_checksum: float
     step_times_s: list[float]
     previous_record: Optional[dict]
+    sync_s: Optional[float] = None
 
 
 def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume: bool) -> int:
@@ -81,12 +77,7 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     config_names = [node.name for node in config.nodes]
     node_name = node_name_from_env(node_name, config_names)
     use_cuda = torch.cuda.is_available() and os.environ.get("GEODILOCO_DEVICE", "auto") != "cpu"
-    if config.comm.backend == "hivemind":
-        from runtime.hivemind_sync import node_topology
-        topology = node_topology(node_name, config_names, config.comm.timeout_s, use_cuda)
-    else:
-        init_process_group(config.comm.timeout_s, use_cuda)
-        topology = build_topology(node_name, config_names)
+    topology = join_world(config, node_name, use_cuda)
     if config.run.deterministic:
         torch.use_deterministic_algorithms(True)
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
@@ -101,44 +92,19 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
         trainer.sync.close()
 
 
-def _start_or_resume(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Optional[dict]]:
-    """Agree on run id and first round; restore state when resuming."""
-    if trainer.hivemind:
-        return start_hivemind(trainer, resume)
-    topology, run_dir = trainer.topology, trainer.run_dir
-    saved_round = checkpoint.latest_round(run_dir) if topology.is_coordinator else None
-    if topology.is_coordinator and saved_round is not None and not resume:
-        proposal = {"error": f"{run_dir} already holds a checkpoint of round {saved_round}; "
-                             "pass --resume to continue it, or choose another --run-dir"}
-    else:
-        proposal = {"run_id": fresh_run_id(trainer.config), "resume_round": saved_round if resume else None}
-    agreed = trainer.sync.exchange(proposal)[0]
-    if "error" in agreed:
-        raise RuntimeError(agreed["error"])
-    resume_round = agreed["resume_round"]
-    if resume_round is None:
-        return agreed["run_id"], 0, None
-    run_id, pending = trainer.load_checkpoint(resume_round)
-    if topology.is_coordinator:
-        log = RunLog(run_dir)
-        log.drop_rounds_from("idle.jsonl", resume_round)
-        log.drop_rounds_from("metrics.jsonl", resume_round + 1)
-        log.drop_rounds_from("plan.jsonl", resume_round + 1)
-    return run_id, resume_round + 1, pending
-
-
 def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
-    config, topology = trainer.config, trainer.topology
-    run_id, first_round, pending_record = _start_or_resume(trainer, resume)
+    config, topology, sync = trainer.config, trainer.topology, trainer.sync
+    start = sync.start(resume, trainer.sync_handles())
+    run_id, pending_record = start.run_id, start.pending_record
     trainer.warm_up(config.diloco.batch_size)
-    trainer.sync.exchange(None)
+    sync.exchange(None)
     log = RunLog(trainer.run_dir) if topology.is_coordinator else None
-    shared_config_written = trainer.hivemind and (trainer.run_dir / "config.yaml").is_file()
+    shared_config_written = sync.logs_own_idle_only and (trainer.run_dir / "config.yaml").is_file()
     if log is not None and not shared_config_written:
         log.write_config(config.to_yaml())
-        if first_round > 0 and resume:
-            print(f"[geodiloco] resuming {run_id} after round {first_round - 1}", flush=True)
-    round_idx, lost_since = first_round, None
+        if start.first_round > 0 and resume:
+            print(f"[geodiloco] resuming {run_id} after round {start.first_round - 1}", flush=True)
+    round_idx, lost_since = start.first_round, None
     while round_idx < config.diloco.rounds:
         round_started = time.time()
         try:
@@ -147,12 +113,12 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
             print(f"[geodiloco] node {topology.node_name}: {behind}; reloading the global state from peers",
                   flush=True)
             lost_since = round_started if lost_since is None else lost_since
-            run_id, round_idx = join_from_peers(trainer)
+            rejoined = sync.recover(behind)
+            run_id, round_idx = rejoined.run_id, rejoined.first_round
             continue
         round_idx, lost_since = round_idx + 1, None
-    if trainer.hivemind:
-        finish_hivemind(trainer, run_id, config.diloco.rounds - 1)
-    final = trainer.sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record})
+    sync.finish(run_id, config.diloco.rounds - 1)
+    final = sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record})
     if log is not None:
         log.append("idle.jsonl", [item["previous_record"] for item in final
                                   if item["local_rank"] == 0 and item["previous_record"]])
@@ -171,63 +137,65 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
                pending_record: Optional[dict], lost_since: Optional[float] = None) -> dict:
     """One outer round on this node; returns its idle record (logged with the next round).
     ``lost_since``: unix time where discarded rounds before this one began (hivemind rejoin)."""
-    config, topology = trainer.config, trainer.topology
+    config, topology, sync = trainer.config, trainer.topology, trainer.sync
     names = [node.name for node in config.nodes]
     clock = RoundClock()
     clock.mark("start")
     if lost_since is not None:
         clock.marks["lost_since"] = lost_since
     start_checksum = trainer.param_checksum()  # inside the round, so rounds tile the wall time
-    present = None
-    if trainer.hivemind:
-        trainer.sync.set_round(round_idx)
-        present = trainer.sync.planning_nodes(round_idx)
+    present = sync.begin_round(round_idx)
     plan = trainer.planner.plan(round_idx, present)
     node_plan = plan.node(topology.node_name)
-    result = trainer.local_phase(round_idx, node_plan, time.perf_counter(), num_nodes=len(plan.nodes))
+    round_sync = RoundSync(round=round_idx, plan=plan, stats_by_node={}, weighting=trainer.weighting(plan),
+                           last_round=round_idx + 1 == config.diloco.rounds)
+    result = trainer.local_phase(round_idx, node_plan, time.perf_counter(), num_nodes=len(plan.nodes),
+                                 round_sync=round_sync)
     clock.mark("local_done")
     stats = RoundStats(node=topology.node_name, local_rank=topology.local_rank, round=round_idx,
                        steps=result.steps, batch_size=node_plan.batch_size, tokens=result.tokens,
                        loss=result.mean_loss, lr=result.lr, compute_s=clock.compute_s,
                        start_checksum=start_checksum,
                        step_times_s=result.step_times_s if topology.is_leader else [],
-                       previous_record=pending_record if topology.is_leader else None)
-    gathered = trainer.sync.exchange(asdict(stats))
+                       previous_record=pending_record if topology.is_leader else None,
+                       sync_s=trainer.last_sync_s)
+    gathered = sync.exchange(asdict(stats))
     clock.mark("ready")
     leaders = {item["node"]: item for item in gathered if item["local_rank"] == 0}
-    stats_by_node = {name: leaders[name] for name in names if name in leaders}
-    stats_by_node = trainer.outer_sync(plan, stats_by_node)
+    round_sync.stats_by_node = {name: leaders[name] for name in names if name in leaders}
+    outcome = sync.outer_step(round_sync)
     clock.mark("synced")
+    clock.record_sync(outcome.sync_intervals, outcome.blocked_in_phase_s)
+    if outcome.sync_s is not None:
+        trainer.last_sync_s = outcome.sync_s
+    stats_by_node = outcome.stats_by_node
     for name, item in stats_by_node.items():
         measurement = RoundMeasurement(node=name, round=round_idx, batch_size=item["batch_size"],
                                        local_steps=item["steps"], step_times_s=item["step_times_s"],
-                                       compute_s=item["compute_s"])
+                                       compute_s=item["compute_s"], sync_s=item.get("sync_s"))
         trainer.measurements.append(measurement)
         trainer.planner.observe(measurement)
-    if trainer.hivemind:
-        trainer.writes_round = next(iter(stats_by_node)) == topology.node_name
-        if trainer.sync.share_in_node(trainer.sync.diverged):
-            reload_global_state(trainer, round_idx)
-        if trainer.outer is not None:
-            trainer.sync.publish_state(*trainer.shared_state(round_idx, run_id))
+    sync.end_round(round_idx, run_id)
     if log is not None:
         _log_round(trainer, log, run_id, plan, stats_by_node, clock)
     if (round_idx + 1) % config.checkpoint.every_rounds == 0 or round_idx + 1 == config.diloco.rounds:
         clock.mark("end")
-        trainer.save_checkpoint(round_idx, run_id, _idle_record(trainer, run_id, plan, result, clock))
+        trainer.save_checkpoint(round_idx, run_id, _idle_record(trainer, run_id, plan, result, clock, outcome))
     clock.mark("end")
-    return _idle_record(trainer, run_id, plan, result, clock)
+    return _idle_record(trainer, run_id, plan, result, clock, outcome)
 
 
-def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalResult, clock: RoundClock) -> dict:
+def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalResult, clock: RoundClock,
+                 outcome: SyncOutcome) -> dict:
     node = trainer.node
     gpu_values = (trainer.gpu_sampler.summary(clock.round_start, clock.marks["end"])
                   if trainer.gpu_sampler is not None else {})
     record = IdleRecord(
         run_id=run_id, round=plan.round, node=node.name, site=node.site, policy=plan.policy,
         local_steps=result.steps, batch_size=plan.node(node.name).batch_size, tokens=result.tokens,
-        compute_s=clock.compute_s, wait_s=clock.wait_s, comm_s=clock.comm_s,
-        overhead_s=clock.overhead_s, round_start=clock.round_start, round_end=clock.marks["end"],
+        compute_s=clock.compute_s, wait_s=clock.wait_s, comm_s=clock.comm_s, comm_hidden_s=clock.comm_hidden_s,
+        sync_bytes=outcome.sent_bytes, overhead_s=clock.overhead_s, round_start=clock.round_start,
+        round_end=clock.marks["end"],
         gpus=list(node.gpus), num_gpus=node.num_gpus, source="runtime", **gpu_values)
     return asdict(record)
 
@@ -239,10 +207,10 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, stats
     hivemind: every node's leader appends its own previous idle record; the round's first present
     node writes the rest."""
     config = trainer.config
-    if trainer.hivemind:
+    if trainer.sync.logs_own_idle_only:
         own = stats_by_node.get(trainer.node.name, {}).get("previous_record")
         log.append("idle.jsonl", [own] if own else [])
-        if not trainer.writes_round:
+        if not trainer.sync.writes_round:
             return
         stats_by_node = {name: {**item, "previous_record": None} for name, item in stats_by_node.items()}
     log.append("plan.jsonl", [plan.to_dict()])
@@ -267,7 +235,8 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, stats
     eval_text = "".join(f" eval@{row['round'] + 1} {row['eval_loss']:.3f}" for row in evaluated
                         if row["eval_loss"] is not None)
     print(f"[geodiloco] round {plan.round + 1}/{config.diloco.rounds} loss {train_loss:.3f}{eval_text} | "
-          f"local {clock.compute_s:.2f}s wait {clock.wait_s:.2f}s sync {clock.comm_s:.2f}s | "
+          f"local {clock.compute_s:.2f}s wait {clock.wait_s:.2f}s sync {clock.comm_s:.2f}s"
+          f"{f' (+{clock.comm_hidden_s:.2f}s hidden)' if clock.comm_hidden_s > 0 else ''} | "
           f"steps x batch {steps}", flush=True)
 
 

@@ -18,19 +18,20 @@ from torch.nn.parallel import DistributedDataParallel
 
 from balancer.cluster import NodeSpec
 from balancer.plan import NodePlan, Plan, RoundMeasurement
+from balancer.network import SyncSettings
 from balancer.planner import Planner
 from runtime import checkpoint
 from runtime.batching import StepSamples, accumulate_gradients, micro_batch_sizes
-from runtime.comm import TorchOuterSync, Topology
+from runtime.comm import Topology
 from runtime.config import RunConfig
 from runtime.data import NodeShard, ShardCursor, eval_batches, eval_window_starts, load_corpus
-from runtime.diloco import COMPRESSION_DTYPES, OuterState, build_inner_optimizer, inner_lr, outer_weights
+from runtime.diloco import OuterState, build_inner_optimizer, inner_lr
 from lab.cpu_share import NodeCpuShare, start_node_share
 from lab.virtual_gpu import StepPacer
 from runtime.evaluation import BackgroundEvaluator
 from runtime.gpu_sampler import GpuSampler
-from runtime.hivemind_sync import OutOfSync
 from runtime.models import build_model
+from runtime.sync import RoundSync, SyncHandles, build_outer_sync
 
 
 def stop_before_deadline(elapsed_s: float, expected_step_s: float, deadline_s: float, num_nodes: int) -> bool:
@@ -102,8 +103,7 @@ class NodeTrainer:
         self.cpu_share = start_cpu_share(self.node)
         self.planner = self.new_planner()
         self.measurements: list[RoundMeasurement] = []
-        self.hivemind = config.comm.backend == "hivemind"
-        self.writes_round = True
+        self.last_sync_s: Optional[float] = None
         self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()))
         self.gpu_sampler = start_gpu_sampler(config, topology, device)
         self.evaluator: Optional[BackgroundEvaluator] = None
@@ -111,8 +111,10 @@ class NodeTrainer:
 
     def new_planner(self) -> Planner:
         config = self.config
-        return Planner(config.balancing, config.nodes, self.dims, self.seq_len,
-                       config.diloco.local_steps, config.diloco.batch_size, config.model.precision)
+        diloco = config.diloco
+        return Planner(config.balancing, config.nodes, self.dims, self.seq_len, diloco.local_steps,
+                       diloco.batch_size, config.model.precision,
+                       sync_settings=SyncSettings(diloco.overlap, diloco.compression, diloco.fragments))
 
     # ----- local phase -------------------------------------------------------------------
 
@@ -153,8 +155,9 @@ class NodeTrainer:
                   file=sys.stderr, flush=True)
 
     def local_phase(self, round_idx: int, node_plan: NodePlan, round_started: float,
-                    num_nodes: int = 1) -> LocalResult:
-        """Run the plan's inner steps; under a deadline, stop early (see ``stop_before_deadline``)."""
+                    num_nodes: int = 1, round_sync: Optional[RoundSync] = None) -> LocalResult:
+        """Run the plan's inner steps; under a deadline, stop early (see ``stop_before_deadline``).
+        ``round_sync``: lets the sync backend act before each step (streaming sync)."""
         result = LocalResult()
         if self.cpu_share is not None:
             self.cpu_share.enter_round(round_idx)
@@ -164,6 +167,8 @@ class NodeTrainer:
                 if stop_before_deadline(time.perf_counter() - round_started, expected_step_s,
                                         node_plan.deadline_s, num_nodes):
                     break
+            if round_sync is not None:
+                self.sync.before_step(step_idx, node_plan.local_steps, round_sync)
             step_started = time.perf_counter()
             result.lr = self._set_lr(round_idx, step_idx, node_plan.local_steps)
             step = self.inner_step(node_plan.batch_size, node_plan.micro_batch_size)
@@ -180,47 +185,12 @@ class NodeTrainer:
         mode = self.config.diloco.weighting
         return plan.weighting if mode == "auto" else mode
 
-    def outer_sync(self, plan: Plan, stats_by_node: dict[str, dict]) -> dict[str, dict]:
-        """Weighted pseudo-gradient reduction among the present nodes' leaders, outer step,
-        in-node broadcast. ``stats_by_node`` holds the nodes present this round; returns the
-        nodes whose pseudo-gradients the average holds (under hivemind, the group that formed,
-        which can differ from this node's view of who was present)."""
-        mode = self.weighting(plan)
-        wire_dtype = COMPRESSION_DTYPES[self.config.diloco.compression]
-        if self.hivemind:
-            stats_by_node = self._hivemind_average(mode, wire_dtype, stats_by_node)
-        elif self.outer is not None:
-            present = list(stats_by_node)
-            weights = outer_weights(mode, [stats_by_node[name]["tokens"] for name in present],
-                                    [stats_by_node[name]["steps"] for name in present],
-                                    [stats_by_node[name]["batch_size"] for name in present])
-            averaged = self.sync.reduce_weighted(self.outer.pseudo_gradient(self.model),
-                                                 weights[present.index(self.node.name)], wire_dtype,
-                                                 total_weight=sum(weights))
-            self.outer.apply(averaged)
-            self.outer.load_into(self.model)
-        self.sync.broadcast_in_node([param.data for param in self.model.parameters()])
-        return stats_by_node
-
-    def _hivemind_average(self, mode: str, wire_dtype: torch.dtype, stats_by_node: dict[str, dict]) -> dict[str, dict]:
-        """The leader averages with the group that forms and takes the outer step (none when the
-        average came back incomplete); every rank of the node learns the group, or the leader's
-        ``OutOfSync``."""
-        outcome: object = None
-        if self.outer is not None:
-            try:
-                averaged, group = self.sync.average_round(self.outer.pseudo_gradient(self.model), mode,
-                                                          stats_by_node[self.node.name], wire_dtype)
-                if averaged is not None:  # an incomplete average: keep the round's starting global state
-                    self.outer.apply(averaged)
-                self.outer.load_into(self.model)
-                outcome = {item["node"]: item for item in group}
-            except OutOfSync as err:
-                outcome = str(err)
-        outcome = self.sync.share_in_node(outcome)
-        if isinstance(outcome, str):
-            raise OutOfSync(outcome)
-        return outcome
+    def sync_handles(self) -> SyncHandles:
+        """The state the sync backend may touch (see ``runtime.sync.protocol.SyncHandles``)."""
+        return SyncHandles(params=list(self.model.parameters()), outer=self.outer,
+                           export_state=self.shared_state, import_state=self.load_shared_state,
+                           load_checkpoint=self.load_checkpoint, checksum=self.param_checksum,
+                           new_run_id=lambda: fresh_run_id(self.config), run_dir=self.run_dir)
 
     def warm_up(self, batch_size: int) -> None:
         """One forward/backward without an update, so one-time initialisation (allocator,
@@ -250,21 +220,29 @@ class NodeTrainer:
     # ----- checkpoints -------------------------------------------------------------------
 
     def save_checkpoint(self, round_idx: int, run_id: str, pending_record: dict) -> None:
+        """Node file: inner optimizer, data position, planner history, RNG, the sync backend's state
+        (syncs in flight, error feedback) and, with ``diloco.overlap``, the local parameters
+        (they differ from the global ones while a sync is in flight). Global file: the global
+        parameters and outer optimizer."""
         if self.topology.is_leader:
-            checkpoint.save_node(self.run_dir, round_idx, self.node.name, {
+            state = {
                 "round": round_idx,
                 "inner_optimizer": self.inner_optimizer.state_dict(),
                 "cursor": asdict(self.shard.cursor),
                 "measurements": [asdict(item) for item in self.measurements],
                 "pending_record": pending_record,
                 "torch_rng": torch.get_rng_state(),
-            })
-        if self.topology.is_coordinator and self.writes_round:
+                "sync": self.sync.state_dict(),
+            }
+            if self.config.diloco.overlap != "none":
+                state["local_params"] = [param.detach().clone() for param in self.model.parameters()]
+            checkpoint.save_node(self.run_dir, round_idx, self.node.name, state)
+        if self.topology.is_coordinator and self.sync.writes_round:
             checkpoint.save_global(self.run_dir, round_idx, {
                 "round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
             })
         self.sync.barrier()
-        if self.topology.is_coordinator and self.writes_round:
+        if self.topology.is_coordinator and self.sync.writes_round:
             checkpoint.mark_latest(self.run_dir, round_idx, self.config.checkpoint.keep)
 
     def load_checkpoint(self, round_idx: int) -> tuple[str, Optional[dict]]:
@@ -277,6 +255,11 @@ class NodeTrainer:
         self.outer.load_into(self.model)
         if not self.topology.is_leader:
             self.outer = None
+        if "local_params" in node_state:
+            with torch.no_grad():
+                for param, saved in zip(self.model.parameters(), node_state["local_params"]):
+                    param.copy_(saved)
+        self.sync.load_state_dict(node_state.get("sync", {}))
         self.inner_optimizer.load_state_dict(node_state["inner_optimizer"])
         self.shard.set_cursor(ShardCursor(**node_state["cursor"]))
         self.measurements = [RoundMeasurement(**item) for item in node_state["measurements"]]
@@ -322,15 +305,6 @@ def build_data(config: RunConfig, topology: Topology) -> tuple[list, NodeShard]:
     shard = NodeShard(corpus, topology.node_index, topology.num_nodes, seq_len, config.run.seed,
                       shards=data.shards, held_out_starts=held_out)
     return eval_set, shard
-
-
-def build_outer_sync(config: RunConfig, topology: Topology, num_params: int):
-    """The configured OuterSync backend (hivemind is imported only when chosen)."""
-    if config.comm.backend != "hivemind":
-        return TorchOuterSync(topology)
-    from runtime.hivemind_sync import HivemindOuterSync, wire_codec
-    return HivemindOuterSync(topology, config.comm.hivemind, config.run.name, [node.name for node in config.nodes],
-                             num_params, wire_codec(config.comm.hivemind, config.diloco.compression))
 
 
 def start_gpu_sampler(config: RunConfig, topology: Topology, device: torch.device) -> Optional[GpuSampler]:

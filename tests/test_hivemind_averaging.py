@@ -15,7 +15,7 @@ import torch
 from runtime.comm import Topology
 from runtime.config import HivemindSection
 from runtime.diloco import outer_weights
-from runtime.hivemind_sync import (MISSING_SHARE_KEY, HivemindOuterSync, OutOfSync, make_averager_class,
+from runtime.sync.hivemind_backend import (MISSING_SHARE_KEY, HivemindOuterSync, OutOfSync, make_averager_class,
                                    round_group_bits, wire_codec)
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ def run_round(syncs, round_idx, contributions, weights):
             total = sum(weights[item["node"]] for item in gathered)
             results[NAMES[index]] = ([item["node"] for item in gathered],
                                      sync.reduce_weighted(contributions[index].clone(), weights[NAMES[index]],
-                                                          torch.float32, total_weight=total))
+                                                          total_weight=total))
         except Exception as err:  # surfaced by the assertion below
             errors.append(err)
 
@@ -125,7 +125,7 @@ def average_rounds(syncs, round_idx, contributions, mode, stale_views=None):
         if stale_views and NAMES[index] in stale_views:
             sync._present = stale_views[NAMES[index]]
         try:
-            outcomes[NAMES[index]] = sync.average_round(contributions[index].clone(), mode, stats, torch.float32)
+            outcomes[NAMES[index]] = sync.average_round(contributions[index].clone(), mode, stats)
         except OutOfSync as err:
             outcomes[NAMES[index]] = err
 
@@ -237,6 +237,7 @@ def test_rounds_average_in_separate_groups():
 def test_codec_follows_diloco_compression_unless_set():
     assert wire_codec(HivemindSection(), "fp16") == "fp16"
     assert wire_codec(HivemindSection(), "bf16") == "none"
+    assert wire_codec(HivemindSection(), "int8") == "8bit"
     assert wire_codec(HivemindSection(compression="8bit"), "fp16") == "8bit"
 
 
@@ -245,7 +246,7 @@ def test_codecs_round_trip_within_their_rounding(name, max_error):
     from hivemind.compression import CompressionInfo
     from hivemind.compression.serialization import deserialize_torch_tensor
 
-    from runtime.hivemind_sync import codec
+    from runtime.sync.hivemind_backend import codec
     spread = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
     for original in (spread, torch.zeros(100), torch.full((7,), 0.25)):
         wire = codec(name).compress(original, CompressionInfo.from_tensor(original))

@@ -10,7 +10,7 @@ from predictor.schema import ConfigError
 from predictor.workload import preset_dims
 from runtime.comm import Topology
 from runtime.config import HivemindSection, load_config
-from runtime.hivemind_sync import HivemindOuterSync
+from runtime.sync.hivemind_backend import HivemindOuterSync
 from tests.runtime_helpers import small_config, write_config
 
 NODES = [NodeSpec.model_validate({"name": name, "emulate": {"step_time_s": step_s, "batch_size": 4}})

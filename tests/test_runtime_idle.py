@@ -24,3 +24,32 @@ def test_time_lost_before_a_rejoined_round_is_overhead_and_moves_its_start():
     assert clock.round_start == 90.0
     total = clock.compute_s + clock.wait_s + clock.comm_s + clock.overhead_s
     assert total == pytest.approx(clock.marks["end"] - clock.round_start)
+
+
+def _clock(**marks) -> "RoundClock":
+    from runtime.idle import RoundClock
+    clock = RoundClock()
+    clock.marks.update(marks)
+    return clock
+
+
+def test_a_sync_landed_behind_compute_is_hidden_not_idle():
+    clock = _clock(start=100.0, local_done=110.0, ready=111.0, synced=112.0, end=113.0)
+    clock.record_sync([(95.0, 104.0)], blocked_in_phase_s=0.0)  # launched last round, done 4 s into this one
+    assert clock.comm_hidden_s == 4.0
+    assert (clock.compute_s, clock.wait_s, clock.comm_s, clock.overhead_s) == (10.0, 1.0, 1.0, 1.0)
+
+
+def test_waits_on_a_sync_inside_the_local_phase_move_from_compute_to_exposed_sync():
+    clock = _clock(start=100.0, local_done=110.0, ready=111.0, synced=112.0, end=113.0)
+    clock.record_sync([(101.0, 103.0), (105.0, 109.0)], blocked_in_phase_s=1.5)
+    assert clock.comm_hidden_s == 4.5
+    assert clock.compute_s == 8.5 and clock.comm_s == 2.5
+    total_s = clock.compute_s + clock.wait_s + clock.comm_s + clock.overhead_s
+    assert total_s == clock.marks["end"] - clock.round_start
+
+
+def test_blocking_sync_hides_nothing():
+    clock = _clock(start=100.0, local_done=110.0, ready=111.0, synced=115.0, end=116.0)
+    clock.record_sync([(111.0, 114.5)], blocked_in_phase_s=0.0)
+    assert clock.comm_hidden_s == 0.0 and clock.comm_s == 4.0

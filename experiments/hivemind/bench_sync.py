@@ -5,7 +5,7 @@ namespace each, a veth to a shared bridge, tbf at --rate-mbps on both ends of
 every link; lab/sites.py). One Python process per site (1 thread) holds a
 flat fp32 pseudo-gradient of --numel elements and runs --repeats outer syncs:
 
-- gloo: barrier, then ``TorchOuterSync.reduce_weighted`` (all_reduce SUM of the
+- gloo: barrier, then ``runtime.sync.wire.reduce_sum`` (all_reduce SUM of the
   weighted buffer, cast to the wire dtype);
 - hivemind: the backend's readiness exchange (DHT barrier), then
   ``HivemindOuterSync.reduce_weighted`` (matchmaking + butterfly all-reduce with
@@ -83,22 +83,24 @@ def torch_worker(args: argparse.Namespace) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from runtime.comm import Topology, TorchOuterSync
-    from runtime.diloco import COMPRESSION_DTYPES
+    from runtime.comm import Topology
+    from runtime.config import DilocoSection
+    from runtime.sync.torch_backend import TorchOuterSync
+    from runtime.sync.wire import ErrorFeedback, reduce_sum
 
     dist.init_process_group("gloo", init_method="env://", rank=args.rank, world_size=args.world,
                             timeout=datetime.timedelta(seconds=600))
     topology = Topology(rank=args.rank, world_size=args.world, node_name=f"site{args.rank}", node_index=args.rank,
                         local_rank=0, local_world_size=1, node_ranks=[args.rank],
                         leader_ranks=list(range(args.world)))
-    sync = TorchOuterSync(topology)
+    sync = TorchOuterSync(topology, DilocoSection(compression=args.codec))
     records = []
     for repeat in range(args.repeats):
         flat = pseudo_gradient(args.rank, args.numel)
         started = time.perf_counter()
         sync.barrier()
         ready = time.perf_counter()
-        summed = sync.reduce_weighted(flat, 1.0 / args.world, COMPRESSION_DTYPES[args.codec])
+        summed = reduce_sum(flat.mul_(1.0 / args.world), args.codec, ErrorFeedback(), sync.sync_group, args.world)
         records.append({"repeat": repeat, "exchange_s": ready - started, "sync_s": time.perf_counter() - ready,
                         "error": mean_error(summed, args)})
     sync.close()
@@ -109,7 +111,7 @@ def hivemind_worker(args: argparse.Namespace) -> list[dict]:
     import torch
 
     from runtime.config import HivemindSection
-    from runtime.hivemind_sync import INITIAL_PEERS_ENV, MADDRS_FILE_ENV, HivemindOuterSync
+    from runtime.sync.hivemind_backend import INITIAL_PEERS_ENV, MADDRS_FILE_ENV, HivemindOuterSync
 
     peers_file = Path(args.peers_file)
     if args.rank == 0:
@@ -122,7 +124,7 @@ def hivemind_worker(args: argparse.Namespace) -> list[dict]:
                               start_wait_s=120, heartbeat_ttl_s=30, allreduce_timeout_s=600,
                               chunk_timeout_s=60)
     names = [f"site{rank}" for rank in range(args.world)]
-    sync = HivemindOuterSync(site_topology(args.rank, args.world), options, "bench", names, args.numel, args.codec)
+    sync = HivemindOuterSync(site_topology(args.rank, args.world), options, "bench", names, args.numel)
     sync.found({"run_id": "bench"}, options.start_wait_s)
     records = []
     try:
@@ -132,7 +134,7 @@ def hivemind_worker(args: argparse.Namespace) -> list[dict]:
             started = time.perf_counter()
             gathered = sync.exchange({"node": names[args.rank], "round": repeat, "local_rank": 0})
             ready = time.perf_counter()
-            summed = sync.reduce_weighted(flat, 1.0 / args.world, torch.float32, total_weight=1.0)
+            summed = sync.reduce_weighted(flat, 1.0 / args.world, total_weight=1.0)
             records.append({"repeat": repeat, "exchange_s": ready - started, "sync_s": time.perf_counter() - ready,
                             "error": mean_error(summed, args), "present": len(gathered)})
     finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-KEPT_LOGS = ("idle.jsonl", "metrics.jsonl", "plan.jsonl", "config.yaml", "eval.jsonl")
+KEPT_LOGS = ("idle.jsonl", "metrics.jsonl", "plan.jsonl", "config.yaml", "eval.jsonl", "site_traffic.json")
 SLOW_STEPS = re.compile(r"node (\S+): (\d+) steps were slower than the emulated GPU's target")
 
 

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from runtime.comm import Topology
 from runtime.config import HivemindSection
 from runtime.diloco import group_average_scale, group_average_terms
+from runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
 
 POLL_S = 0.1
 STATE_DECLARE_PERIOD_S = 10.0
@@ -46,10 +47,6 @@ INITIAL_PEERS_ENV = "GEODILOCO_INITIAL_PEERS"
 MADDRS_FILE_ENV = "GEODILOCO_MADDRS_FILE"
 HOST_MADDRS_ENV = "GEODILOCO_HOST_MADDRS"
 MISSING_SHARE_KEY = "geodiloco_missing_share"
-
-
-class OutOfSync(RuntimeError):
-    """The peers finished a round without this node: reload the global state from them."""
 
 
 def _import_hivemind():
@@ -111,16 +108,17 @@ def codec(name: str):
 
 def wire_codec(options: HivemindSection, diloco_compression: str) -> str:
     """The hivemind codec of a run: ``comm.hivemind.compression``, else the one matching
-    ``diloco.compression`` (bf16 has no hivemind codec: it is rounded locally, sent as fp32)."""
+    ``diloco.compression`` (int8 -> hivemind's 8bit; bf16 has no hivemind codec: it is rounded
+    locally, sent as fp32)."""
     if options.compression != "none":
         return options.compression
-    return "fp16" if diloco_compression == "fp16" else "none"
+    return {"fp16": "fp16", "int8": "8bit"}.get(diloco_compression, "none")
 
 
-def _on_wire(flat: torch.Tensor, wire_dtype: torch.dtype) -> torch.Tensor:
-    """bf16 is not one of hivemind's codecs: round through it here, send fp32 (fp16 is the codec's job)."""
-    if wire_dtype not in (torch.float32, torch.float16):
-        return flat.to(wire_dtype).to(torch.float32)
+def _on_wire(flat: torch.Tensor, diloco_compression: str) -> torch.Tensor:
+    """bf16 is not one of hivemind's codecs: round through it here, send fp32 (the others are the codec's job)."""
+    if diloco_compression == "bf16":
+        return flat.to(torch.bfloat16).to(torch.float32)
     return flat
 
 
@@ -233,10 +231,16 @@ class HivemindOuterSync:
     follow it through the node's own torch.distributed group, when there is one.
     """
 
+    logs_own_idle_only = True
+
     def __init__(self, topology: Topology, options: HivemindSection, run_name: str, node_names: list[str],
-                 num_params: int, codec_name: str) -> None:
+                 num_params: int, diloco_compression: str = "none", init_timeout_s: float = 120.0) -> None:
         self.topology = topology
         self.options = options
+        self.compression = diloco_compression
+        self.init_timeout_s = init_timeout_s
+        self.handles: Optional[SyncHandles] = None
+        self.writes_round = True
         self.node_names = list(node_names)
         self.prefix = "geodiloco_" + run_name.replace(".", "_").replace("-", "_")
         self.current_round = -1
@@ -251,7 +255,7 @@ class HivemindOuterSync:
         self.averager = None
         self._heartbeat: Optional[threading.Thread] = None
         if topology.is_leader:
-            self._start_peer(num_params, codec_name)
+            self._start_peer(num_params, wire_codec(options, diloco_compression))
 
     # ----- peer start-up -----------------------------------------------------------------
 
@@ -427,6 +431,67 @@ class HivemindOuterSync:
             time.sleep(0.2)
         return None
 
+    # ----- the round loop's seam (runtime/sync/protocol.py) ------------------------------
+
+    def start(self, resume: bool, handles: SyncHandles) -> StartPoint:
+        from runtime.sync.hivemind_session import start_hivemind
+        self.handles = handles
+        return start_hivemind(self, resume)
+
+    def begin_round(self, round_idx: int) -> Optional[list[str]]:
+        self.set_round(round_idx)
+        return self.planning_nodes(round_idx)
+
+    def before_step(self, step_idx: int, local_steps: int, round_sync: RoundSync) -> None:
+        """Blocking sync only: nothing happens during the local phase."""
+
+    def outer_step(self, round_sync: RoundSync) -> SyncOutcome:
+        """The leader averages with the group that forms and takes the outer step (none when the
+        average came back incomplete); every rank learns the group, or the leader's ``OutOfSync``.
+        The group's first node writes the round's shared logs."""
+        outer, me = self.handles.outer, self.topology.node_name
+        outcome: object = None
+        started = time.time()
+        if outer is not None:
+            try:
+                averaged, group = self.average_round(outer.pseudo_gradient(self.handles.params),
+                                                     round_sync.weighting, round_sync.stats_by_node[me])
+                if averaged is not None:  # an incomplete average: keep the round's starting global state
+                    outer.apply(averaged)
+                outer.load_into(self.handles.params)
+                outcome = {item["node"]: item for item in group}
+            except OutOfSync as err:
+                outcome = str(err)
+        outcome = self.share_in_node(outcome)
+        if isinstance(outcome, str):
+            raise OutOfSync(outcome)
+        self.broadcast_in_node([param.data for param in self.handles.params])
+        self.writes_round = next(iter(outcome)) == me
+        return SyncOutcome(stats_by_node=outcome, sync_intervals=[(started, time.time())])
+
+    def end_round(self, round_idx: int, run_id: str) -> None:
+        """Reload the global state when this node drifted from the majority; share ours for joiners."""
+        from runtime.sync.hivemind_session import reload_global_state
+        if self.share_in_node(self.diverged):
+            reload_global_state(self, round_idx)
+        if self.handles.outer is not None:
+            self.publish_state(*self.handles.export_state(round_idx, run_id))
+
+    def recover(self, error: OutOfSync) -> StartPoint:
+        from runtime.sync.hivemind_session import join_from_peers
+        return join_from_peers(self)
+
+    def finish(self, run_id: str, last_round: int) -> None:
+        from runtime.sync.hivemind_session import finish_hivemind
+        finish_hivemind(self, run_id, last_round)
+
+    def state_dict(self) -> dict:
+        """Nothing in flight between rounds: the blocking average completed or was given up."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """See ``state_dict``."""
+
     # ----- OuterSync ---------------------------------------------------------------------
 
     def exchange(self, stats: Any) -> list[Any]:
@@ -510,7 +575,7 @@ class HivemindOuterSync:
         majority = max(clusters, key=len)
         return me not in majority
 
-    def reduce_weighted(self, flat: torch.Tensor, weight: float, wire_dtype: torch.dtype,
+    def reduce_weighted(self, flat: torch.Tensor, weight: float,
                         total_weight: Optional[float] = None) -> torch.Tensor:
         """sum_i weight_i * flat_i over the nodes that take part in this round's all-reduce.
 
@@ -520,13 +585,13 @@ class HivemindOuterSync:
         training loop uses ``average_round``, which also tells who took part.
         """
         gather = {"node": self.topology.node_name, "total": float(total_weight) if total_weight is not None else 1.0}
-        averaged, group, _ = self._average_in_group(_on_wire(flat, wire_dtype), float(weight), gather)
+        averaged, group, _ = self._average_in_group(_on_wire(flat, self.compression), float(weight), gather)
         if len(group) == 1:
             return averaged.mul_(weight)
         return averaged.mul_(group[0]["total"])
 
-    def average_round(self, flat: torch.Tensor, weighting: str, own_stats: dict,
-                      wire_dtype: torch.dtype) -> tuple[Optional[torch.Tensor], list[dict]]:
+    def average_round(self, flat: torch.Tensor, weighting: str,
+                      own_stats: dict) -> tuple[Optional[torch.Tensor], list[dict]]:
         """This round's weighted pseudo-gradient sum over the nodes whose pseudo-gradients it
         holds, and those nodes' round statistics (config order; this node's own ``own_stats``).
         The sum is None when part of it never came back from a peer (see ``_average_in_group``).
@@ -541,7 +606,8 @@ class HivemindOuterSync:
                                             own_stats["batch_size"])
         shared = {key: value for key, value in own_stats.items() if key != "previous_record"}
         gather = {"node": self.topology.node_name, "stats": shared}
-        averaged, group, complete = self._average_in_group(_on_wire(flat.mul(scale), wire_dtype), weight, gather)
+        averaged, group, complete = self._average_in_group(_on_wire(flat.mul(scale), self.compression), weight,
+                                                           gather)
         group_stats = [own_stats if item["node"] == self.topology.node_name else item["stats"] for item in group]
         if not complete:
             return None, group_stats

@@ -7,17 +7,20 @@ the peers' reloads the global state from one of them.
 """
 from __future__ import annotations
 
-from typing import Optional
-
+from typing import TYPE_CHECKING
 
 from runtime import checkpoint
 from runtime.runlog import RunLog
-from runtime.trainer import NodeTrainer, fresh_run_id
+from runtime.sync.protocol import StartPoint
+
+if TYPE_CHECKING:
+    from runtime.sync.hivemind_backend import HivemindOuterSync
 
 
-def start_hivemind(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Optional[dict]]:
+def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     """Join peers already training, or found the run with the nodes starting now (lowest index wins)."""
-    sync, topology, run_dir = trainer.sync, trainer.topology, trainer.run_dir
+    handles, topology = sync.handles, sync.topology
+    run_dir = handles.run_dir
     decision = None
     if topology.is_leader:
         saved_round = checkpoint.latest_round(run_dir)
@@ -27,19 +30,18 @@ def start_hivemind(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Option
             decision = {"error": f"{run_dir} already holds a checkpoint of round {saved_round} and no peer is "
                                  "training; pass --resume to continue it, or choose another --run-dir"}
         else:
-            proposal = {"run_id": fresh_run_id(trainer.config), "resume_round": saved_round if resume else None,
+            proposal = {"run_id": handles.new_run_id(), "resume_round": saved_round if resume else None,
                         "node": topology.node_name}
-            agreed = sync.found(proposal, trainer.config.comm.hivemind.start_wait_s)
+            agreed = sync.found(proposal, sync.options.start_wait_s)
             decision = {"join": True} if agreed is None else agreed
     decision = sync.share_in_node(decision)
     if "error" in decision:
         raise RuntimeError(decision["error"])
     if decision.get("join"):
-        run_id, first_round = join_from_peers(trainer, first_join=True)
-        return run_id, first_round, None
+        return join_from_peers(sync, first_join=True)
     run_id, first_round, pending = decision["run_id"], 0, None
     if decision["resume_round"] is not None:
-        run_id, pending = trainer.load_checkpoint(decision["resume_round"])
+        run_id, pending = handles.load_checkpoint(decision["resume_round"])
         first_round = decision["resume_round"] + 1
         if topology.is_leader and decision["node"] == topology.node_name:
             log = RunLog(run_dir)
@@ -47,12 +49,12 @@ def start_hivemind(trainer: NodeTrainer, resume: bool) -> tuple[str, int, Option
             log.drop_rounds_from("metrics.jsonl", first_round)
             log.drop_rounds_from("plan.jsonl", first_round)
     sync.set_round(first_round, joined=first_round)
-    if trainer.outer is not None:
-        sync.publish_state(*trainer.shared_state(first_round - 1, run_id))
-    return run_id, first_round, pending
+    if handles.outer is not None:
+        sync.publish_state(*handles.export_state(first_round - 1, run_id))
+    return StartPoint(run_id, first_round, pending)
 
 
-def join_from_peers(trainer: NodeTrainer, first_join: bool = False) -> tuple[str, int]:
+def join_from_peers(sync: "HivemindOuterSync", first_join: bool = False) -> StartPoint:
     """Load the peers' global state; returns (run id, the round this node joins).
 
     A node that falls behind takes the latest state and the next round: its peers still count
@@ -60,56 +62,56 @@ def join_from_peers(trainer: NodeTrainer, first_join: bool = False) -> tuple[str
     the one its peers work on and waits for their state after that round, so every peer knows
     of it before that round starts and none averages without it by a stale view.
     """
-    sync, topology = trainer.sync, trainer.topology
+    handles, topology = sync.handles, sync.topology
     info = None
     if topology.is_leader:
         after_round = sync.announce_join() if first_join else -1
-        loaded = sync.download_state(trainer.config.comm.init_timeout_s, min_round=after_round)
+        loaded = sync.download_state(sync.init_timeout_s, min_round=after_round)
         if loaded is None:
             info = {"error": f"node {topology.node_name}: peers are training but none shared its state within "
-                             f"comm.init_timeout_s ({trainer.config.comm.init_timeout_s:g} s)"}
+                             f"comm.init_timeout_s ({sync.init_timeout_s:g} s)"}
         else:
             metadata, tensors = loaded
-            trainer.load_shared_state(metadata, tensors)
+            handles.import_state(metadata, tensors)
             info = metadata
     info = sync.share_in_node(info)
     if "error" in info:
         raise RuntimeError(info["error"])
     if not topology.is_leader:
-        trainer.load_shared_state(info, [])
-    sync.broadcast_in_node([param.data for param in trainer.model.parameters()])
+        handles.import_state(info, [])
+    sync.broadcast_in_node([param.data for param in handles.params])
     next_round = info["round"] + 1
     sync.set_round(next_round, joined=next_round)
     print(f"[geodiloco] node {topology.node_name} joined run {info['run_id']} at round {next_round + 1} "
           "with its peers' global state", flush=True)
-    return info["run_id"], next_round
+    return StartPoint(info["run_id"], next_round)
 
 
-def reload_global_state(trainer: NodeTrainer, round_idx: int) -> None:
+def reload_global_state(sync: "HivemindOuterSync", round_idx: int) -> None:
     """This node's parameters drifted from the majority's (a partial all-reduce, codec rounding):
     take a peer's global state after ``round_idx`` instead of its own."""
-    topology = trainer.topology
+    handles, topology = sync.handles, sync.topology
     print(f"[geodiloco] node {topology.node_name}: parameters differ from the peers' at round {round_idx + 1}; "
           "reloading the global state from a peer", flush=True)
     if topology.is_leader:
-        loaded = trainer.sync.download_state(trainer.config.comm.init_timeout_s, min_round=round_idx)
+        loaded = sync.download_state(sync.init_timeout_s, min_round=round_idx)
         if loaded is None:
             print(f"[geodiloco] node {topology.node_name}: no peer shared its state; keeping this node's",
                   flush=True)
         else:
-            trainer.load_shared_state(*loaded)
-    trainer.sync.broadcast_in_node([param.data for param in trainer.model.parameters()])
+            handles.import_state(*loaded)
+    sync.broadcast_in_node([param.data for param in handles.params])
 
 
-def finish_hivemind(trainer: NodeTrainer, run_id: str, last_round: int) -> None:
+def finish_hivemind(sync: "HivemindOuterSync", run_id: str, last_round: int) -> None:
     """Leave together: the nodes compare their final parameters, one that differs from the
     majority's (an incomplete last all-reduce) reloads the global state from a peer, and every
     node waits until the others are done."""
-    sync, topology = trainer.sync, trainer.topology
-    differs = sync.final_parameters_differ(run_id, trainer.param_checksum()) if topology.is_leader else None
+    handles, topology = sync.handles, sync.topology
+    differs = sync.final_parameters_differ(run_id, handles.checksum()) if topology.is_leader else None
     if sync.share_in_node(differs):
-        reload_global_state(trainer, last_round)
-    checksum = trainer.param_checksum()
+        reload_global_state(sync, last_round)
+    checksum = handles.checksum()
     if topology.is_leader:
         sync.wait_for_peers_to_finish(run_id)
         print(f"[geodiloco] node {topology.node_name}: final parameter checksum {checksum!r}", flush=True)

@@ -1,0 +1,214 @@
+"""When pseudo-gradients are sent and when their outer step lands: ``diloco.overlap``.
+
+The parameters are split into fragments (one for ``none`` and ``delayed``, ``diloco.fragments``
+for ``streaming``). For each fragment the node's leader keeps an *anchor*: where its local
+parameters would be had they not trained since the last launch. Two operations:
+
+- **launch**: send ``weight * (anchor - local)`` (the progress since the last launch) to be
+  summed over the nodes, in the background; the anchor moves to the local parameters.
+- **land**: wait for that sum, take the outer Nesterov step on the fragment's global copy, and
+  move the local parameters by the same difference: ``local = global + (local - anchor)``; the
+  anchor becomes the new global. Local progress made while the sum was on the wire is kept.
+
+``none`` launches and lands at the end of every round (blocking DiLoCo; the local model is then
+exactly the global one). ``delayed`` lands round r-1's sum at the end of round r, then launches
+round r's: the sync of round r runs behind round r+1's inner steps (one round stale). ``streaming``
+launches fragment f before step floor(f H / N) of the round and lands it at the next fragment's
+launch point (the last at the round end): N smaller syncs spread through the round, each 1/N of
+a round stale. The last round drains: every sync lands, and streaming sends what moved since, so
+every node ends on the same global parameters.
+
+Launches run in order on one worker thread (every node issues the same collectives in the same
+order); on CUDA it uses its own stream.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from runtime.sync.wire import ErrorFeedback
+
+Reducer = Callable[[torch.Tensor, ErrorFeedback], torch.Tensor]
+"""(this node's weighted contribution, the fragment's error feedback) -> the fp32 sum over nodes."""
+
+
+def split_fragments(sizes: list[int], count: int) -> list[list[int]]:
+    """Parameter indices of at most ``count`` contiguous fragments of about equal element counts
+    (a parameter goes to the fragment its middle element falls in)."""
+    total = sum(sizes)
+    fragments: list[list[int]] = [[] for _ in range(max(1, count))]
+    done = 0
+    for index, size in enumerate(sizes):
+        position = min(len(fragments) - 1, int((done + size / 2) * len(fragments) / total)) if total else 0
+        fragments[position].append(index)
+        done += size
+    return [fragment for fragment in fragments if fragment]
+
+
+def launch_steps(local_steps: int, fragments: int) -> list[int]:
+    """Inner step before which each fragment launches under streaming: floor(f H / N)."""
+    return [fragment * local_steps // fragments for fragment in range(fragments)]
+
+
+@dataclass
+class SyncJob:
+    """One fragment's sum on the wire: its input (kept for checkpoints), result and timing."""
+
+    fragment: int
+    contribution: torch.Tensor
+    feedback_before: ErrorFeedback
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Optional[torch.Tensor] = None
+    error: Optional[BaseException] = None
+    started: float = 0.0
+    finished: float = 0.0
+
+
+class SyncWorker:
+    """Runs reductions one at a time, in submission order, on a background thread."""
+
+    def __init__(self, reducer: Reducer, device: torch.device) -> None:
+        self.reducer = reducer
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.jobs: "queue.Queue[Optional[tuple[SyncJob, ErrorFeedback, object]]]" = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="geodiloco-sync", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: SyncJob, feedback: ErrorFeedback) -> None:
+        ready = None
+        if self.stream is not None:
+            ready = torch.cuda.Event()
+            ready.record()
+        self.jobs.put((job, feedback, ready))
+
+    def _run(self) -> None:
+        while True:
+            item = self.jobs.get()
+            if item is None:
+                return
+            job, feedback, ready = item
+            job.started = time.time()
+            try:
+                if self.stream is not None:
+                    with torch.cuda.stream(self.stream):
+                        self.stream.wait_event(ready)
+                        job.result = self.reducer(job.contribution, feedback)
+                    self.stream.synchronize()
+                else:
+                    job.result = self.reducer(job.contribution, feedback)
+            except BaseException as err:  # handed to the waiting training thread
+                job.error = err
+            job.finished = time.time()
+            job.done.set()
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout=5)
+
+
+class OverlapSchedule:
+    """The leader's anchors, error feedback and syncs in flight for every fragment."""
+
+    def __init__(self, mode: str, params: list[torch.Tensor], outer, fragments: list[list[int]],
+                 reducer: Reducer, run_in_background: bool) -> None:
+        self.mode = mode
+        self.params = params
+        self.outer = outer
+        self.fragments = fragments
+        self.anchors = [param.detach().clone() for param in outer.global_params]
+        self.feedback = [ErrorFeedback() for _ in self.fragments]
+        self.in_flight: dict[int, SyncJob] = {}
+        self.reducer = reducer
+        device = outer.global_params[0].device
+        self.worker = SyncWorker(reducer, device) if run_in_background else None
+        self.landed: list[SyncJob] = []
+        self.blocked_s = 0.0
+
+    # ----- the two operations ------------------------------------------------------------
+
+    def launch(self, fragment: int, weight: float) -> None:
+        """Send ``weight * (anchor - local)`` of ``fragment``; the anchor moves to the local values."""
+        pieces = []
+        for index in self.fragments[fragment]:
+            local = self.params[index].detach().to(self.anchors[index].device, torch.float32)
+            pieces.append((self.anchors[index] - local).view(-1))
+            self.anchors[index].copy_(local)
+        contribution = torch.cat(pieces).mul_(weight)
+        self._submit(SyncJob(fragment, contribution, self.feedback[fragment].copy()))
+
+    def _submit(self, job: SyncJob) -> None:
+        self.in_flight[job.fragment] = job
+        if self.worker is None:
+            job.started = time.time()
+            job.result = self.reducer(job.contribution, self.feedback[job.fragment])
+            job.finished = time.time()
+            job.done.set()
+        else:
+            self.worker.submit(job, self.feedback[job.fragment])
+
+    @torch.no_grad()
+    def land(self, fragment: int) -> float:
+        """Wait for ``fragment``'s sum, take its outer step, rebase the local values; returns the
+        seconds this thread waited for it."""
+        job = self.in_flight.pop(fragment, None)
+        if job is None:
+            return 0.0
+        waited_from = time.perf_counter()
+        job.done.wait()
+        blocked_s = time.perf_counter() - waited_from
+        self.blocked_s += blocked_s
+        if job.error is not None:
+            raise RuntimeError(f"outer sync of fragment {fragment} failed: {job.error}") from job.error
+        indices = self.fragments[fragment]
+        self.outer.apply(job.result, indices)
+        for index in indices:
+            global_param, local = self.outer.global_params[index], self.params[index]
+            moved = global_param + (local.detach().to(global_param.device, torch.float32) - self.anchors[index])
+            local.copy_(moved.to(local.device, local.dtype))
+            self.anchors[index].copy_(global_param)
+        self.landed.append(job)
+        return blocked_s
+
+    def take_landed(self) -> tuple[list[tuple[float, float]], float]:
+        """(start, end) of the syncs landed since the last call, and the seconds waited on them."""
+        intervals = [(job.started, job.finished) for job in self.landed]
+        blocked_s, self.landed, self.blocked_s = self.blocked_s, [], 0.0
+        return intervals, blocked_s
+
+    # ----- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Anchors, error feedback, and the inputs of the syncs in flight with the error feedback
+        they started from: resuming launches them again and gets the same sums."""
+        in_flight = [{"fragment": job.fragment, "contribution": job.contribution,
+                      "feedback_before": job.feedback_before.state_dict()}
+                     for job in sorted(self.in_flight.values(), key=lambda job: job.fragment)]
+        state = {"mode": self.mode, "feedback": [feedback.state_dict() for feedback in self.feedback],
+                 "in_flight": in_flight}
+        if self.mode != "none":  # blocking: the anchors are the global parameters at a round's end
+            state["anchors"] = [anchor.clone() for anchor in self.anchors]
+        return state
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("mode", "none") != self.mode:
+            raise ValueError(f"the checkpoint was written with diloco.overlap: {state.get('mode')}, this run "
+                             f"uses {self.mode}; resume with the same diloco.overlap")
+        for anchor, saved in zip(self.anchors, state.get("anchors", self.outer.global_params)):
+            anchor.copy_(saved)
+        for feedback, saved in zip(self.feedback, state["feedback"]):
+            feedback.load_state_dict(saved)
+        for item in state["in_flight"]:
+            self.feedback[item["fragment"]].load_state_dict(item["feedback_before"])
+            job = SyncJob(item["fragment"], item["contribution"], ErrorFeedback(**item["feedback_before"]).copy())
+            self._submit(job)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()

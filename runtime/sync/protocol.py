@@ -1,0 +1,156 @@
+"""The seam between the round loop and the outer-sync backends.
+
+The round loop (runtime/train.py) drives any backend through ``OuterSync`` and never asks
+which one it has: start or resume the run, plan with the nodes present, give the backend a
+hook before every inner step (streaming sync), exchange readiness, take the outer step,
+finish the round, recover when the node fell behind, leave together. Backends get the node's
+state through ``SyncHandles`` (tensors and callables), never the trainer object.
+
+Backends: ``runtime/sync/torch_backend.py`` (torch.distributed: gloo or nccl, with overlap and
+compression) and ``runtime/sync/hivemind_backend.py`` (DHT and decentralized averaging).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
+
+import torch
+
+from balancer.plan import Plan
+
+
+class OutOfSync(RuntimeError):
+    """This node's peers finished a round without it; it must reload the global state to go on."""
+
+
+@dataclass
+class SyncHandles:
+    """What a backend may read and change on its node.
+
+    ``params``: the node's local model parameters (changed in place by outer steps).
+    ``outer``: the global copy and outer optimizer (``runtime.diloco.OuterState``; the node's
+    leader only, else None). ``export_state``/``import_state``: the global state a joining peer
+    needs, as (metadata, tensors). ``load_checkpoint``: restore round r, returns (run id, the
+    node's pending idle record). ``checksum``: sum of |parameters|. ``new_run_id``: a fresh id.
+    """
+
+    params: list[torch.Tensor]
+    outer: Any
+    export_state: Callable[[int, str], tuple[dict, list[torch.Tensor]]]
+    import_state: Callable[[dict, list[torch.Tensor]], None]
+    load_checkpoint: Callable[[int], tuple[str, Optional[dict]]]
+    checksum: Callable[[], float]
+    new_run_id: Callable[[], str]
+    run_dir: Path
+
+
+@dataclass
+class RoundSync:
+    """What the outer step of a round works with.
+
+    ``stats_by_node``: the present nodes' readiness statistics (config order), ``weighting``:
+    uniform | tokens | normalized, ``last_round``: drain every sync still in flight."""
+
+    round: int
+    plan: Plan
+    stats_by_node: dict[str, dict]
+    weighting: str
+    last_round: bool = False
+
+
+@dataclass
+class SyncOutcome:
+    """What the outer step did on this node.
+
+    ``stats_by_node``: the nodes whose pseudo-gradients the applied average holds.
+    ``sync_intervals``: (start, end) unix seconds of every sync that finished and was applied
+    during this round (for the idle tracker's hidden time and the planner's network model).
+    ``blocked_in_phase_s``: seconds the local phase waited on a sync (streaming), counted as
+    exposed sync, not compute. ``sent_bytes``: bytes this node put on the wire this round."""
+
+    stats_by_node: dict[str, dict]
+    sync_intervals: list[tuple[float, float]] = field(default_factory=list)
+    blocked_in_phase_s: float = 0.0
+    sent_bytes: int = 0
+
+    @property
+    def sync_s(self) -> Optional[float]:
+        """Mean duration of the syncs that finished this round (seconds), None when none did."""
+        if not self.sync_intervals:
+            return None
+        return sum(end - start for start, end in self.sync_intervals) / len(self.sync_intervals)
+
+
+@dataclass
+class StartPoint:
+    """Where this node starts: the run id, its first round, its pending idle record (resume)."""
+
+    run_id: str
+    first_round: int
+    pending_record: Optional[dict] = None
+
+
+class OuterSync(Protocol):
+    """What the round loop needs from an outer-sync backend."""
+
+    writes_round: bool
+    """Whether this node's coordinator writes the round's shared logs (plan, metrics, checkpoint)."""
+
+    logs_own_idle_only: bool
+    """True when every node logs its own idle rows (no node sees the others' reliably)."""
+
+    def start(self, resume: bool, handles: SyncHandles) -> StartPoint:
+        """Found, join or resume the run; the model holds the starting state afterwards."""
+        ...
+
+    def begin_round(self, round_idx: int) -> Optional[list[str]]:
+        """Announce the round; return the nodes to plan it for (None = all config nodes)."""
+        ...
+
+    def before_step(self, step_idx: int, local_steps: int, round_sync: RoundSync) -> None:
+        """Called on every rank before inner step ``step_idx`` of ``local_steps`` (streaming syncs)."""
+        ...
+
+    def exchange(self, stats: Any) -> list[Any]:
+        """Block until the participating ranks are ready; return their ``stats``. Its duration on a
+        node is that node's wait for its peers."""
+        ...
+
+    def outer_step(self, round_sync: RoundSync) -> SyncOutcome:
+        """Pseudo-gradients in, outer step applied (now or, with overlap, when the sync lands),
+        the node's ranks hold the resulting parameters."""
+        ...
+
+    def end_round(self, round_idx: int, run_id: str) -> None:
+        """After the outer step and the measurements: share or repair state (hivemind)."""
+        ...
+
+    def recover(self, error: OutOfSync) -> StartPoint:
+        """Reload the peers' state after ``error``; returns where to go on."""
+        ...
+
+    def finish(self, run_id: str, last_round: int) -> None:
+        """Leave together; every node holds the final global parameters afterwards."""
+        ...
+
+    def state_dict(self) -> dict:
+        """The backend's part of this node's checkpoint (syncs in flight, error feedback)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        ...
+
+    def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
+        """Leader -> the other ranks of its node."""
+        ...
+
+    def share_in_node(self, value: Any) -> Any:
+        """The leader's Python ``value`` on every rank of its node."""
+        ...
+
+    def barrier(self) -> None:
+        ...
+
+    def close(self) -> None:
+        ...
