@@ -26,7 +26,7 @@ from balancer.config import BalancingConfig
 from balancer.estimates import Calibration, ModelFactory, StepTimeBank, micro_batches, prior_gpus
 from balancer.network import CODECS_BY_SIZE, OuterSyncModel, SyncSettings
 from balancer.plan import NodePlan, Plan, RoundMeasurement
-from balancer.policies import POLICIES, POLICY_WEIGHTING, Assignment, PolicyInputs
+from balancer.policies import HIDE_MARGIN, POLICIES, POLICY_WEIGHTING, Assignment, PolicyInputs
 from predictor.schema import ConfigError
 from predictor.workload import ModelDims, parameter_count, resolve_dims
 
@@ -224,7 +224,7 @@ class Planner:
                          micro_batch_size=assignment.micro_batch_size, step_s=step_s, compute_s=compute_s,
                          wait_s=phase_s - compute_s, comm_s=comm_s, phase_s=phase_s, deadline_s=deadline_s,
                          sync_s=self.sync.settings.sync_count * self.sync.one_sync_s(),
-                         sync_advice=self.sync_advice(phase_s))
+                         sync_advice=self.sync_advice(phase_s, float(np.max(self.base_steps * step_s))))
         self._issued[round_idx] = plan
         self._issued.pop(round_idx - 2, None)
         return plan
@@ -276,8 +276,10 @@ class Planner:
                     predicted_idle_s=float(np.sum(arrays.idle_s)), predicted_sync_s=arrays.sync_s,
                     sync_advice=arrays.sync_advice)
 
-    def sync_advice(self, phase_s: float) -> Optional[str]:
-        """What would hide the outer sync, when it is a large share of the round (None otherwise)."""
+    def sync_advice(self, phase_s: float, base_phase_s: float) -> Optional[str]:
+        """What would hide the outer sync, when it is a large share of the round (None otherwise).
+
+        ``phase_s``: the planned local phase; ``base_phase_s``: the phase at the baseline H."""
         sync, settings = self.sync, self.sync.settings
         total_s = settings.sync_count * sync.one_sync_s()
         if total_s <= 0 or phase_s <= 0:
@@ -295,7 +297,7 @@ class Planner:
         smaller = CODECS_BY_SIZE[CODECS_BY_SIZE.index(settings.codec) + 1:] if settings.codec in CODECS_BY_SIZE \
             else CODECS_BY_SIZE[2:]
         fitting = [codec for codec in smaller if sync.codec_sync_s(codec) <= phase_s]
-        steps_needed = math.ceil(self.local_steps * sync.hide_phase_s() / phase_s)
+        steps_needed = math.ceil(self.local_steps * sync.hide_phase_s() * (1.0 + HIDE_MARGIN) / base_phase_s)
         options = [f"diloco.compression: {fitting[0]} (sync {sync.codec_sync_s(fitting[0]):.3g} s)"] if fitting else []
         options.append(f"diloco.local_steps: {steps_needed} (now {self.local_steps})")
         return (f"the outer sync ({total_s:.3g} s) is longer than the local phase can be made "

@@ -4,8 +4,9 @@ Layout: ``RUN_DIR/checkpoints/round_00003/global.pt`` (global parameters and
 outer optimizer, written by the coordinator), ``node_<name>.pt`` (each node's
 inner optimizer, data position, planner history, RNG states), and
 ``RUN_DIR/checkpoints/latest`` naming the newest complete round. ``latest``
-is only moved after every node has written its file, so a crash at any moment
-leaves the previous complete checkpoint intact.
+is only moved after every node has written its file (each node reports the round
+it saved in the next readiness exchange, and the run's end commits the last one),
+so a crash at any moment leaves the previous complete checkpoint intact.
 """
 from __future__ import annotations
 
@@ -38,16 +39,29 @@ def save_node(run_dir: Path, round_idx: int, node_name: str, state: dict) -> Non
     _atomic_save(state, round_dir(run_dir, round_idx) / f"node_{node_name}.pt")
 
 
+def _saved_rounds(run_dir: Path) -> list[int]:
+    return sorted(int(path.name.split("_")[1]) for path in (run_dir / "checkpoints").glob("round_*"))
+
+
 def mark_latest(run_dir: Path, round_idx: int, keep: int) -> None:
-    """Point ``latest`` at ``round_idx`` and delete all but the newest ``keep`` rounds."""
+    """Point ``latest`` at ``round_idx`` and delete the rounds older than the newest ``keep``.
+
+    Newer rounds are left alone: nodes may already be writing the next one."""
     pointer = run_dir / "checkpoints" / LATEST_FILE
     temp_pointer = pointer.with_name(LATEST_FILE + ".tmp")
     temp_pointer.write_text(f"{round_idx}\n")
     os.replace(temp_pointer, pointer)
-    rounds = sorted(int(path.name.split("_")[1]) for path in (run_dir / "checkpoints").glob("round_*"))
-    for old_round in rounds:
-        if old_round <= round_idx - keep or old_round > round_idx:
+    for old_round in _saved_rounds(run_dir):
+        if old_round <= round_idx - keep:
             shutil.rmtree(round_dir(run_dir, old_round), ignore_errors=True)
+
+
+def drop_rounds_after(run_dir: Path, round_idx: int) -> None:
+    """Delete rounds newer than ``round_idx`` (never committed: a run stopped while writing them).
+    Called when resuming from ``round_idx``, before any node writes again."""
+    for newer in _saved_rounds(run_dir):
+        if newer > round_idx:
+            shutil.rmtree(round_dir(run_dir, newer), ignore_errors=True)
 
 
 def latest_round(run_dir: Path) -> Optional[int]:
@@ -58,9 +72,11 @@ def latest_round(run_dir: Path) -> Optional[int]:
 
 
 def kept_rounds(run_dir: Path) -> list[int]:
-    """Rounds whose global checkpoint is kept in ``run_dir/checkpoints`` (ascending)."""
-    return sorted(int(path.parent.name.split("_", 1)[1])
-                  for path in (run_dir / "checkpoints").glob("round_*/global.pt"))
+    """Committed rounds (up to ``latest``) whose global checkpoint is kept in ``run_dir/checkpoints``."""
+    latest = latest_round(run_dir)
+    return sorted(round_idx for round_idx in (int(path.parent.name.split("_", 1)[1])
+                                              for path in (run_dir / "checkpoints").glob("round_*/global.pt"))
+                  if latest is not None and round_idx <= latest)
 
 
 def load_global(run_dir: Path, round_idx: int) -> dict:

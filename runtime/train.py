@@ -69,6 +69,7 @@ class RoundStats:
     step_times_s: list[float]
     previous_record: Optional[dict]
     sync_s: Optional[float] = None
+    saved_round: Optional[int] = None
 
 
 def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume: bool) -> int:
@@ -118,7 +119,9 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
             continue
         round_idx, lost_since = round_idx + 1, None
     sync.finish(run_id, config.diloco.rounds - 1)
-    final = sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record})
+    final = sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record,
+                           "saved_round": trainer.saved_round})
+    trainer.commit_checkpoint(final)
     if log is not None:
         log.append("idle.jsonl", [item["previous_record"] for item in final
                                   if item["local_rank"] == 0 and item["previous_record"]])
@@ -158,9 +161,10 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
                        start_checksum=start_checksum,
                        step_times_s=result.step_times_s if topology.is_leader else [],
                        previous_record=pending_record if topology.is_leader else None,
-                       sync_s=trainer.last_sync_s)
+                       sync_s=trainer.last_sync_s, saved_round=trainer.saved_round)
     gathered = sync.exchange(asdict(stats))
     clock.mark("ready")
+    trainer.commit_checkpoint(gathered)
     leaders = {item["node"]: item for item in gathered if item["local_rank"] == 0}
     round_sync.stats_by_node = {name: leaders[name] for name in names if name in leaders}
     outcome = sync.outer_step(round_sync)

@@ -104,6 +104,8 @@ class NodeTrainer:
         self.planner = self.new_planner()
         self.measurements: list[RoundMeasurement] = []
         self.last_sync_s: Optional[float] = None
+        self.saved_round: Optional[int] = None
+        self.commits_saved_round = False
         self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()))
         self.gpu_sampler = start_gpu_sampler(config, topology, device)
         self.evaluator: Optional[BackgroundEvaluator] = None
@@ -241,9 +243,24 @@ class NodeTrainer:
             checkpoint.save_global(self.run_dir, round_idx, {
                 "round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
             })
-        self.sync.barrier()
-        if self.topology.is_coordinator and self.sync.writes_round:
-            checkpoint.mark_latest(self.run_dir, round_idx, self.config.checkpoint.keep)
+        self.saved_round = round_idx
+        self.commits_saved_round = self.topology.is_coordinator and self.sync.writes_round
+
+    def commit_checkpoint(self, gathered: list) -> None:
+        """Point ``latest`` at the round this node saved last once every node's leader in
+        ``gathered`` (the next readiness exchange) reports having saved it too.
+
+        Two-phase without a barrier of its own: the files are written at a round's end and
+        committed with the next exchange, so no extra collective crosses the WAN (where it would
+        queue behind a sync in flight). A crash in between leaves ``latest`` on the round before."""
+        if self.saved_round is None:
+            return
+        leaders = [item for item in gathered if isinstance(item, dict) and item.get("local_rank") == 0]
+        if not all(item.get("saved_round") == self.saved_round for item in leaders):
+            return
+        if self.commits_saved_round:
+            checkpoint.mark_latest(self.run_dir, self.saved_round, self.config.checkpoint.keep)
+        self.saved_round = None
 
     def load_checkpoint(self, round_idx: int) -> tuple[str, Optional[dict]]:
         """Restore the state after ``round_idx``; returns (run_id, this node's pending idle record)."""

@@ -83,3 +83,43 @@ def test_same_measurements_give_the_same_plan_on_every_node():
         feed(balancer, first, {"n1": 0.31, "n2": 0.12, "n3": 0.19}, 0)
         plans.append(balancer.plan(1).to_json())
     assert plans[0] == plans[1]
+
+
+def _sync_planner(mbps: float, overlap: str, codec: str = "none", **balancing):
+    from balancer.cluster import NodeSpec
+    from balancer.config import BalancingConfig
+    from balancer.network import SyncSettings
+    from balancer.planner import Planner
+    from predictor.workload import preset_dims
+    nodes = [NodeSpec(name="slow", emulate={"step_time_s": 0.2}, wan={"bandwidth_mbps": mbps}),
+             NodeSpec(name="fast", emulate={"step_time_s": 0.1}, wan={"bandwidth_mbps": mbps})]
+    return Planner(BalancingConfig(policy="time", **balancing), nodes, preset_dims("tiny"), 64, 10, 4,
+                   sync_settings=SyncSettings(overlap, codec))
+
+
+def test_time_policy_lengthens_the_phase_until_an_overlapped_sync_hides():
+    planner = _sync_planner(mbps=5.0, overlap="delayed")
+    sync_s = planner.sync.sync_s()
+    assert 2.0 < sync_s < 4.0  # longer than the baseline phase (10 steps x 0.2 s) and < 2x it
+    plan = planner.plan(0)
+    slow = plan.node("slow")
+    assert slow.predicted_compute_s >= sync_s
+    assert slow.local_steps > 10 and plan.node("fast").local_steps >= 2 * 10
+    assert all(node.predicted_comm_s == 0.0 for node in plan.nodes) and plan.sync_advice is None
+
+
+def test_plan_says_what_would_hide_a_sync_that_no_sensible_phase_hides():
+    planner = _sync_planner(mbps=1.0, overlap="delayed")  # fp32 sync ~ 15 s, phase at most 2 x 2 s
+    plan = planner.plan(0)
+    assert plan.node("slow").local_steps == 20  # stretched to max_phase_stretch (2x), no further
+    assert plan.node("slow").predicted_comm_s == pytest.approx(planner.sync.sync_s() - 4.0, rel=0.02)
+    assert "diloco.compression: int8" in plan.sync_advice
+    steps_needed = int(plan.sync_advice.split("diloco.local_steps: ")[1].split(" ")[0])
+    assert steps_needed * 0.2 >= planner.sync.sync_s() * 0.99
+    assert planner.sync.codec_sync_s("int8") <= 4.0
+
+
+def test_plan_advises_overlap_for_a_blocking_sync_that_takes_a_large_share():
+    plan = _sync_planner(mbps=5.0, overlap="none").plan(0)
+    assert plan.sync_advice.startswith("the outer sync") and "diloco.overlap: delayed" in plan.sync_advice
+    assert _sync_planner(mbps=10_000.0, overlap="none").plan(0).sync_advice is None

@@ -36,6 +36,14 @@ def test_count_shorthand_expands_gpus(tmp_path):
     (lambda c: c["model"].update(preset="gpt5"), "model.preset: unknown model preset 'gpt5'; known presets: llama-150m, small, tiny"),
     (lambda c: c["model"].update(seq_len=4096), "model.seq_len: 4096 exceeds the model's max_seq_len 256"),
     (lambda c: c.update(nodes=[]), "nodes: List should have at least 1 item"),
+    (lambda c: c["diloco"].update(overlap="async"), "diloco.overlap: Input should be 'none', 'delayed' or 'streaming'"),
+    (lambda c: c["diloco"].update(fragments=0), "diloco.fragments: Input should be greater than or equal to 1"),
+    (lambda c: c["diloco"].update(compression="int2"),
+     "diloco.compression: Input should be 'none', 'fp16', 'bf16', 'int8' or 'int4'"),
+    (lambda c: (c["diloco"].update(overlap="delayed"), c.update(comm={"backend": "hivemind"})),
+     "diloco.overlap: delayed needs comm.backend: torch"),
+    (lambda c: (c["diloco"].update(compression="int4"), c.update(comm={"backend": "hivemind"})),
+     "diloco.compression: int4 has no hivemind codec"),
 ])
 def test_bad_values_name_the_field(tmp_path, mutate, expected):
     config = small_config([dict(node, emulate=dict(node["emulate"])) for node in NODES])

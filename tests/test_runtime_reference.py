@@ -220,6 +220,8 @@ def test_int8_with_error_feedback_stays_within_one_percent_of_fp32(tmp_path):
     fp32 run moved them (int8 rounds each chunk to 1/254 of its largest value; error feedback
     keeps that from adding up over rounds)."""
     config = sgd_config(UNEQUAL_NODES, rounds=4, weighting="tokens", outer=NESTEROV)
+    for name in ("fp32", "int8"):
+        (tmp_path / name).mkdir()
     exact, _ = run_and_load_global(tmp_path / "fp32", config)
     config["diloco"]["compression"] = "int8"
     compressed, run_dir = run_and_load_global(tmp_path / "int8", config)

@@ -21,10 +21,8 @@ def torchrun_site(config_path, run_dir, node, nproc, port, is_host):
     return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_two_sites_under_torchrun_with_a_two_rank_node(tmp_path):
-    nodes = [{"name": "a", "gpus": ["2 x A30"], "local_steps": 3, "batch_size": 4, "emulate": {"step_time_s": 0.05}},
-             {"name": "b", "gpus": ["RTX 3090"], "local_steps": 2, "batch_size": 4, "emulate": {"step_time_s": 0.05}}]
-    config = small_config(nodes)
+def run_two_sites(tmp_path, config):
+    """Site a under torchrun with 2 ranks, site b with 1; both must exit 0. Returns the run directory."""
     config_path = write_config(tmp_path, config)
     run_dir = tmp_path / "run"
     port = free_port()
@@ -32,6 +30,13 @@ def test_two_sites_under_torchrun_with_a_two_rank_node(tmp_path):
     other = torchrun_site(config_path, run_dir, "b", 1, port, False)
     outputs = [process.communicate(timeout=150) for process in (host, other)]
     assert host.returncode == 0 and other.returncode == 0, "\n".join(err[-2000:] for _, err in outputs)
+    return run_dir
+
+
+def test_two_sites_under_torchrun_with_a_two_rank_node(tmp_path):
+    nodes = [{"name": "a", "gpus": ["2 x A30"], "local_steps": 3, "batch_size": 4, "emulate": {"step_time_s": 0.05}},
+             {"name": "b", "gpus": ["RTX 3090"], "local_steps": 2, "batch_size": 4, "emulate": {"step_time_s": 0.05}}]
+    run_dir = run_two_sites(tmp_path, small_config(nodes))
 
     records = read_jsonl(run_dir / "idle.jsonl")
     assert sorted((r["round"], r["node"], r["local_steps"]) for r in records) == [
@@ -42,3 +47,18 @@ def test_two_sites_under_torchrun_with_a_two_rank_node(tmp_path):
     assert checkpoint.latest_round(run_dir) == 1
     assert sorted(path.name for path in checkpoint.round_dir(run_dir, 1).iterdir()) == [
         "global.pt", "node_a.pt", "node_b.pt"]
+
+
+def test_streaming_int8_sync_with_a_two_rank_node_under_torchrun(tmp_path):
+    """Fragments land mid-phase on the leader and are broadcast to its second rank at the same steps;
+    a rank that skipped a broadcast would hang the run or fail it."""
+    nodes = [{"name": "a", "gpus": ["2 x A30"], "local_steps": 4, "batch_size": 4, "emulate": {"step_time_s": 0.05}},
+             {"name": "b", "gpus": ["RTX 3090"], "local_steps": 3, "batch_size": 4, "emulate": {"step_time_s": 0.05}}]
+    config = small_config(nodes)
+    config["diloco"].update({"rounds": 3, "overlap": "streaming", "fragments": 3, "compression": "int8"})
+    run_dir = run_two_sites(tmp_path, config)
+    records = read_jsonl(run_dir / "idle.jsonl")
+    assert sorted((r["round"], r["node"]) for r in records) == [(r, n) for r in range(3) for n in "ab"]
+    assert all(r["sync_bytes"] > 0 for r in records)
+    node_state = checkpoint.load_node(run_dir, 2, "a")
+    assert len(node_state["sync"]["feedback"]) == 3 and node_state["sync"]["in_flight"] == []

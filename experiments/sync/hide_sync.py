@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import configs  # noqa: E402
 from evidence import interpolate, spread  # noqa: E402
-from results_data import read_jsonl, report_json  # noqa: E402
+from results_data import read_jsonl  # noqa: E402
 from runner import display_path, run_policy  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "sync"
@@ -99,31 +99,42 @@ def run_cases(args: argparse.Namespace) -> None:
     (args.results / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
+def phase_shares(records: list[dict]) -> dict:
+    """Shares of node time (sum over the records' wall time) of each phase, and compute utilization."""
+    wall_s = sum(row["round_end"] - row["round_start"] for row in records)
+    total = {key: sum(row.get(key, 0.0) for row in records)
+             for key in ("compute_s", "wait_s", "comm_s", "overhead_s", "comm_hidden_s")}
+    return {"utilization": total["compute_s"] / wall_s,
+            "idle_share": (total["wait_s"] + total["comm_s"] + total["overhead_s"]) / wall_s,
+            "wait_share": total["wait_s"] / wall_s, "sync_share": total["comm_s"] / wall_s,
+            "other_share": total["overhead_s"] / wall_s, "hidden_share": total["comm_hidden_s"] / wall_s}
+
+
 def run_numbers(run_dir: Path) -> dict:
-    """One run's shares (rounds 1+ and all rounds), bytes per node-round and its eval curve."""
-    every = report_json(run_dir, ROOT)
-    warm = report_json(run_dir, ROOT, skip_rounds=1)
+    """One run's phase shares in three views, bytes per node-round and its eval curve.
+
+    Views: ``warm`` = rounds 1+ (round 0 plans from the prior alone); ``steady`` = rounds 1 to
+    R-2 (also without the last round, whose outer step drains every sync in flight); ``all``."""
     idle = read_jsonl(run_dir / "idle.jsonl")
-    rounds = len({row["round"] for row in idle})
+    rounds = sorted({row["round"] for row in idle})
     start_s = min(row["round_start"] for row in idle)
     metrics = {row["round"]: row for row in read_jsonl(run_dir / "metrics.jsonl") if row.get("node") == "global"}
     evals = sorted(read_jsonl(run_dir / "eval.jsonl"), key=lambda row: row["round"])
     traffic_path = run_dir / "site_traffic.json"
     traffic = json.loads(traffic_path.read_text()) if traffic_path.is_file() else {}
-    numbers = {"rounds": rounds,
+    numbers = {"rounds": len(rounds),
                "runtime_bytes_per_round": float(np.mean([row.get("sync_bytes", 0) for row in idle])),
-               "link_bytes_per_round": (float(np.mean([site["tx_bytes"] for site in traffic.values()])) / rounds
+               "link_bytes_per_round": (float(np.mean([site["tx_bytes"] for site in traffic.values()])) / len(rounds)
                                         if traffic else float("nan")),
                "curve_tokens": np.cumsum([metrics[row["round"]]["tokens"] for row in evals]).astype(float).tolist(),
                "curve_wall_s": [metrics[row["round"]]["wall_s"] - start_s for row in evals],
                "curve_loss": [row["eval_loss"] for row in evals]}
-    for label, report in (("warm", warm), ("all", every)):
-        total = report["total"]
-        numbers[f"{label}_utilization"] = total["compute_utilization"]
-        numbers[f"{label}_idle_share"] = total["idle_s"] / total["wall_s"]
-        numbers[f"{label}_wait_share"] = total["wait_s"] / total["wall_s"]
-        numbers[f"{label}_sync_share"] = total["comm_s"] / total["wall_s"]
-        numbers[f"{label}_hidden_share"] = total["comm_hidden_s"] / total["wall_s"]
+    views = {"warm": [row for row in idle if row["round"] >= 1],
+             "steady": [row for row in idle if 1 <= row["round"] < rounds[-1]],
+             "all": idle}
+    for label, records in views.items():
+        for key, value in phase_shares(records).items():
+            numbers[f"{label}_{key}"] = value
     return numbers
 
 
@@ -148,7 +159,7 @@ def case_rows(cases: dict[str, dict[int, dict]]) -> tuple[list[dict], float, flo
         by_seed = cases[case]
         row = {"case": case, "seeds": sorted(by_seed)}
         for key in next(iter(by_seed.values())):
-            if key.endswith(("_share", "_utilization", "_per_round")):
+            if key.endswith(("_share", "utilization", "_per_round")):
                 row[key] = spread([numbers[key] for numbers in by_seed.values()])
         for key, axis, point in (("tokens", "curve_tokens", equal_tokens), ("wall", "curve_wall_s", equal_wall_s)):
             row[f"loss_at_equal_{key}"] = spread([interpolate(n[axis], n["curve_loss"], point)
@@ -174,14 +185,16 @@ def loss_delta(stats: dict) -> str:
 
 
 def table(rows: list[dict], equal_tokens: float, equal_wall_s: float) -> str:
-    header = ["overlap-codec", "compute utilization", "total GPU idle", "exposed sync", "hidden sync", "waiting",
-              "KiB/node/round on the link", "KiB/node/round (runtime)",
-              f"eval loss @ {equal_tokens / 1e6:.2f}M tokens", "vs blocking",
+    header = ["overlap-codec", "compute utilization", "total GPU idle", "exposed sync", "waiting", "other",
+              "hidden sync", "steady state: utilization / idle", "KiB/node/round on the link",
+              "KiB/node/round (runtime)", f"eval loss @ {equal_tokens / 1e6:.2f}M tokens", "vs blocking",
               f"eval loss @ {equal_wall_s:.0f} s", "vs blocking"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["case"], share(row["warm_utilization"]), share(row["warm_idle_share"]),
-                 share(row["warm_sync_share"]), share(row["warm_hidden_share"]), share(row["warm_wait_share"]),
+                 share(row["warm_sync_share"]), share(row["warm_wait_share"]), share(row["warm_other_share"]),
+                 share(row["warm_hidden_share"]),
+                 f"{row['steady_utilization']['mean'] * 100:.1f} % / {row['steady_idle_share']['mean'] * 100:.1f} %",
                  kib(row["link_bytes_per_round"]), kib(row["runtime_bytes_per_round"]),
                  f"{row['loss_at_equal_tokens']['mean']:.3f}", loss_delta(row["loss_at_equal_tokens_vs_blocking"]),
                  f"{row['loss_at_equal_wall']['mean']:.3f}", loss_delta(row["loss_at_equal_wall_vs_blocking"])]
@@ -190,11 +203,12 @@ def table(rows: list[dict], equal_tokens: float, equal_wall_s: float) -> str:
 
 
 def all_rounds_table(rows: list[dict]) -> str:
-    header = ["overlap-codec", "compute utilization", "total GPU idle", "exposed sync", "waiting"]
+    header = ["overlap-codec", "compute utilization", "total GPU idle", "exposed sync", "waiting", "other"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         lines.append("| " + " | ".join([row["case"], share(row["all_utilization"]), share(row["all_idle_share"]),
-                                        share(row["all_sync_share"]), share(row["all_wait_share"])]) + " |")
+                                        share(row["all_sync_share"]), share(row["all_wait_share"]),
+                                        share(row["all_other_share"])]) + " |")
     return "\n".join(lines)
 
 
@@ -213,7 +227,8 @@ def analyze(results: Path) -> str:
         f"{manifest['fragments']} fragments. Truth: real compute and real TCP over shaped links, not the "
         "planner's model.",
         "",
-        "Rounds 1+ (round 0 plans from the prior alone; the last round includes the final drain):",
+        "Rounds 1+ (round 0 plans from the prior alone; the last round includes the final drain, "
+        "which the steady-state column leaves out too):",
         "",
         table(rows, equal_tokens, equal_wall_s),
         "",
@@ -222,7 +237,8 @@ def analyze(results: Path) -> str:
         all_rounds_table(rows),
         "",
         "Shares are of node time (compute + wait + exposed sync + other). Hidden sync is sync time that "
-        "overlapped this node's compute (not idle, not part of the sum). Bytes on the link: what each site's "
+        "overlapped this node's compute (not idle, not part of the sum). Other: logging and the checkpoint "
+        "written every round (kept for the offline evaluation). Bytes on the link: what each site's "
         "`wan0` sent during the whole run (kernel counters: TCP/IP headers, the readiness exchange and "
         "rendezvous included) / rounds; runtime: the payload the outer sync put on the wire. Eval loss: "
         "512 held-out sequences, `vs blocking` = minus `none-none` of the same seed (± std over seeds).",

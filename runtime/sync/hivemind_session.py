@@ -44,6 +44,7 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
         run_id, pending = handles.load_checkpoint(decision["resume_round"])
         first_round = decision["resume_round"] + 1
         if topology.is_leader and decision["node"] == topology.node_name:
+            checkpoint.drop_rounds_after(run_dir, decision["resume_round"])
             log = RunLog(run_dir)
             log.drop_rounds_from("idle.jsonl", decision["resume_round"])
             log.drop_rounds_from("metrics.jsonl", first_round)

@@ -184,24 +184,26 @@ class OverlapSchedule:
     # ----- checkpoints ----------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """Anchors, error feedback, and the inputs of the syncs in flight with the error feedback
-        they started from: resuming launches them again and gets the same sums."""
+        """Error feedback, and the inputs of the syncs in flight with the error feedback they
+        started from: resuming launches them again and gets the same sums.
+
+        Anchors are not saved: at a round's end they are the local parameters under ``delayed``
+        (the round's sync was just launched from them) and the global ones otherwise (every
+        fragment landed), so ``load_state_dict`` sets them from those."""
         in_flight = [{"fragment": job.fragment, "contribution": job.contribution,
                       "feedback_before": job.feedback_before.state_dict()}
                      for job in sorted(self.in_flight.values(), key=lambda job: job.fragment)]
-        state = {"mode": self.mode, "feedback": [feedback.state_dict() for feedback in self.feedback],
-                 "in_flight": in_flight}
-        if self.mode != "none":  # blocking: the anchors are the global parameters at a round's end
-            state["anchors"] = [anchor.clone() for anchor in self.anchors]
-        return state
+        return {"mode": self.mode, "feedback": [feedback.state_dict() for feedback in self.feedback],
+                "in_flight": in_flight}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
         if state.get("mode", "none") != self.mode:
             raise ValueError(f"the checkpoint was written with diloco.overlap: {state.get('mode')}, this run "
                              f"uses {self.mode}; resume with the same diloco.overlap")
-        for anchor, saved in zip(self.anchors, state.get("anchors", self.outer.global_params)):
-            anchor.copy_(saved)
+        sources = self.params if self.mode == "delayed" else self.outer.global_params
+        for anchor, source in zip(self.anchors, sources):
+            anchor.copy_(source.detach().to(anchor.device, torch.float32))
         for feedback, saved in zip(self.feedback, state["feedback"]):
             feedback.load_state_dict(saved)
         for item in state["in_flight"]:

@@ -70,6 +70,8 @@ class TorchOuterSync:
                                             self._reduce, run_in_background=self.mode != "none")
         run_dir, topology = handles.run_dir, self.topology
         saved_round = checkpoint.latest_round(run_dir) if topology.is_coordinator else None
+        if topology.is_coordinator and saved_round is not None and resume:
+            checkpoint.drop_rounds_after(run_dir, saved_round)
         if topology.is_coordinator and saved_round is not None and not resume:
             proposal = {"error": f"{run_dir} already holds a checkpoint of round {saved_round}; "
                                  "pass --resume to continue it, or choose another --run-dir"}

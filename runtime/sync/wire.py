@@ -5,6 +5,7 @@
 - ``none``: fp32, one all-reduce (4 bytes per element, a ring sends 2 (n-1)/n of the payload).
 - ``fp16`` / ``bf16``: 2 bytes per element.
 - ``int8`` / ``int4``: symmetric integers with one fp32 scale per ``CHUNK_ELEMENTS`` chunk
+  (byte counts: ``balancer.network.encoded_bytes``, which the planner's model shares)
   (the chunk's largest magnitude maps to the largest code), int4 packed two to a byte.
 
 Every codec other than ``none`` goes through ``reduce_sum_compressed``: each node encodes its
@@ -25,23 +26,11 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-CHUNK_ELEMENTS = 2048
-"""Elements per scale of the integer codecs: 2 KiB of int8 carries 4 bytes of scale (0.2 %)."""
+from balancer.network import CHUNK_ELEMENTS, encoded_bytes
 
 CODECS = ("none", "fp16", "bf16", "int8", "int4")
 FLOAT_WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 INTEGER_BITS = {"int8": 8, "int4": 4}
-
-
-def encoded_bytes(codec: str, numel: int) -> int:
-    """Bytes of ``numel`` elements once encoded with ``codec`` (scales included)."""
-    if codec == "none":
-        return 4 * numel
-    if codec in FLOAT_WIRE_DTYPES:
-        return 2 * numel
-    bits = INTEGER_BITS[codec]
-    chunks = -(-numel // CHUNK_ELEMENTS)
-    return -(-numel * bits // 8) + 4 * chunks
 
 
 def sent_bytes(codec: str, numel: int, num_nodes: int) -> int:
