@@ -107,6 +107,17 @@ class OuterState:
         self.optimizer.zero_grad(set_to_none=True)
 
     @torch.no_grad()
+    def subtract(self, summed: torch.Tensor, indices: Sequence[int]) -> None:
+        """global -= summed over ``indices`` (no optimizer step: with weights summing to 1 this
+        is the weighted average of the nodes' parameters)."""
+        offset = 0
+        for index in indices:
+            global_param = self.global_params[index]
+            count = global_param.numel()
+            global_param.sub_(summed[offset:offset + count].view_as(global_param).to(global_param.device))
+            offset += count
+
+    @torch.no_grad()
     def load_into(self, model: nn.Module | Sequence[torch.Tensor]) -> None:
         """Copy the global parameters into the local model or parameter list (start of a round)."""
         params = model.parameters() if isinstance(model, nn.Module) else model

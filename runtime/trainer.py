@@ -209,12 +209,14 @@ class NodeTrainer:
         return float(sum(param.detach().double().abs().sum() for param in self.model.parameters()))
 
     def evaluate_in_background(self, row: dict) -> None:
-        """Start evaluating the current global model (the local model right after the sync)."""
+        """Start evaluating the current global model: the leader's global copy (with overlap the
+        local model is the global one plus progress not yet synced)."""
         if not self.eval_set:
             return
         if self.evaluator is None:
             self.evaluator = BackgroundEvaluator(self.dims, self.config.run.seed, self.eval_set, self.device)
-        self.evaluator.start([param.detach() for param in self.model.parameters()], row)
+        params = self.outer.global_params if self.outer is not None else list(self.model.parameters())
+        self.evaluator.start([param.detach() for param in params], row)
 
     def finished_evaluations(self, wait: bool = False) -> list[dict]:
         return self.evaluator.finished_rows(wait) if self.evaluator is not None else []

@@ -215,9 +215,9 @@ def test_a_killed_node_does_not_stop_the_others(tmp_path):
 
 
 def test_a_late_node_joins_with_its_peers_parameters(tmp_path):
-    rounds = 10
+    rounds = 20  # long enough that c, started after a's first round, arrives mid-run on a slow machine
     slower = [{**node, "emulate": {"step_time_s": 0.3}} for node in EMULATED]
-    config = hivemind_config(slower, rounds=rounds, start_wait_s=3.0)
+    config = hivemind_config(slower, rounds=rounds, start_wait_s=20.0)  # b starts after a is up: imports take seconds
     config_path, run_dir = write_config(tmp_path, config), tmp_path / "run"
     peers_file = tmp_path / "peers.txt"
     processes = [start_node(config_path, run_dir, "a", peers_file, first=True)]

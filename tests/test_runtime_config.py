@@ -80,3 +80,12 @@ def test_cli_reports_config_errors_in_one_line_and_exits_2(tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "diloco.batch_size: Input should be a valid integer" in result.stderr
+
+
+def test_sync_defaults_follow_the_backend(tmp_path):
+    torch_config = load(tmp_path, small_config(NODES, diloco={"rounds": 1}))
+    assert (torch_config.diloco.overlap, torch_config.diloco.compression) == ("streaming", "int8")
+    hivemind = small_config(NODES, diloco={"rounds": 1}, comm={"backend": "hivemind"})
+    hivemind_config = load(tmp_path, hivemind)
+    assert (hivemind_config.diloco.overlap, hivemind_config.diloco.compression) == ("none", "none")
+    assert "overlap: none" in hivemind_config.to_yaml()

@@ -103,7 +103,9 @@ def run_config(settings: RunSettings, layouts: list[NodeLayout], gpu_name: Optio
         "data": {"source": "stdlib", "max_bytes": 4_000_000, "eval_batches": 2, "eval_batch_size": 4},
         "optim": {"inner": {"lr": 1.0e-3, "warmup_steps": 5}},
         "diloco": {"rounds": settings.rounds, "local_steps": settings.local_steps,
-                   "batch_size": settings.batch_size, "weighting": "tokens"},
+                   "batch_size": settings.batch_size, "weighting": "tokens",
+                   # blocking fp32: the kit checks that nodes start every round from the same parameters
+                   "overlap": "none", "compression": "none"},
         "balancing": {"policy": "uniform"},
         "comm": {"backend": "torch", "outer_device": outer, "timeout_s": 120, "init_timeout_s": 90},
         "checkpoint": {"every_rounds": settings.rounds, "keep": 1},

@@ -185,7 +185,7 @@ def run_config(policy: str, scaling: Scaling, scenario: Scenario = PAPER, seed: 
         "optim": {"inner": {"lr": 1.0e-3, "warmup_steps": 10, "weight_decay": 0.1, "grad_clip": 1.0},
                   "outer": {"lr": 0.7, "momentum": 0.9, "nesterov": True}},
         "diloco": {"rounds": scaling.rounds, "local_steps": scaling.local_steps,
-                   "batch_size": PAPER_BATCH_SIZE, "weighting": "auto"},
+                   "batch_size": PAPER_BATCH_SIZE, "weighting": "auto", "overlap": "none", "compression": "none"},
         "balancing": real_balancing(policy) if scaling.truth == "real" else {"policy": policy},
         "comm": {"backend": "torch", "timeout_s": 300},
         "checkpoint": checkpoint,

@@ -80,12 +80,16 @@ def run_cases(args: argparse.Namespace) -> None:
     compressions = [name.strip() for name in args.compressions.split(",") if name.strip()]
     jobs = [(overlap, compression, seed) for seed in range(args.seeds) for overlap in overlaps
             for compression in compressions]
-    manifest = {"command": " ".join(["experiments/sync/hide_sync.py", *sys.argv[1:]]), "policy": POLICY,
+    manifest_path = args.results / "manifest.json"
+    previous = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    names = {f"{case_name(overlap, compression)}-seed{seed}" for overlap, compression, seed in jobs}
+    command = " ".join(["experiments/sync/hide_sync.py", *sys.argv[1:]])
+    manifest = {"command": command, "commands": previous.get("commands", []) + [command], "policy": POLICY,
                 "rounds": args.rounds, "seeds": args.seeds, "fragments": args.fragments,
                 "cpu_shares": configs.real_shares(),
                 "bandwidth_mbps": configs.Scaling(rounds=args.rounds, wan="scaled", truth="real").bandwidth_mbps(),
                 "load_average_at_start": list(os.getloadavg()), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-                "runs": []}
+                "runs": [run for run in previous.get("runs", []) if run["name"] not in names]}
     started = time.perf_counter()
     for position, (overlap, compression, seed) in enumerate(jobs, 1):
         name = f"{case_name(overlap, compression)}-seed{seed}"
@@ -94,9 +98,9 @@ def run_cases(args: argparse.Namespace) -> None:
                              "netns")
         manifest["runs"].append({"name": name, "command": outcome.command, "duration_s": outcome.duration_s})
         print(f"[sync] {position}/{len(jobs)} {name}: {outcome.duration_s:.0f} s", flush=True)
-    manifest["total_s"] = time.perf_counter() - started
+    manifest["total_s"] = previous.get("total_s", 0.0) + time.perf_counter() - started
     manifest["load_average_at_end"] = list(os.getloadavg())
-    (args.results / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 def phase_shares(records: list[dict]) -> dict:
@@ -243,8 +247,9 @@ def analyze(results: Path) -> str:
         "rendezvous included) / rounds; runtime: the payload the outer sync put on the wire. Eval loss: "
         "512 held-out sequences, `vs blocking` = minus `none-none` of the same seed (± std over seeds).",
         "",
-        f"Regenerate: `{manifest['command']}` ({manifest['total_s'] / 60:.0f} min; load average "
-        f"{manifest['load_average_at_start'][0]:.1f} at start, {manifest['load_average_at_end'][0]:.1f} at end).",
+        "Regenerate: " + "; then ".join(f"`{command}`" for command in manifest.get("commands", [manifest["command"]]))
+        + f" ({manifest['total_s'] / 60:.0f} min in all; load average {manifest['load_average_at_start'][0]:.1f} at "
+        f"the last start, {manifest['load_average_at_end'][0]:.1f} at its end).",
     ])
     (results / "sync.md").write_text(text + "\n")
     update_readme(rows)

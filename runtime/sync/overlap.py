@@ -15,8 +15,9 @@ exactly the global one). ``delayed`` lands round r-1's sum at the end of round r
 round r's: the sync of round r runs behind round r+1's inner steps (one round stale). ``streaming``
 launches fragment f before step floor(f H / N) of the round and lands it at the next fragment's
 launch point (the last at the round end): N smaller syncs spread through the round, each 1/N of
-a round stale. The last round drains: every sync lands, and streaming sends what moved since, so
-every node ends on the same global parameters.
+a round stale. The last round drains: every sync lands, and streaming sends what moved since
+(averaged into the global copy without an outer momentum step), so every node ends on the same
+global parameters.
 
 Launches run in order on one worker thread (every node issues the same collectives in the same
 order); on CUDA it uses its own stream.
@@ -128,7 +129,6 @@ class OverlapSchedule:
         device = outer.global_params[0].device
         self.worker = SyncWorker(reducer, device) if run_in_background else None
         self.landed: list[SyncJob] = []
-        self.blocked_s = 0.0
 
     # ----- the two operations ------------------------------------------------------------
 
@@ -153,20 +153,23 @@ class OverlapSchedule:
             self.worker.submit(job, self.feedback[job.fragment])
 
     @torch.no_grad()
-    def land(self, fragment: int) -> float:
+    def land(self, fragment: int, outer_step: bool = True) -> float:
         """Wait for ``fragment``'s sum, take its outer step, rebase the local values; returns the
-        seconds this thread waited for it."""
+        seconds this thread waited for it. ``outer_step=False`` subtracts the sum from the global
+        copy instead (plain averaging, the outer momentum untouched): the final resync of streaming."""
         job = self.in_flight.pop(fragment, None)
         if job is None:
             return 0.0
         waited_from = time.perf_counter()
         job.done.wait()
         blocked_s = time.perf_counter() - waited_from
-        self.blocked_s += blocked_s
         if job.error is not None:
             raise RuntimeError(f"outer sync of fragment {fragment} failed: {job.error}") from job.error
         indices = self.fragments[fragment]
-        self.outer.apply(job.result, indices)
+        if outer_step:
+            self.outer.apply(job.result, indices)
+        else:
+            self.outer.subtract(job.result, indices)
         for index in indices:
             global_param, local = self.outer.global_params[index], self.params[index]
             moved = global_param + (local.detach().to(global_param.device, torch.float32) - self.anchors[index])
@@ -175,11 +178,11 @@ class OverlapSchedule:
         self.landed.append(job)
         return blocked_s
 
-    def take_landed(self) -> tuple[list[tuple[float, float]], float]:
-        """(start, end) of the syncs landed since the last call, and the seconds waited on them."""
+    def take_landed(self) -> list[tuple[float, float]]:
+        """(start, end) unix seconds of the syncs landed since the last call."""
         intervals = [(job.started, job.finished) for job in self.landed]
-        blocked_s, self.landed, self.blocked_s = self.blocked_s, [], 0.0
-        return intervals, blocked_s
+        self.landed = []
+        return intervals
 
     # ----- checkpoints ----------------------------------------------------------------------
 

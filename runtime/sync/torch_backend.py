@@ -124,14 +124,14 @@ class TorchOuterSync:
                 if fragment not in self._launched:
                     self._launch(fragment, weights)
                 self._land(fragment)
-            if round_sync.last_round:
+            if round_sync.last_round:  # what moved since each launch, averaged in (no momentum kick)
                 for fragment in range(len(self.fragments)):
                     self._launch(fragment, weights)
-                    self._land(fragment)
+                    self._land(fragment, outer_step=False)
         return self._outcome(round_sync)
 
     def _outcome(self, round_sync: RoundSync) -> SyncOutcome:
-        intervals, _ = self.schedule.take_landed() if self.schedule is not None else ([], 0.0)
+        intervals = self.schedule.take_landed() if self.schedule is not None else []
         outcome = SyncOutcome(stats_by_node=round_sync.stats_by_node, sync_intervals=intervals,
                               blocked_in_phase_s=self._blocked_in_phase_s, sent_bytes=self._sent_bytes)
         self._blocked_in_phase_s, self._sent_bytes = 0.0, 0
@@ -145,9 +145,9 @@ class TorchOuterSync:
         numel = sum(self.handles.params[index].numel() for index in self.fragments[fragment])
         self._sent_bytes += sent_bytes(self.codec, numel, self.topology.num_nodes)
 
-    def _land(self, fragment: int) -> float:
+    def _land(self, fragment: int, outer_step: bool = True) -> float:
         """Land ``fragment`` on the leader and share its parameters in the node; seconds waited."""
-        blocked_s = self.schedule.land(fragment) if self.schedule is not None else 0.0
+        blocked_s = self.schedule.land(fragment, outer_step) if self.schedule is not None else 0.0
         self.broadcast_in_node([self.handles.params[index].data for index in self.fragments[fragment]])
         return blocked_s
 
