@@ -1,5 +1,6 @@
 """`geodiloco run` end to end: 4 nodes, emulated GPUs, per-node plans, logs, kill and resume."""
 import os
+import re
 import signal
 import subprocess
 import time
@@ -75,10 +76,17 @@ def test_per_node_plan_is_honoured(four_node_run):
 
 
 def test_emulated_step_times_are_honoured(four_node_run):
+    # a node whose CPU could not keep up with its target says so and keeps the real (longer) time
+    late = set(re.findall(r"node (\S+): \d+ steps were slower than the emulated GPU's target",
+                          four_node_run[1].stderr))
     for record in read_jsonl(four_node_run[0] / "idle.jsonl"):
         node = next(node for node in EMULATED_NODES if node["name"] == record["node"])
         per_step_s = record["compute_s"] / record["local_steps"]
-        assert per_step_s == pytest.approx(expected_step_s(node, record["round"]), rel=0.10), record
+        expected_s = expected_step_s(node, record["round"])
+        if node["name"] in late:
+            assert per_step_s >= expected_s * 0.9, record
+        else:
+            assert per_step_s == pytest.approx(expected_s, rel=0.10), record
 
 
 def test_phases_add_up_to_the_round_wall_time(four_node_run):
