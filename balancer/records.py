@@ -6,6 +6,9 @@ GPU idle = wait_s + comm_s + overhead_s, where ``comm_s`` is the exposed sync (t
 waits on communication). ``comm_hidden_s`` is sync time overlapped with compute
 (``diloco.overlap``): not idle, reported beside it. ``sync_bytes``: bytes the node sent
 in the outer sync this round. Compute utilization = compute_s / node time.
+``lost_s`` (part of ``overhead_s``): work thrown away and the restart before this round when a
+site failed or rejoined (torch backend) or the node fell behind (hivemind). ``present_nodes``:
+the nodes that took part in the round.
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ class IdleRecord:
     overhead_s: float = 0.0
     comm_hidden_s: float = 0.0
     sync_bytes: int = 0
+    lost_s: float = 0.0
+    present_nodes: list[str] = field(default_factory=list)
     gpus: list[str] = field(default_factory=list)
     num_gpus: int = 1
     source: str = "runtime"

@@ -1,7 +1,9 @@
 """Checkpoints at outer-sync boundaries, written atomically (temp file + rename).
 
-Layout: ``RUN_DIR/checkpoints/round_00003/global.pt`` (global parameters and
-outer optimizer, written by the coordinator), ``node_<name>.pt`` (each node's
+Layout: ``RUN_DIR/checkpoints/round_00003/global.pt`` (global parameters, outer
+optimizer and planner history, the same on every node: each node's leader writes it
+unless another node sharing the directory already did, so every site's disk holds
+it), ``members.json`` (the nodes present in that round), ``node_<name>.pt`` (each node's
 inner optimizer, data position, planner history, RNG states), and
 ``RUN_DIR/checkpoints/latest`` naming the newest complete round. ``latest``
 is only moved after every node has written its file (each node reports the round
@@ -35,6 +37,10 @@ def save_global(run_dir: Path, round_idx: int, state: dict) -> None:
     _atomic_save(state, round_dir(run_dir, round_idx) / "global.pt")
 
 
+def has_global(run_dir: Path, round_idx: int) -> bool:
+    return (round_dir(run_dir, round_idx) / "global.pt").is_file()
+
+
 def save_node(run_dir: Path, round_idx: int, node_name: str, state: dict) -> None:
     _atomic_save(state, round_dir(run_dir, round_idx) / f"node_{node_name}.pt")
 
@@ -47,13 +53,19 @@ def mark_latest(run_dir: Path, round_idx: int, keep: int) -> None:
     """Point ``latest`` at ``round_idx`` and delete the rounds older than the newest ``keep``.
 
     Newer rounds are left alone: nodes may already be writing the next one."""
-    pointer = run_dir / "checkpoints" / LATEST_FILE
-    temp_pointer = pointer.with_name(LATEST_FILE + ".tmp")
-    temp_pointer.write_text(f"{round_idx}\n")
-    os.replace(temp_pointer, pointer)
+    point_latest(run_dir, round_idx)
     for old_round in _saved_rounds(run_dir):
         if old_round <= round_idx - keep:
             shutil.rmtree(round_dir(run_dir, old_round), ignore_errors=True)
+
+
+def point_latest(run_dir: Path, round_idx: int) -> None:
+    """Atomically point ``latest`` at ``round_idx`` (several nodes may share the run directory)."""
+    pointer = run_dir / "checkpoints" / LATEST_FILE
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    temp_pointer = pointer.with_name(f"{LATEST_FILE}.tmp{os.getpid()}")
+    temp_pointer.write_text(f"{round_idx}\n")
+    os.replace(temp_pointer, pointer)
 
 
 def drop_rounds_after(run_dir: Path, round_idx: int) -> None:

@@ -22,6 +22,7 @@ GeoDiLoCo: train one language model across sites with different GPUs.
   geodiloco plan       per-node local steps and batch sizes for a balancing policy
   geodiloco simulate   simulate rounds of a cluster under a policy (no processes)
   geodiloco report     idle-time report of one or more run directories
+  geodiloco rendezvous host the rendezvous store of an elastic run across sites
 """
 
 

@@ -8,7 +8,7 @@ backends are in runtime/sync/.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -30,6 +30,8 @@ class Topology:
     leader_ranks: list[int]
     node_group: Optional[Any] = None
     leaders_group: Optional[Any] = None
+    present_names: list[str] = field(default_factory=list)
+    config_node_names: list[str] = field(default_factory=list)
 
     @property
     def is_leader(self) -> bool:
@@ -42,7 +44,12 @@ class Topology:
 
     @property
     def num_nodes(self) -> int:
+        """Nodes present in this world (a failed site is absent until it rejoins)."""
         return len(self.leader_ranks)
+
+    @property
+    def all_present(self) -> bool:
+        return len(self.present_names) == len(self.config_node_names)
 
 
 def init_process_group(timeout_s: float, use_cuda: bool) -> None:
@@ -51,29 +58,45 @@ def init_process_group(timeout_s: float, use_cuda: bool) -> None:
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
 
 
-def build_topology(node_name: str, config_node_names: list[str]) -> Topology:
+def present_nodes(reports: list[str], config_node_names: list[str], min_nodes: int) -> dict[str, list[int]]:
+    """Ranks of each node present in the world (config order), from the node name each rank reported.
+
+    Any subset of the config's nodes with at least ``min_nodes`` nodes may form a world (a site
+    that failed is simply absent); names outside the config, or a world too small, are errors.
+    """
+    unknown = sorted(set(reports) - set(config_node_names))
+    if unknown:
+        raise RuntimeError(f"ranks reported nodes {unknown} that the config does not list "
+                           f"({', '.join(config_node_names)}); start each site with --node-name NAME "
+                           "from the config's nodes:")
+    ranks_by_node = {name: [rank for rank, reported in enumerate(reports) if reported == name]
+                     for name in config_node_names if name in reports}
+    if len(ranks_by_node) < min_nodes:
+        missing = [name for name in config_node_names if name not in ranks_by_node]
+        raise RuntimeError(f"only {len(ranks_by_node)} of the config's nodes joined ({', '.join(ranks_by_node)}); "
+                           f"comm.min_nodes is {min_nodes}. Missing: {', '.join(missing)}. Start those sites, "
+                           "or lower comm.min_nodes")
+    return ranks_by_node
+
+
+def build_topology(node_name: str, config_node_names: list[str], min_nodes: Optional[int] = None) -> Topology:
     """Agree on which ranks form which node, and create the node and leader groups.
 
     Ranks are grouped by the node name each one reports (``--node-name`` / GEODILOCO_NODE);
-    nodes are ordered as in the config, so node indices match on every site.
+    nodes are ordered as in the config, so node indices match on every site. ``min_nodes``:
+    the fewest nodes that may train (None = every config node must be present).
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     reports: list = [None] * world_size
     dist.all_gather_object(reports, node_name)
-    missing = sorted(set(config_node_names) - set(reports))
-    unknown = sorted(set(reports) - set(config_node_names))
-    if unknown or missing:
-        raise RuntimeError(f"nodes joined {sorted(set(reports))} but the config lists {config_node_names}; "
-                           f"missing: {missing or 'none'}, unknown: {unknown or 'none'}. "
-                           "Start one launch per config node with --node-name NAME.")
-    ranks_by_node = {name: [r for r, reported in enumerate(reports) if reported == name]
-                     for name in config_node_names}
+    ranks_by_node = present_nodes(reports, config_node_names,
+                                  len(config_node_names) if min_nodes is None else min_nodes)
     node_group = None
-    for name in config_node_names:
-        group = dist.new_group(ranks_by_node[name]) if len(ranks_by_node[name]) > 1 else None
+    for name, ranks in ranks_by_node.items():
+        group = dist.new_group(ranks) if len(ranks) > 1 else None
         if name == node_name:
             node_group = group
-    leader_ranks = [ranks_by_node[name][0] for name in config_node_names]
+    leader_ranks = [ranks[0] for ranks in ranks_by_node.values()]
     leaders_group = None
     if len(leader_ranks) != world_size:
         group = dist.new_group(leader_ranks)
@@ -83,7 +106,8 @@ def build_topology(node_name: str, config_node_names: list[str]) -> Topology:
                     node_index=config_node_names.index(node_name),
                     local_rank=node_ranks.index(rank), local_world_size=len(node_ranks),
                     node_ranks=node_ranks, leader_ranks=leader_ranks,
-                    node_group=node_group, leaders_group=leaders_group)
+                    node_group=node_group, leaders_group=leaders_group,
+                    present_names=list(ranks_by_node), config_node_names=list(config_node_names))
 
 
 def node_name_from_env(cli_node: Optional[str], config_node_names: list[str]) -> str:

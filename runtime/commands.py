@@ -14,6 +14,10 @@ With no --config, runs the embedded demo: four emulated sites with different
 virtual GPUs training a tiny LLaMA-style model on Python's own sources.
 --sites netns puts each node in its own network namespace, with links shaped
 to each node's wan.bandwidth_mbps (needs root); auto picks netns when possible.
+
+On the torch backend each node runs under torchrun's elastic agent (comm.elastic):
+a node that fails is left out and the others go on from the last complete round;
+--drill kills, freezes or restarts nodes on purpose to see it happen.
 """
 
 
@@ -28,6 +32,13 @@ def register(subparsers) -> None:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config value, e.g. --set diloco.rounds=3 (repeatable)")
     run.add_argument("--no-report", action="store_true", help="do not print the idle report at the end")
+    run.add_argument("--elastic", dest="elastic", action="store_true", default=None,
+                     help="start each node under torchrun's elastic agent (default: comm.elastic.enabled)")
+    run.add_argument("--no-elastic", dest="elastic", action="store_false",
+                     help="fixed membership: one failed node stops the run")
+    run.add_argument("--drill", metavar="ACTION:NODE@ROUND,...",
+                     help="inject site failures, e.g. 'kill:c@3,restart:c@5' (actions: kill, freeze, thaw, "
+                          "restart; halfway through the round; elastic runs only)")
     run.set_defaults(func=run_command)
 
     evaluate = subparsers.add_parser(
@@ -39,6 +50,9 @@ def register(subparsers) -> None:
     evaluate.add_argument("run_dir", help="a run directory of geodiloco run")
     evaluate.add_argument("--json", action="store_true", help="print the rows as JSON")
     evaluate.set_defaults(func=evaluate_command)
+
+    from runtime.rendezvous import register as register_rendezvous
+    register_rendezvous(subparsers)
 
     train = subparsers.add_parser("train", help="train one node (the torchrun entry at each site)", add_help=False,
                                   description="Same as `python -m runtime.train` (its --help lists the options).")
@@ -56,7 +70,7 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     run_dir = Path(args.run_dir) if args.run_dir else (
         Path(config.run.out_dir) / f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    code = launch_local(config, run_dir, args.sites, args.resume)
+    code = launch_local(config, run_dir, args.sites, args.resume, args.elastic, args.drill)
     if code == 0 and not args.no_report:
         code = print_report(run_dir)
     return code

@@ -168,18 +168,54 @@ class HivemindSection(StrictModel):
         return self
 
 
+class ElasticSection(StrictModel):
+    """How the torch backend survives a site that fails (see docs/elastic.md). Seconds throughout.
+
+    ``enabled``: ``geodiloco run`` and ``scripts/launch_site.sh`` start each site under torchrun's
+    elastic agent (``--nnodes comm.min_nodes:N``, c10d rendezvous): when a site fails the others'
+    workers restart without it from the last complete round, and a site that comes back joins at the
+    next rendezvous. Off: one failed site stops the run (resume with ``--resume``).
+    ``failure_timeout_s``: a site whose heartbeat has not moved for this long (frozen, cut off) is
+    treated as failed by its peers; a killed site is noticed at once by its closed connections.
+    ``heartbeat_interval_s``: how often each node's leader beats. ``max_restarts``: worker restarts
+    torchrun allows each site after failures. ``last_call_s``: how long a rendezvous that has
+    ``comm.min_nodes`` waits for more sites before it starts. ``keep_alive_s``: torchrun's rendezvous
+    keep-alive; a site silent for three of them leaves the rendezvous. ``join_timeout_s``: how long
+    a site waits for ``comm.min_nodes`` sites before giving up.
+    """
+
+    enabled: bool = True
+    failure_timeout_s: float = Field(default=20.0, gt=0)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    max_restarts: int = Field(default=10, ge=0)
+    last_call_s: int = Field(default=8, ge=1)
+    keep_alive_s: int = Field(default=2, ge=1)
+    join_timeout_s: int = Field(default=600, ge=1)
+
+    @model_validator(mode="after")
+    def _heartbeat_below_timeout(self) -> "ElasticSection":
+        if self.heartbeat_interval_s * 3 > self.failure_timeout_s:
+            raise ValueError(f"comm.elastic.failure_timeout_s ({self.failure_timeout_s:g}) must be at least three "
+                             f"heartbeats (comm.elastic.heartbeat_interval_s {self.heartbeat_interval_s:g}); raise "
+                             "the timeout or beat more often")
+        return self
+
+
 class CommSection(StrictModel):
     """Outer-sync transport. Timeouts are seconds and always finite.
 
     ``outer_device``: where the pseudo-gradient all-reduce runs: ``cpu`` (gloo, the usual
     choice over a WAN) or ``cuda`` (nccl). Inner data parallel inside a node uses nccl on GPUs.
     ``hivemind``: options of the hivemind backend (ignored by ``torch``).
+    ``elastic``: the torch backend's membership (ignored by ``hivemind``, which is elastic by design).
     """
 
     backend: Literal["torch", "hivemind"] = "torch"
     outer_device: Literal["cpu", "cuda"] = "cpu"
     timeout_s: float = Field(default=300.0, gt=0)
     init_timeout_s: float = Field(default=120.0, gt=0)
+    min_nodes: int = Field(default=1, ge=1)
+    elastic: ElasticSection = Field(default_factory=ElasticSection)
     hivemind: HivemindSection = Field(default_factory=HivemindSection)
 
 
@@ -206,6 +242,9 @@ class RunConfig(StrictModel):
             raise ValueError("model: give exactly one of model.preset or model.file")
         if self.comm.backend == "hivemind":
             check_hivemind_sync(self.diloco)
+        if self.comm.min_nodes > len(self.nodes):
+            raise ValueError(f"comm.min_nodes: {self.comm.min_nodes} is more than the {len(self.nodes)} nodes the "
+                             "config lists; lower it or add nodes")
         return self
 
     def node(self, name: str) -> NodeSpec:

@@ -27,9 +27,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
+from predictor.schema import ConfigError
 from runtime.config import RunConfig
+from lab.drill import DrillRunner, parse_drill
 
 STOP_GRACE_S = 15.0
 PEERS_FILE = "hivemind_peers.txt"
@@ -68,9 +70,54 @@ def node_env(config: RunConfig, index: int, master_addr: str, master_port: int) 
     return env
 
 
+class NodeLauncher:
+    """Starts (and restarts) the process of each config node: ``python -m runtime.train`` with a fixed
+    world, or, with ``comm.elastic.enabled`` on the torch backend, that node's torchrun elastic agent
+    (runtime/elastic_launch.py), which starts and restarts the node's worker."""
+
+    def __init__(self, config: RunConfig, mode: str, site_set, train_args: list[str], master_addr: str,
+                 port: int, rendezvous_endpoint: Optional[str]) -> None:
+        self.config, self.mode, self.site_set = config, mode, site_set
+        self.train_args, self.master_addr, self.port = train_args, master_addr, port
+        self.rendezvous_endpoint = rendezvous_endpoint
+        self.peers_file = Path(train_args[train_args.index("--run-dir") + 1]) / PEERS_FILE
+        self.hivemind = config.comm.backend == "hivemind"
+
+    def address(self, index: int) -> str:
+        return self.site_set[index].address if self.mode == "netns" else "127.0.0.1"
+
+    def start(self, index: int, first: Optional[subprocess.Popen] = None) -> subprocess.Popen:
+        config = self.config
+        env = node_env(config, index, self.master_addr, self.port)
+        command = [sys.executable, "-m", "runtime.train", *self.train_args]
+        if self.rendezvous_endpoint is not None:
+            from runtime.elastic_launch import agent_command, agent_env
+            command = agent_command(config, self.rendezvous_endpoint, self.address(index), self.run_name(),
+                                    self.train_args)
+            env = agent_env(env)
+        if self.mode == "netns":
+            env = self.site_set.env(index, master_port=self.port, base=env)
+            command = self.site_set.command(index, command)
+        if self.hivemind:
+            env.update({"RANK": "0", "WORLD_SIZE": "1",
+                        "GEODILOCO_HOST_MADDRS": f"/ip4/{self.address(index)}/tcp/0"})
+            if index == 0:
+                self.peers_file.unlink(missing_ok=True)
+                env["GEODILOCO_MADDRS_FILE"] = str(self.peers_file)
+            else:
+                env["GEODILOCO_INITIAL_PEERS"] = ",".join(wait_for_peers(self.peers_file, first,
+                                                                         config.comm.init_timeout_s))
+        return subprocess.Popen(command, env=env, start_new_session=self.hivemind)
+
+    def run_name(self) -> str:
+        return "geodiloco-" + self.peers_file.parent.resolve().name
+
+
 @contextlib.contextmanager
-def site_processes(config: RunConfig, mode: str, train_args: list[str]) -> Iterator[list[subprocess.Popen]]:
-    """Start one training process per node (in its namespace for netns); stop them on exit."""
+def site_processes(config: RunConfig, mode: str, train_args: list[str],
+                   elastic: bool = False) -> Iterator[tuple[list[subprocess.Popen], NodeLauncher]]:
+    """Start one training process per node (in its namespace for netns); stop them on exit.
+    ``elastic``: a rendezvous store and one torchrun elastic agent per node instead."""
     stack = contextlib.ExitStack()
     processes: list[subprocess.Popen] = []
     with stack:
@@ -79,35 +126,25 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str]) -> Itera
             site_set = stack.enter_context(sites.netns_sites(sites.site_links(config.nodes)))
             master_addr, port = site_set.master_addr, 29500
         else:
-            master_addr, port = "127.0.0.1", free_port()
-        command = [sys.executable, "-m", "runtime.train", *train_args]
-        hivemind = config.comm.backend == "hivemind"
-        peers_file = Path(train_args[train_args.index("--run-dir") + 1]) / PEERS_FILE
+            site_set, master_addr, port = None, "127.0.0.1", free_port()
+        run_dir = Path(train_args[train_args.index("--run-dir") + 1])
+        endpoint = None
+        if elastic:
+            from runtime.elastic_launch import rendezvous_store
+            endpoint = stack.enter_context(rendezvous_store(site_set, master_addr, port, run_dir,
+                                                            config.comm.init_timeout_s))
+        launcher = NodeLauncher(config, mode, site_set, train_args, master_addr, port, endpoint)
         try:
             for index in range(len(config.nodes)):
-                env = node_env(config, index, master_addr, port)
-                argv = command
-                if mode == "netns":
-                    env = site_set.env(index, master_port=port, base=env)
-                    argv = site_set.command(index, command)
-                if hivemind:
-                    address = site_set[index].address if mode == "netns" else "127.0.0.1"
-                    env.update({"RANK": "0", "WORLD_SIZE": "1", "GEODILOCO_HOST_MADDRS": f"/ip4/{address}/tcp/0"})
-                    if index == 0:
-                        peers_file.unlink(missing_ok=True)
-                        env["GEODILOCO_MADDRS_FILE"] = str(peers_file)
-                    else:
-                        env["GEODILOCO_INITIAL_PEERS"] = ",".join(wait_for_peers(peers_file, processes[0],
-                                                                                 config.comm.init_timeout_s))
-                processes.append(subprocess.Popen(argv, env=env, start_new_session=hivemind))
-            yield processes
+                processes.append(launcher.start(index, processes[0] if processes else None))
+            yield processes, launcher
         finally:
             stop_processes(processes)
-            if hivemind:
+            if launcher.hivemind:
                 for process in processes:
                     kill_session(process)
             if mode == "netns":
-                write_site_traffic(peers_file.parent, sites.site_traffic(site_set))
+                write_site_traffic(run_dir, sites.site_traffic(site_set))
 
 
 SITE_TRAFFIC_FILE = "site_traffic.json"
@@ -174,15 +211,25 @@ def watch(processes: list[subprocess.Popen], stop_on_failure: bool = True) -> in
         time.sleep(0.2)
 
 
-def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool) -> int:
+def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, elastic: Optional[bool] = None,
+                 drill: Optional[str] = None) -> int:
+    """Run every node here; ``elastic`` None = ``comm.elastic.enabled`` (torch backend only);
+    ``drill``: failures to inject (runtime/drill.py)."""
     mode, reason = choose_sites(sites)
+    elastic = config.comm.backend == "torch" and (config.comm.elastic.enabled if elastic is None else elastic)
+    drill_events = parse_drill(drill, config) if drill else []
+    if drill_events and not elastic:
+        raise ConfigError("--drill needs elastic membership on the torch backend (comm.elastic.enabled: true); "
+                          "without it one failed site stops the run")
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     if not (resume and config_path.is_file()):
         config_path.write_text(config.to_yaml())
     train_args = ["--config", str(config_path), "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
-    print(f"[geodiloco] {len(config.nodes)} nodes on this machine, sites: {mode} ({reason}); "
-          f"run directory {run_dir}", flush=True)
+    membership = (f"elastic (torchrun agents, at least {config.comm.min_nodes} of {len(config.nodes)} nodes)"
+                  if elastic else "fixed")
+    print(f"[geodiloco] {len(config.nodes)} nodes on this machine, sites: {mode} ({reason}); membership: "
+          f"{membership}; run directory {run_dir}", flush=True)
 
     def forward_term(signum, _frame):
         raise KeyboardInterrupt
@@ -190,8 +237,12 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool) -> 
     announce_cpu_shares(config)
     previous = signal.signal(signal.SIGTERM, forward_term)
     try:
-        with site_processes(config, mode, train_args) as processes:
-            return watch(processes, stop_on_failure=config.comm.backend != "hivemind")
+        with site_processes(config, mode, train_args, elastic) as (processes, launcher):
+            if not elastic:
+                return watch(processes, stop_on_failure=config.comm.backend != "hivemind")
+            with DrillRunner(drill_events, processes, launcher, run_dir):
+                codes = watch_all(processes)
+            return elastic_exit_code(config, codes)
     except KeyboardInterrupt:
         print(f"[geodiloco] stopping all nodes; the last complete checkpoint stays in {run_dir} "
               "(continue with --resume)", file=sys.stderr, flush=True)
@@ -200,6 +251,27 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool) -> 
         signal.signal(signal.SIGTERM, previous)
         from lab.cpu_share import cleanup_stale
         cleanup_stale(owner_pid=os.getpid())
+
+
+def watch_all(processes: list[subprocess.Popen]) -> list[int]:
+    """Elastic: wait until every site's agent has ended (one failing stops nobody); their exit codes.
+    The list may change while waiting (a drill restarts a site)."""
+    while any(process.poll() is None for process in list(processes)):
+        time.sleep(0.2)
+    return [process.returncode for process in processes]
+
+
+def elastic_exit_code(config: RunConfig, codes: list[int]) -> int:
+    """0 when at least ``comm.min_nodes`` sites finished the run; the others are reported."""
+    finished = [node.name for node, code in zip(config.nodes, codes) if code == 0]
+    failed = {node.name: code for node, code in zip(config.nodes, codes) if code != 0}
+    if failed:
+        listed = ", ".join(f"{name} (exit {code})" for name, code in failed.items())
+        print(f"[geodiloco] sites that did not finish: {listed}; the run went on without them", file=sys.stderr,
+              flush=True)
+    if len(finished) >= config.comm.min_nodes:
+        return 0
+    return next(iter(failed.values()), 1)
 
 
 def announce_cpu_shares(config: RunConfig) -> None:

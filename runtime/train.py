@@ -27,6 +27,7 @@ from balancer.plan import Plan, RoundMeasurement
 from balancer.records import IdleRecord
 from runtime.comm import node_name_from_env
 from runtime.config import RunConfig, load_config
+from runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from runtime.idle import RoundClock
 from runtime.runlog import RunLog
 from runtime.sync import OutOfSync, RoundSync, SyncOutcome, join_world
@@ -103,9 +104,9 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     shared_config_written = sync.logs_own_idle_only and (trainer.run_dir / "config.yaml").is_file()
     if log is not None and not shared_config_written:
         log.write_config(config.to_yaml())
-        if start.first_round > 0 and resume:
-            print(f"[geodiloco] resuming {run_id} after round {start.first_round - 1}", flush=True)
-    round_idx, lost_since = start.first_round, None
+        if start.first_round > 0:
+            print(f"[geodiloco] resuming {run_id} after round {start.first_round}", flush=True)
+    round_idx, lost_since = start.first_round, start.lost_since
     while round_idx < config.diloco.rounds:
         round_started = time.time()
         try:
@@ -184,7 +185,8 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
         _log_round(trainer, log, run_id, plan, stats_by_node, clock)
     if (round_idx + 1) % config.checkpoint.every_rounds == 0 or round_idx + 1 == config.diloco.rounds:
         clock.mark("end")
-        trainer.save_checkpoint(round_idx, run_id, _idle_record(trainer, run_id, plan, result, clock, outcome))
+        trainer.save_checkpoint(round_idx, run_id, _idle_record(trainer, run_id, plan, result, clock, outcome),
+                                members=list(stats_by_node))
     clock.mark("end")
     return _idle_record(trainer, run_id, plan, result, clock, outcome)
 
@@ -198,7 +200,8 @@ def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalRes
         run_id=run_id, round=plan.round, node=node.name, site=node.site, policy=plan.policy,
         local_steps=result.steps, batch_size=plan.node(node.name).batch_size, tokens=result.tokens,
         compute_s=clock.compute_s, wait_s=clock.wait_s, comm_s=clock.comm_s, comm_hidden_s=clock.comm_hidden_s,
-        sync_bytes=outcome.sent_bytes, overhead_s=clock.overhead_s, round_start=clock.round_start,
+        sync_bytes=outcome.sent_bytes, overhead_s=clock.overhead_s, lost_s=clock.lost_s,
+        present_nodes=list(outcome.stats_by_node), round_start=clock.round_start,
         round_end=clock.marks["end"],
         gpus=list(node.gpus), num_gpus=node.num_gpus, source="runtime", **gpu_values)
     return asdict(record)
@@ -277,6 +280,21 @@ def train_from_args(args: argparse.Namespace) -> int:
         print(f"[geodiloco] node stopped by {stop}; the last complete checkpoint is kept in {run_dir}",
               file=sys.stderr, flush=True)
         return 143
+    except (RuntimeError, ConnectionError) as err:
+        if not lost_a_peer(err):
+            raise
+        print(f"[geodiloco] a peer site is gone ({str(err).splitlines()[0][:160]}); stopping this worker so the "
+              "present sites restart from the last complete round", file=sys.stderr, flush=True)
+        return PEER_FAILED_EXIT_CODE
+
+
+def lost_a_peer(err: BaseException) -> bool:
+    """Whether a collective failed because a peer's connection went away (not a bug of ours)."""
+    import torch.distributed as dist
+    text = str(err)
+    return isinstance(err, (dist.DistError, ConnectionError)) or any(
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                                      "Socket Timeout", "connection refused"))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

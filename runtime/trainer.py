@@ -31,6 +31,7 @@ from lab.virtual_gpu import StepPacer
 from runtime.evaluation import BackgroundEvaluator
 from runtime.gpu_sampler import GpuSampler
 from runtime.models import build_model
+from runtime.recovery import write_members
 from runtime.sync import RoundSync, SyncHandles, build_outer_sync
 
 
@@ -191,7 +192,8 @@ class NodeTrainer:
         """The state the sync backend may touch (see ``runtime.sync.protocol.SyncHandles``)."""
         return SyncHandles(params=list(self.model.parameters()), outer=self.outer,
                            export_state=self.shared_state, import_state=self.load_shared_state,
-                           load_checkpoint=self.load_checkpoint, checksum=self.param_checksum,
+                           load_checkpoint=self.load_checkpoint, restore=self.restore,
+                           checksum=self.param_checksum,
                            new_run_id=lambda: fresh_run_id(self.config), run_dir=self.run_dir)
 
     def warm_up(self, batch_size: int) -> None:
@@ -223,11 +225,12 @@ class NodeTrainer:
 
     # ----- checkpoints -------------------------------------------------------------------
 
-    def save_checkpoint(self, round_idx: int, run_id: str, pending_record: dict) -> None:
+    def save_checkpoint(self, round_idx: int, run_id: str, pending_record: dict, members: list[str]) -> None:
         """Node file: inner optimizer, data position, planner history, RNG, the sync backend's state
         (syncs in flight, error feedback) and, with ``diloco.overlap``, the local parameters
-        (they differ from the global ones while a sync is in flight). Global file: the global
-        parameters and outer optimizer."""
+        (they differ from the global ones while a sync is in flight). Global file (the same on every
+        node; written once per run directory): the global parameters, outer optimizer and planner
+        history, beside the round's ``members`` (the nodes present)."""
         if self.topology.is_leader:
             state = {
                 "round": round_idx,
@@ -241,12 +244,15 @@ class NodeTrainer:
             if self.config.diloco.overlap != "none":
                 state["local_params"] = [param.detach().clone() for param in self.model.parameters()]
             checkpoint.save_node(self.run_dir, round_idx, self.node.name, state)
-        if self.topology.is_coordinator and self.sync.writes_round:
+        writes_global = self.topology.is_leader and self.sync.writes_round
+        if writes_global and not checkpoint.has_global(self.run_dir, round_idx):
+            write_members(self.run_dir, round_idx, members)
             checkpoint.save_global(self.run_dir, round_idx, {
-                "round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
+                "round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(), "members": members,
+                "measurements": [asdict(item) for item in self.measurements],
             })
         self.saved_round = round_idx
-        self.commits_saved_round = self.topology.is_coordinator and self.sync.writes_round
+        self.commits_saved_round = writes_global
 
     def commit_checkpoint(self, gathered: list) -> None:
         """Point ``latest`` at the round this node saved last once every node's leader in
@@ -265,26 +271,44 @@ class NodeTrainer:
         self.saved_round = None
 
     def load_checkpoint(self, round_idx: int) -> tuple[str, Optional[dict]]:
-        """Restore the state after ``round_idx``; returns (run_id, this node's pending idle record)."""
-        global_state = checkpoint.load_global(self.run_dir, round_idx)
-        node_state = checkpoint.load_node(self.run_dir, round_idx, self.node.name)
+        """Restore the state after ``round_idx`` from this run directory; returns (run_id, this
+        node's pending idle record)."""
+        return self.restore(checkpoint.load_global(self.run_dir, round_idx),
+                            checkpoint.load_node(self.run_dir, round_idx, self.node.name), keep_in_flight=True)
+
+    def restore(self, global_state: dict, node_state: Optional[dict], keep_in_flight: bool) -> tuple[str, Optional[dict]]:
+        """Take a round's global state and, when given, this node's own state of that round.
+
+        ``node_state`` None or partial (a node rejoining after missed rounds: at most its data
+        position): fresh inner optimizer state. ``keep_in_flight`` False (the members changed):
+        syncs that were in flight are dropped and the local model starts from the global one.
+        Returns (run_id, this node's pending idle record)."""
+        node_state = node_state or {}
         if self.outer is None:
             self.outer = OuterState(self.model, 1.0, 0.0, False)
         self.outer.load_state_dict(global_state["outer"])
         self.outer.load_into(self.model)
         if not self.topology.is_leader:
             self.outer = None
-        if "local_params" in node_state:
+        if keep_in_flight and "local_params" in node_state:
             with torch.no_grad():
                 for param, saved in zip(self.model.parameters(), node_state["local_params"]):
                     param.copy_(saved)
-        self.sync.load_state_dict(node_state.get("sync", {}))
-        self.inner_optimizer.load_state_dict(node_state["inner_optimizer"])
-        self.shard.set_cursor(ShardCursor(**node_state["cursor"]))
-        self.measurements = [RoundMeasurement(**item) for item in node_state["measurements"]]
+        sync_state = node_state.get("sync", {})
+        if not keep_in_flight and sync_state:
+            sync_state = {**sync_state, "in_flight": []}
+        self.sync.load_state_dict(sync_state)
+        if "inner_optimizer" in node_state:
+            self.inner_optimizer.load_state_dict(node_state["inner_optimizer"])
+        if "cursor" in node_state:
+            self.shard.set_cursor(ShardCursor(**node_state["cursor"]))
+        history = global_state.get("measurements", node_state.get("measurements", []))
+        self.measurements = [RoundMeasurement(**item) for item in history]
+        self.planner = self.new_planner()
         for measurement in self.measurements:
             self.planner.observe(measurement)
-        torch.set_rng_state(node_state["torch_rng"])
+        if "torch_rng" in node_state:
+            torch.set_rng_state(node_state["torch_rng"])
         return global_state["run_id"], node_state.get("pending_record")
 
     # ----- state shared with joining nodes (hivemind) ------------------------------------
@@ -321,7 +345,7 @@ def build_data(config: RunConfig, topology: Topology) -> tuple[list, NodeShard]:
     corpus = load_corpus(data.source, data.max_bytes)
     held_out = eval_window_starts(len(corpus), seq_len, data.eval_batches * data.eval_batch_size, config.run.seed)
     eval_set = eval_batches(corpus, held_out, seq_len, data.eval_batch_size) if len(held_out) else []
-    shard = NodeShard(corpus, topology.node_index, topology.num_nodes, seq_len, config.run.seed,
+    shard = NodeShard(corpus, topology.node_index, len(config.nodes), seq_len, config.run.seed,
                       shards=data.shards, held_out_starts=held_out)
     return eval_set, shard
 

@@ -21,7 +21,8 @@ def small_config(nodes: list[dict], **sections) -> dict:
         "optim": {"inner": {"lr": 1.0e-3, "warmup_steps": 2}},
         # blocking fp32 sync: these tests check other behaviour; overlap and codecs have their own
         "diloco": {"rounds": 2, "local_steps": 3, "batch_size": 4, "overlap": "none", "compression": "none"},
-        "comm": {"timeout_s": 60},
+        # fixed membership: torchrun agents cost seconds per run; elastic runs have their own tests
+        "comm": {"timeout_s": 60, "elastic": {"enabled": False}},
         "nodes": nodes,
     }
     config.update(sections)

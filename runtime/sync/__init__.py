@@ -12,7 +12,7 @@ def build_outer_sync(config: RunConfig, topology: Topology, num_params: int) -> 
     """The configured backend (hivemind is imported only when chosen)."""
     if config.comm.backend != "hivemind":
         from runtime.sync.torch_backend import TorchOuterSync
-        return TorchOuterSync(topology, config.diloco)
+        return TorchOuterSync(topology, config.diloco, config.comm.elastic)
     from runtime.sync.hivemind_backend import HivemindOuterSync
     return HivemindOuterSync(topology, config.comm.hivemind, config.run.name, [node.name for node in config.nodes],
                              num_params, config.diloco.compression, config.comm.init_timeout_s)
@@ -27,4 +27,4 @@ def join_world(config: RunConfig, node_name: str, use_cuda: bool) -> Topology:
         return node_topology(node_name, config_names, config.comm.timeout_s, use_cuda)
     from runtime.comm import build_topology, init_process_group
     init_process_group(config.comm.timeout_s, use_cuda)
-    return build_topology(node_name, config_names)
+    return build_topology(node_name, config_names, config.comm.min_nodes)

@@ -201,6 +201,9 @@ class OverlapSchedule:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
+        """Restore a checkpoint's state; an empty ``state`` (a node that rejoins, or members that
+        changed) only sets the anchors: nothing in flight, fresh error feedback."""
+        state = state or {"mode": self.mode, "feedback": [], "in_flight": []}
         if state.get("mode", "none") != self.mode:
             raise ValueError(f"the checkpoint was written with diloco.overlap: {state.get('mode')}, this run "
                              f"uses {self.mode}; resume with the same diloco.overlap")

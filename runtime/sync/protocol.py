@@ -32,7 +32,9 @@ class SyncHandles:
     ``outer``: the global copy and outer optimizer (``runtime.diloco.OuterState``; the node's
     leader only, else None). ``export_state``/``import_state``: the global state a joining peer
     needs, as (metadata, tensors). ``load_checkpoint``: restore round r, returns (run id, the
-    node's pending idle record). ``checksum``: sum of |parameters|. ``new_run_id``: a fresh id.
+    node's pending idle record). ``restore(global_state, node_state, keep_in_flight)``: the same from
+states in hand (node_state None: fresh inner state; keep_in_flight False: drop syncs in flight,
+the local model starts from the global one). ``checksum``: sum of |parameters|. ``new_run_id``: a fresh id.
     """
 
     params: list[torch.Tensor]
@@ -40,6 +42,7 @@ class SyncHandles:
     export_state: Callable[[int, str], tuple[dict, list[torch.Tensor]]]
     import_state: Callable[[dict, list[torch.Tensor]], None]
     load_checkpoint: Callable[[int], tuple[str, Optional[dict]]]
+    restore: Callable[[dict, Optional[dict], bool], tuple[str, Optional[dict]]]
     checksum: Callable[[], float]
     new_run_id: Callable[[], str]
     run_dir: Path
@@ -89,6 +92,8 @@ class StartPoint:
     run_id: str
     first_round: int
     pending_record: Optional[dict] = None
+    lost_since: Optional[float] = None
+    """Unix time the work lost to a restart began (end of the round resumed from), else None."""
 
 
 class OuterSync(Protocol):

@@ -8,6 +8,9 @@ broadcasts the parameters inside its node. ``diloco.overlap`` decides when a syn
 """
 from __future__ import annotations
 
+import os
+import uuid
+from dataclasses import asdict
 from typing import Any, Optional
 
 import torch
@@ -15,12 +18,19 @@ import torch.distributed as dist
 
 from runtime import checkpoint
 from runtime.comm import Topology
-from runtime.config import DilocoSection
+from runtime.config import DilocoSection, ElasticSection
 from runtime.diloco import outer_weights
+from runtime.heartbeat import Heartbeat, open_store
+from runtime.recovery import ResumePoint, SavedRounds, choose_resume_point, newest_node_round, saved_rounds
 from runtime.runlog import RunLog
 from runtime.sync.overlap import OverlapSchedule, launch_steps, split_fragments
 from runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
 from runtime.sync.wire import ErrorFeedback, reduce_sum, sent_bytes
+
+
+def restarted_by_agent() -> bool:
+    """torchrun's elastic agent started this worker again (a site failed or joined)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
 
 
 def planned_weights(round_sync: RoundSync) -> dict[str, float]:
@@ -46,8 +56,10 @@ class TorchOuterSync:
     writes_round = True
     logs_own_idle_only = False
 
-    def __init__(self, topology: Topology, diloco: DilocoSection) -> None:
+    def __init__(self, topology: Topology, diloco: DilocoSection, elastic: Optional[ElasticSection] = None) -> None:
         self.topology = topology
+        self.elastic = elastic
+        self.heartbeat: Optional[Heartbeat] = None
         self.mode = diloco.overlap
         self.codec = diloco.compression
         self.fragment_count = diloco.fragments if diloco.overlap == "streaming" else 1
@@ -62,40 +74,116 @@ class TorchOuterSync:
     # ----- start ---------------------------------------------------------------------------
 
     def start(self, resume: bool, handles: SyncHandles) -> StartPoint:
-        """Agree on run id and first round (the coordinator decides); restore state when resuming."""
+        """Agree on run id and first round; resume from the newest round every present node can
+        restart after (runtime/recovery.py), with the global state sent by a node that holds it.
+
+        Resuming is asked for by ``--resume`` on any site or by torchrun's elastic agent
+        restarting the workers after a membership change."""
         self.handles = handles
         self.fragments = split_fragments([param.numel() for param in handles.params], self.fragment_count)
         if self.topology.is_leader:
             self.schedule = OverlapSchedule(self.mode, handles.params, handles.outer, self.fragments,
                                             self._reduce, run_in_background=self.mode != "none")
         run_dir, topology = handles.run_dir, self.topology
-        saved_round = checkpoint.latest_round(run_dir) if topology.is_coordinator else None
-        if topology.is_coordinator and saved_round is not None and resume:
-            checkpoint.drop_rounds_after(run_dir, saved_round)
-        if topology.is_coordinator and saved_round is not None and not resume:
-            proposal = {"error": f"{run_dir} already holds a checkpoint of round {saved_round}; "
-                                 "pass --resume to continue it, or choose another --run-dir"}
-        else:
-            proposal = {"run_id": handles.new_run_id(), "resume_round": saved_round if resume else None}
-        agreed = self.exchange(proposal)[0]
-        if "error" in agreed:
-            raise RuntimeError(agreed["error"])
-        resume_round = agreed["resume_round"]
-        if resume_round is None:
-            return StartPoint(agreed["run_id"], 0)
-        run_id, pending = handles.load_checkpoint(resume_round)
+        restarted = restarted_by_agent()
+        gathered = self.exchange({
+            "resume": resume or restarted, "run_id": handles.new_run_id(), "generation": uuid.uuid4().hex,
+            "saved": asdict(saved_rounds(run_dir, topology.node_name)) if topology.is_leader else None})
+        self._start_heartbeat(gathered[0]["generation"])
+        saved = [SavedRounds(**item["saved"]) for item in gathered if item["saved"] is not None]
+        held = sorted({round_idx for report in saved for round_idx in report.global_members})
+        if held and not any(item["resume"] for item in gathered):
+            raise RuntimeError(f"{run_dir} already holds a checkpoint of round {held[-1]}; pass --resume to "
+                               "continue it, or choose another --run-dir")
+        point = choose_resume_point(saved, topology.present_names) if held else None
+        if held and point is None:
+            raise RuntimeError(f"no saved round can restart the present nodes ({', '.join(topology.present_names)}): "
+                               f"rounds {held} lack a present member's node file; start from a fresh --run-dir")
+        if point is None:
+            return StartPoint(gathered[0]["run_id"], 0)
+        own_report = next((report for report in saved if report.node == topology.node_name), None)
+        return self._resume(point, own_report, restarted)
+
+    def _resume(self, point: ResumePoint, own_report: Optional[SavedRounds], restarted: bool) -> StartPoint:
+        topology, handles = self.topology, self.handles
+        run_dir = handles.run_dir
+        source = topology.leader_ranks[topology.present_names.index(point.source_node)]
+        box = [self._source_state(point) if topology.rank == source else None]
+        dist.broadcast_object_list(box, src=source)
+        global_state, lent_inner_state = box[0]
+        returning = topology.node_name in point.members
+        same_members = sorted(point.members) == sorted(topology.present_names)
+        node_state = checkpoint.load_node(run_dir, point.round, topology.node_name) if returning else None
+        if not returning:
+            node_state = self._rejoin_state(point, own_report, lent_inner_state)
+        run_id, pending = handles.restore(global_state, node_state, same_members)
         if topology.is_coordinator:
             log = RunLog(run_dir)
-            log.drop_rounds_from("idle.jsonl", resume_round)
-            log.drop_rounds_from("metrics.jsonl", resume_round + 1)
-            log.drop_rounds_from("plan.jsonl", resume_round + 1)
-        return StartPoint(run_id, resume_round + 1, pending)
+            log.drop_rounds_from("idle.jsonl", point.round)
+            log.drop_rounds_from("metrics.jsonl", point.round + 1)
+            log.drop_rounds_from("plan.jsonl", point.round + 1)
+        if topology.is_leader:
+            checkpoint.drop_rounds_after(run_dir, point.round)
+            checkpoint.point_latest(run_dir, point.round)
+            self._say_how_resumed(point, returning, same_members, node_state)
+        lost_since = pending.get("round_end") if (restarted and returning and pending) else None
+        return StartPoint(run_id, point.round + 1, pending if returning else None, lost_since=lost_since)
+
+    def _source_state(self, point: ResumePoint) -> tuple[dict, Optional[dict]]:
+        """(global state of ``point.round``, this node's inner optimizer state when it was a member)."""
+        run_dir, name = self.handles.run_dir, self.topology.node_name
+        inner = checkpoint.load_node(run_dir, point.round, name)["inner_optimizer"] if name in point.members else None
+        return checkpoint.load_global(run_dir, point.round), inner
+
+    def _rejoin_state(self, point: ResumePoint, own_report: Optional[SavedRounds],
+                      lent_inner_state: Optional[dict]) -> dict:
+        """A node that missed ``point.round``: its data position from its newest own file, the inner
+        optimizer state lent by the source node (see runtime/recovery.py)."""
+        report = own_report or saved_rounds(self.handles.run_dir, self.topology.node_name)
+        older = newest_node_round(report, point.round)
+        state: dict = {"rejoined_after": older}
+        if lent_inner_state is not None:
+            state["inner_optimizer"] = lent_inner_state
+        if older is not None:
+            state["cursor"] = checkpoint.load_node(self.handles.run_dir, older, self.topology.node_name)["cursor"]
+        return state
+
+    def _say_how_resumed(self, point: ResumePoint, returning: bool, same_members: bool,
+                         node_state: Optional[dict]) -> None:
+        name, present = self.topology.node_name, ", ".join(self.topology.present_names)
+        if returning and same_members:
+            return
+        if returning:
+            print(f"[geodiloco] node {name}: nodes present now: {present} (round {point.round + 1} had "
+                  f"{', '.join(point.members)}); going on from round {point.round + 1} with the global state "
+                  f"from node {point.source_node}{'; syncs that were in flight are dropped' if self.mode != 'none' else ''}",
+                  flush=True)
+            return
+        older = node_state.get("rejoined_after") if node_state else None
+        since = f"its last round was {older + 1}" if older is not None else "it has no saved state"
+        inner = (f"node {point.source_node}'s inner optimizer state" if "inner_optimizer" in (node_state or {})
+                 else "fresh inner optimizer state")
+        print(f"[geodiloco] node {name}: rejoins after round {point.round + 1} ({since}) with the global state and "
+              f"{inner} from node {point.source_node}; nodes present now: {present}", flush=True)
+
+    def _start_heartbeat(self, generation: str) -> None:
+        """Leaders watch each other (runtime/heartbeat.py) once the world has formed."""
+        elastic = self.elastic
+        if not self.topology.is_leader or self.topology.num_nodes < 2 or elastic is None:
+            return
+        store = open_store(elastic.failure_timeout_s)
+        if store is None:
+            return
+        prefixed = dist.PrefixStore(f"geodiloco/heartbeat/{generation}/", store)
+        self.heartbeat = Heartbeat(prefixed, self.topology.node_name, self.topology.present_names,
+                                   elastic.heartbeat_interval_s, elastic.failure_timeout_s).start()
 
     # ----- the round -----------------------------------------------------------------------
 
     def begin_round(self, round_idx: int) -> Optional[list[str]]:
+        """The nodes of this world (after a site failed: the ones present)."""
         self._launched = set()
-        return None
+        return None if self.topology.all_present else list(self.topology.present_names)
 
     def before_step(self, step_idx: int, local_steps: int, round_sync: RoundSync) -> None:
         """Streaming: land the previous fragment and launch the next at their points of the round."""
@@ -196,6 +284,8 @@ class TorchOuterSync:
         dist.barrier()
 
     def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop(leaving=True)
         if self.schedule is not None:
             self.schedule.close()
         if dist.is_initialized():

@@ -1,0 +1,148 @@
+"""Failure drills: kill, freeze, thaw or restart an emulated site at a chosen round.
+
+``geodiloco run --drill "kill:c@3,restart:c@5"`` kills every process of node c's site halfway
+through round 3 (SIGKILL to its torchrun agent and workers: a machine that died) and starts
+the site again halfway through round 5 (its agent joins the next rendezvous). ``freeze``
+sends SIGSTOP (a hung machine that keeps its sockets open), ``thaw`` SIGCONT. Each event is
+written to ``RUN_DIR/drill.jsonl`` with its unix time, so the report and the benchmarks can
+measure detection, recovery and rejoin from the logs.
+
+Rounds count from 1 as the progress lines do; "halfway" is half the duration of the last
+round the run logged (the round starts when the previous one is in plan.jsonl).
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+from lab.process_tree import signal_tree
+from predictor.schema import ConfigError
+
+ACTIONS = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP, "thaw": signal.SIGCONT, "restart": None}
+DRILL_LOG = "drill.jsonl"
+
+
+@dataclass
+class DrillEvent:
+    action: str
+    node: str
+    round: int
+    """1-based round in whose middle the event fires."""
+
+
+def parse_drill(text: str, config) -> list[DrillEvent]:
+    """``ACTION:NODE@ROUND`` items separated by commas, e.g. ``kill:c@3,restart:c@5``."""
+    names = [node.name for node in config.nodes]
+    events = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        action, _, rest = item.partition(":")
+        node, _, round_text = rest.partition("@")
+        if action not in ACTIONS or not node or not round_text.isdigit():
+            raise ConfigError(f"--drill {item!r}: expected ACTION:NODE@ROUND with ACTION one of "
+                              f"{', '.join(ACTIONS)}, e.g. kill:{names[-1]}@3")
+        if node not in names:
+            raise ConfigError(f"--drill {item!r}: node {node!r} is not in the config ({', '.join(names)})")
+        round_idx = int(round_text)
+        if not 1 <= round_idx <= config.diloco.rounds:
+            raise ConfigError(f"--drill {item!r}: round {round_idx} is outside 1..{config.diloco.rounds} "
+                              "(diloco.rounds)")
+        events.append(DrillEvent(action, node, round_idx))
+    return sorted(events, key=lambda event: event.round)
+
+
+def rounds_logged(run_dir: Path) -> int:
+    """Rounds the coordinator has finished and logged (highest round in plan.jsonl, plus one)."""
+    path = run_dir / "plan.jsonl"
+    if not path.is_file():
+        return 0
+    rounds = [json.loads(line)["round"] for line in path.read_text().splitlines() if line.strip()]
+    return max(rounds) + 1 if rounds else 0
+
+
+class DrillRunner:
+    """Fires drill events against the launcher's site processes from a thread (context manager)."""
+
+    def __init__(self, events: list[DrillEvent], processes: list[subprocess.Popen], launcher, run_dir: Path,
+                 poll_s: float = 0.2) -> None:
+        self.events = list(events)
+        self.processes = processes
+        self.launcher = launcher
+        self.run_dir = run_dir
+        self.poll_s = poll_s
+        self.frozen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="geodiloco-drill", daemon=True)
+        self._names = [node.name for node in launcher.config.nodes]
+
+    def __enter__(self) -> "DrillRunner":
+        if self.events:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for index in self.frozen:
+            signal_tree(self.processes[index].pid, signal.SIGKILL)
+
+    def _run(self) -> None:
+        logged, logged_at, round_s = 0, time.time(), None
+        while not self._stop.wait(self.poll_s):
+            now_logged = rounds_logged(self.run_dir)
+            if now_logged > logged:
+                round_s = time.time() - logged_at if logged else None
+                logged, logged_at = now_logged, time.time()
+            while self.events and logged >= self.events[0].round - 1:
+                halfway_s = (round_s or 0.0) / 2
+                if time.time() - logged_at < halfway_s:
+                    break
+                self._fire(self.events.pop(0))
+            if not self.events:
+                self._release_frozen_when_alone()
+
+    def _fire(self, event: DrillEvent) -> None:
+        index = self._names.index(event.node)
+        process = self.processes[index]
+        if event.action == "restart":
+            if process.poll() is None:
+                signal_tree(process.pid, signal.SIGKILL)
+                process.wait()
+            self.frozen.discard(index)
+            self.processes[index] = self.launcher.start(index)
+        else:
+            signal_tree(process.pid, ACTIONS[event.action])
+            if event.action == "freeze":
+                self.frozen.add(index)
+            elif event.action == "thaw":
+                self.frozen.discard(index)
+        row = {**asdict(event), "time": time.time()}
+        with open(self.run_dir / DRILL_LOG, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+        print(f"[geodiloco] drill: {event.action} node {event.node} in round {event.round}", flush=True)
+
+    def _release_frozen_when_alone(self) -> None:
+        """Once every site that is not frozen has ended, a frozen one would wait forever: kill it."""
+        others = [process for index, process in enumerate(self.processes) if index not in self.frozen]
+        if self.frozen and all(process.poll() is not None for process in others):
+            for index in sorted(self.frozen):
+                signal_tree(self.processes[index].pid, signal.SIGKILL)
+            self.frozen.clear()
+
+
+def read_drill(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / DRILL_LOG
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def first_after(rows: list[dict], time_s: float, key: str = "round_start") -> Optional[dict]:
+    later = [row for row in rows if row.get(key, 0) > time_s]
+    return min(later, key=lambda row: row[key]) if later else None

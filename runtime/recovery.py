@@ -1,0 +1,94 @@
+"""Where a torch-backend run resumes after its membership changed (a site failed or came back).
+
+Every node's leader keeps, on its own disk, the global state of the rounds it saved
+(``global.pt``, the same on every node after an outer step) with the round's members
+(``members.json``), and its own node file. When the workers start again (torchrun's
+elastic agent restarted them, or a person passed ``--resume``), the present leaders report
+what they hold and all pick the same round: the newest one whose global state some
+present node holds and whose node file every present member of that round holds. A node
+that was not a member of it (it rejoins) takes the global state and the inner optimizer
+state of the node that sent it (AdamW started from zero moments moves every parameter by
+about the learning rate on its first steps, far more than a warmed-up optimizer does). So a
+failure costs at most the round in progress.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from runtime import checkpoint
+
+MEMBERS_FILE = "members.json"
+
+
+@dataclass
+class SavedRounds:
+    """What one node's leader holds in its run directory.
+
+    ``global_members``: round -> the nodes that took part in it, for every round whose global
+    state is on this disk; ``node_rounds``: rounds this node saved its own file for."""
+
+    node: str
+    global_members: dict[int, list[str]]
+    node_rounds: list[int]
+
+
+@dataclass
+class ResumePoint:
+    """The round every present node restarts after, who sends its global state (a member of that
+    round when one is present: it also lends its inner optimizer state to nodes that rejoin), and
+    who had been a member of it."""
+
+    round: int
+    source_node: str
+    members: list[str]
+
+
+def write_members(run_dir: Path, round_idx: int, members: list[str]) -> None:
+    path = checkpoint.round_dir(run_dir, round_idx) / MEMBERS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp_path = path.with_name(f"{MEMBERS_FILE}.tmp{os.getpid()}")
+    temp_path.write_text(json.dumps(members) + "\n")
+    temp_path.replace(path)
+
+
+def saved_rounds(run_dir: Path, node_name: str) -> SavedRounds:
+    """Scan ``run_dir/checkpoints`` for this node."""
+    global_members: dict[int, list[str]] = {}
+    node_rounds: list[int] = []
+    for round_path in sorted((run_dir / "checkpoints").glob("round_*")):
+        try:
+            round_idx = int(round_path.name.split("_", 1)[1])
+        except ValueError:
+            continue
+        members_path = round_path / MEMBERS_FILE
+        if (round_path / "global.pt").is_file() and members_path.is_file():
+            global_members[round_idx] = json.loads(members_path.read_text())
+        if (round_path / f"node_{node_name}.pt").is_file():
+            node_rounds.append(round_idx)
+    return SavedRounds(node_name, global_members, node_rounds)
+
+
+def choose_resume_point(reports: list[SavedRounds], present: list[str]) -> Optional[ResumePoint]:
+    """The newest round that every present node can restart after (None: nothing usable saved).
+
+    ``reports``: the present leaders' ``saved_rounds``; ``present``: node names in config order."""
+    by_node = {report.node: report for report in reports}
+    candidates = sorted({round_idx for report in reports for round_idx in report.global_members}, reverse=True)
+    for round_idx in candidates:
+        holders = [name for name in present if name in by_node and round_idx in by_node[name].global_members]
+        members = by_node[holders[0]].global_members[round_idx]
+        returning = [name for name in present if name in members]
+        if all(name in by_node and round_idx in by_node[name].node_rounds for name in returning):
+            source = next((name for name in holders if name in returning), holders[0])
+            return ResumePoint(round_idx, source, members)
+    return None
+
+
+def newest_node_round(report: SavedRounds, before: int) -> Optional[int]:
+    """This node's newest own file up to round ``before`` (a rejoining node's data position)."""
+    rounds = [round_idx for round_idx in report.node_rounds if round_idx <= before]
+    return max(rounds) if rounds else None

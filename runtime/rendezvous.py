@@ -1,0 +1,62 @@
+"""``geodiloco rendezvous``: host a run's rendezvous store (torchrun's c10d backend) on its own.
+
+torchrun's elastic agents meet in one TCP store. When a training site hosts it
+(``--is-host``), that site is the one whose failure stops the run; hosting it in a small
+process of its own, on the most reliable machine (a coordinator box, the site least likely
+to be preempted), lets every training site fail and come back. ``geodiloco run`` starts one
+beside its emulated sites. The store holds no training state: if it is lost, restart it and
+the sites with ``--resume``.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+
+def serve(host: str, port: int, ready_file: Optional[Path] = None) -> int:
+    """Listen on host:port until SIGTERM/SIGINT; write ``ready_file`` once listening."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=60), use_libuv=True)
+    except Exception as err:  # port taken, address not on this machine
+        print(f"geodiloco rendezvous: error: cannot listen on {host}:{port}: {err}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"[geodiloco] rendezvous store listening on {host}:{port} (Ctrl+C stops it)", flush=True)
+    if ready_file is not None:
+        ready_file.write_text(f"{host}:{port}\n")
+    stop.wait()
+    del store
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "rendezvous", help="host a run's rendezvous store for elastic training across sites",
+        description="Host the TCP store in which every site's torchrun agent meets (c10d rendezvous). "
+                    "Run it on the machine most likely to stay up, then start every site with "
+                    "scripts/launch_site.sh --rdzv-endpoint HOST:PORT (no site passes --is-host).")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    parser.add_argument("--port", type=int, default=29400, help="TCP port (default: 29400)")
+    parser.add_argument("--ready-file", type=Path, help="write HOST:PORT here once listening")
+    parser.set_defaults(func=lambda args: serve(args.host, args.port, args.ready_file))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime.rendezvous")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["rendezvous", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
