@@ -37,6 +37,8 @@ class NodeRound(LogLine):
     overhead_s: NonNegativeFloat = 0.0
     comm_hidden_s: NonNegativeFloat = 0.0
     sync_bytes: NonNegativeInt = 0
+    lost_s: NonNegativeFloat = 0.0
+    present_nodes: list[str] = Field(default_factory=list)
     gpus: list[str] = Field(default_factory=list)
     num_gpus: NonNegativeInt = 1
     source: str = "runtime"

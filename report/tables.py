@@ -51,6 +51,8 @@ def waste_line(summary: RunSummary) -> Text:
                 f"compute utilization {fmt.percent(total.compute_utilization)}")
     if total.comm_hidden_s > 0:
         text.append(f"; {fmt.seconds(total.comm_hidden_s)} s of sync hidden behind compute")
+    if total.lost_s > 0:
+        text.append(f"; {fmt.seconds(total.lost_s)} s of the idle lost to site failures and restarts", style=IDLE_STYLE)
     if total.idle_cost_usd is not None:
         text.append("; ")
         text.append(f"{fmt.usd(total.idle_cost_usd)} idle", style=IDLE_STYLE)

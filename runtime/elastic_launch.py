@@ -94,3 +94,23 @@ def wait_until_ready(process: subprocess.Popen, ready_file: Path, timeout_s: flo
             raise RuntimeError(f"the rendezvous store did not listen within comm.init_timeout_s ({timeout_s:g} s)")
         time.sleep(0.1)
 
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m runtime.elastic_launch CONFIG``: the torchrun settings scripts/launch_site.sh uses,
+    one per line (min nodes, max restarts, --rdzv-conf without is_host), read from the config."""
+    from runtime.config import load_config
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m runtime.elastic_launch CONFIG", file=sys.stderr)
+        return 2
+    config = load_config(args[0])
+    conf = rendezvous_conf(config).replace("is_host=false,", "")
+    print(config.comm.min_nodes if config.comm.elastic.enabled else len(config.nodes))
+    print(config.comm.elastic.max_restarts if config.comm.elastic.enabled else 0)
+    print(conf)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -102,10 +102,14 @@ class Heartbeat:
             self.on_failure(peer, silent_s)
 
 
-def exit_on_peer_failure(node_name: str) -> Callable[[str, float], None]:
-    """End this worker at once (a collective may be blocked on the silent peer)."""
+def exit_on_peer_failure(node_name: str, on_record: Optional[Callable[[str, float], None]] = None
+                         ) -> Callable[[str, float], None]:
+    """End this worker at once (a collective may be blocked on the silent peer); ``on_record``
+    logs the failure first."""
 
     def stop(peer: str, silent_s: float) -> None:
+        if on_record is not None:
+            on_record(peer, silent_s)
         print(f"[geodiloco] node {node_name}: {peer} silent for {silent_s:.0f} s; treating it as failed and "
               "stopping this worker (the elastic agent restarts the present sites from the last complete round)",
               file=sys.stderr, flush=True)

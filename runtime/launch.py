@@ -2,10 +2,14 @@
 
 One process per node (one process-group member each, gloo on CPU), either on
 loopback (``--sites local``) or each in its own network namespace with links
-shaped as the config's ``wan:`` says (``--sites netns``, needs root). Like
-torchrun, the launcher watches its children: if one fails, the others are
-stopped; Ctrl+C or SIGTERM stops them all, and the last complete checkpoint
-is kept.
+shaped as the config's ``wan:`` says (``--sites netns``, needs root).
+
+On the torch backend with ``comm.elastic.enabled`` (the default) each node is a
+torchrun elastic agent and a rendezvous store runs beside them
+(runtime/elastic_launch.py): a node that fails is left out and the others go on;
+``--drill`` fails nodes on purpose (lab/drill.py). With fixed membership the
+launcher, like torchrun, stops the others when one fails. Ctrl+C or SIGTERM
+stops them all, and the last complete checkpoint is kept.
 
 With ``comm.backend: hivemind`` the first node starts alone; once its DHT peer is up
 it writes its multiaddrs to ``RUN_DIR/hivemind_peers.txt`` and the others start with
@@ -26,12 +30,14 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Iterator, Optional
 
 from predictor.schema import ConfigError
 from runtime.config import RunConfig
 from lab.drill import DrillRunner, parse_drill
+from lab.process_tree import descendants
 
 STOP_GRACE_S = 15.0
 PEERS_FILE = "hivemind_peers.txt"
@@ -82,6 +88,7 @@ class NodeLauncher:
         self.rendezvous_endpoint = rendezvous_endpoint
         self.peers_file = Path(train_args[train_args.index("--run-dir") + 1]) / PEERS_FILE
         self.hivemind = config.comm.backend == "hivemind"
+        self._job: Optional[str] = None
 
     def address(self, index: int) -> str:
         return self.site_set[index].address if self.mode == "netns" else "127.0.0.1"
@@ -110,7 +117,11 @@ class NodeLauncher:
         return subprocess.Popen(command, env=env, start_new_session=self.hivemind)
 
     def run_name(self) -> str:
-        return "geodiloco-" + self.peers_file.parent.resolve().name
+        """The rendezvous id: one per launch, so a new launch never takes an old one's checkpoints
+        for its own (it resumes only with --resume)."""
+        if self._job is None:
+            self._job = f"geodiloco-{self.peers_file.parent.resolve().name}-{uuid.uuid4().hex[:8]}"
+        return self._job
 
 
 @contextlib.contextmanager
@@ -139,7 +150,11 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str],
                 processes.append(launcher.start(index, processes[0] if processes else None))
             yield processes, launcher
         finally:
+            workers = [pid for process in processes for pid in descendants(process.pid)] if elastic else []
             stop_processes(processes)
+            for pid in workers:  # an agent stopped hard leaves its workers behind
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
             if launcher.hivemind:
                 for process in processes:
                     kill_session(process)

@@ -13,15 +13,18 @@ failure costs at most the round in progress.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from runtime import checkpoint
 
 MEMBERS_FILE = "members.json"
+MEMBERSHIP_LOG = "membership.jsonl"
 
 
 @dataclass
@@ -34,6 +37,8 @@ class SavedRounds:
     node: str
     global_members: dict[int, list[str]]
     node_rounds: list[int]
+    jobs: list[str] = field(default_factory=list)
+    """The elastic jobs (torchrun rendezvous ids) that wrote those rounds."""
 
 
 @dataclass
@@ -47,17 +52,25 @@ class ResumePoint:
     members: list[str]
 
 
+def elastic_job() -> Optional[str]:
+    """The torchrun rendezvous id of this worker's job (None outside torchrun's elastic agent).
+    Workers that find rounds written by their own job were restarted by their agents (a site
+    failed or joined) and resume without being asked."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") or None
+
+
 def write_members(run_dir: Path, round_idx: int, members: list[str]) -> None:
     path = checkpoint.round_dir(run_dir, round_idx) / MEMBERS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     temp_path = path.with_name(f"{MEMBERS_FILE}.tmp{os.getpid()}")
-    temp_path.write_text(json.dumps(members) + "\n")
+    temp_path.write_text(json.dumps({"members": members, "job": elastic_job()}) + "\n")
     temp_path.replace(path)
 
 
 def saved_rounds(run_dir: Path, node_name: str) -> SavedRounds:
     """Scan ``run_dir/checkpoints`` for this node."""
     global_members: dict[int, list[str]] = {}
+    jobs: set[str] = set()
     node_rounds: list[int] = []
     for round_path in sorted((run_dir / "checkpoints").glob("round_*")):
         try:
@@ -66,10 +79,13 @@ def saved_rounds(run_dir: Path, node_name: str) -> SavedRounds:
             continue
         members_path = round_path / MEMBERS_FILE
         if (round_path / "global.pt").is_file() and members_path.is_file():
-            global_members[round_idx] = json.loads(members_path.read_text())
+            saved = json.loads(members_path.read_text())
+            global_members[round_idx] = saved["members"]
+            if saved.get("job"):
+                jobs.add(saved["job"])
         if (round_path / f"node_{node_name}.pt").is_file():
             node_rounds.append(round_idx)
-    return SavedRounds(node_name, global_members, node_rounds)
+    return SavedRounds(node_name, global_members, node_rounds, sorted(jobs))
 
 
 def choose_resume_point(reports: list[SavedRounds], present: list[str]) -> Optional[ResumePoint]:
@@ -92,3 +108,20 @@ def newest_node_round(report: SavedRounds, before: int) -> Optional[int]:
     """This node's newest own file up to round ``before`` (a rejoining node's data position)."""
     rounds = [round_idx for round_idx in report.node_rounds if round_idx <= before]
     return max(rounds) if rounds else None
+
+
+def log_membership_event(run_dir: Path, event: str, **fields) -> None:
+    """Append ``{"time", "event", ...}`` to ``RUN_DIR/membership.jsonl``: when a worker noticed a
+    lost peer (``peer_failed``) and when a world went on with other members (``resumed``)."""
+    row = {"time": time.time(), "event": event, **fields}
+    with contextlib.suppress(OSError):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / MEMBERSHIP_LOG, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+
+def read_membership_events(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / MEMBERSHIP_LOG
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

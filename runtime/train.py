@@ -28,6 +28,7 @@ from balancer.records import IdleRecord
 from runtime.comm import node_name_from_env
 from runtime.config import RunConfig, load_config
 from runtime.heartbeat import PEER_FAILED_EXIT_CODE
+from runtime.recovery import log_membership_event
 from runtime.idle import RoundClock
 from runtime.runlog import RunLog
 from runtime.sync import OutOfSync, RoundSync, SyncOutcome, join_world
@@ -283,8 +284,11 @@ def train_from_args(args: argparse.Namespace) -> int:
     except (RuntimeError, ConnectionError) as err:
         if not lost_a_peer(err):
             raise
-        print(f"[geodiloco] a peer site is gone ({str(err).splitlines()[0][:160]}); stopping this worker so the "
-              "present sites restart from the last complete round", file=sys.stderr, flush=True)
+        reason = str(err).splitlines()[0].split(". ")[0][-160:]
+        log_membership_event(run_dir, "peer_failed", node=os.environ.get("GEODILOCO_NODE", args.node), how="connection",
+                             error=reason)
+        print(f"[geodiloco] a peer site is gone ({reason}); stopping this worker so the present sites restart "
+              "from the last complete round", file=sys.stderr, flush=True)
         return PEER_FAILED_EXIT_CODE
 
 

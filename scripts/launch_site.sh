@@ -2,11 +2,16 @@
 # Launch one site's share of a GeoDiLoCo run under torchrun (c10d rendezvous).
 #
 #   scripts/launch_site.sh --config run.yaml --node-name NAME --nnodes N --nproc-per-node G \
-#       --rdzv-endpoint HOST:PORT [--is-host] [--local-addr ADDR] [--ifname IFACE] \
-#       [--run-id ID] [--entry MODULE] [--dry-run] [-- extra args for the entry]
+#       --rdzv-endpoint HOST:PORT [--is-host] [--min-nodes M] [--max-restarts R] [--fixed] \
+#       [--local-addr ADDR] [--ifname IFACE] [--run-id ID] [--entry MODULE] [--dry-run] [-- entry args]
 #
-# Runs on every site with the same --rdzv-endpoint and --run-id; exactly one site
-# (the one whose address is HOST) passes --is-host and serves the rendezvous store.
+# Runs on every site with the same --rdzv-endpoint and --run-id. The rendezvous store runs
+# either in `geodiloco rendezvous` on a reliable machine (recommended: then any site may fail)
+# or in the one site that passes --is-host (HOST is its address; if it fails, the run stops).
+# Elastic by default (docs/elastic.md): --nnodes M:N with M = --min-nodes (default 1, set it to
+# the config's comm.min_nodes), --max-restarts 10, rendezvous timeouts for a WAN (the defaults of
+# comm.elastic); a site that fails is left out and may come back with the same command.
+# --fixed: --nnodes N:N and no restarts (one failed site stops every site).
 # It avoids the ways a cross-site torchrun job hangs:
 #   * --rdzv-conf=is_host=true|false: HOST often resolves to 127.0.0.1 locally,
 #     so the store host must be told it is the host;
@@ -20,11 +25,11 @@
 # (default runtime.train). --dry-run prints the command and exits.
 set -euo pipefail
 
-usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "launch_site.sh: error: $*" >&2; exit 2; }
 
 config="" node="" nnodes="" nproc="" endpoint="" is_host=false local_addr="" ifname=""
-run_id="geodiloco" entry="runtime.train" dry_run=false extra=()
+run_id="geodiloco" entry="runtime.train" dry_run=false extra=() min_nodes=1 max_restarts=10 fixed=false
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --config) config="${2:-}"; shift 2 ;;
@@ -33,6 +38,9 @@ while [[ $# -gt 0 ]]; do
         --nproc-per-node) nproc="${2:-}"; shift 2 ;;
         --rdzv-endpoint) endpoint="${2:-}"; shift 2 ;;
         --is-host) is_host=true; shift ;;
+        --min-nodes) min_nodes="${2:-}"; shift 2 ;;
+        --max-restarts) max_restarts="${2:-}"; shift 2 ;;
+        --fixed) fixed=true; shift ;;
         --local-addr) local_addr="${2:-}"; shift 2 ;;
         --ifname) ifname="${2:-}"; shift 2 ;;
         --run-id) run_id="${2:-}"; shift 2 ;;
@@ -47,6 +55,8 @@ done
 [[ -n "$config" ]] || die "--config is required: the run's YAML file (the same file on every site)"
 [[ -n "$node" ]] || die "--node-name is required: this site's node name from the config's nodes: list"
 [[ "$nnodes" =~ ^[1-9][0-9]*$ ]] || die "--nnodes must be a positive integer: the number of sites (got '$nnodes')"
+[[ "$min_nodes" =~ ^[1-9][0-9]*$ && "$min_nodes" -le "$nnodes" ]] || die "--min-nodes must be an integer from 1 to --nnodes (got '$min_nodes')"
+[[ "$max_restarts" =~ ^[0-9]+$ ]] || die "--max-restarts must be a non-negative integer (got '$max_restarts')"
 [[ "$nproc" =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node must be a positive integer: GPUs (or processes) at this site (got '$nproc')"
 [[ "$endpoint" =~ ^[^:]+:[0-9]+$ ]] || die "--rdzv-endpoint must be HOST:PORT of the site passing --is-host (got '$endpoint')"
 [[ "$ifname" =~ ^[^/[:space:]]{0,15}$ ]] || die "--ifname must be an interface name of at most 15 characters (got '$ifname')"
@@ -90,17 +100,28 @@ else
     launcher=("${PYTHON:-python3}" -m torch.distributed.run)
 fi
 
+# The rendezvous timeouts are comm.elastic's defaults (tests/test_sites_unit.py keeps them equal).
+rdzv_conf="is_host=$is_host"
+nnodes_range="$min_nodes:$nnodes"
+if $fixed; then
+    nnodes_range="$nnodes" max_restarts=0
+else
+    rdzv_conf+=",join_timeout=600,last_call_timeout=8,close_timeout=30,keep_alive_interval=2,keep_alive_max_attempt=3"
+fi
 command=("${launcher[@]}"
-    "--nnodes=$nnodes" "--nproc-per-node=$nproc"
+    "--nnodes=$nnodes_range" "--nproc-per-node=$nproc"
     "--rdzv-backend=c10d" "--rdzv-endpoint=$endpoint" "--rdzv-id=$run_id"
-    "--rdzv-conf=is_host=$is_host" "--local-addr=$local_addr" "--max-restarts=0"
+    "--rdzv-conf=$rdzv_conf" "--local-addr=$local_addr" "--max-restarts=$max_restarts"
+    "--monitor-interval=0.5"
     -m "$entry" --config "$config" "${extra[@]}")
 
+# torchrun's shared store keeps one world's keys into the next (see runtime/elastic_launch.py)
 if $dry_run; then
-    printf 'GEODILOCO_NODE=%q GLOO_SOCKET_IFNAME=%q TP_SOCKET_IFNAME=%q' "$node" "$ifname" "$ifname"
+    printf 'GEODILOCO_NODE=%q GLOO_SOCKET_IFNAME=%q TP_SOCKET_IFNAME=%q TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1' \
+        "$node" "$ifname" "$ifname"
     printf ' %q' "${command[@]}"
     printf '\n'
     exit 0
 fi
-export GEODILOCO_NODE="$node" GLOO_SOCKET_IFNAME="$ifname" TP_SOCKET_IFNAME="$ifname"
+export GEODILOCO_NODE="$node" GLOO_SOCKET_IFNAME="$ifname" TP_SOCKET_IFNAME="$ifname" TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 exec "${command[@]}"

@@ -126,10 +126,34 @@ def test_launch_site_dry_run_composes_torchrun_command():
                         "--ifname", "eth1", "--dry-run", "--", "--resume")
     assert result.returncode == 0, result.stderr
     assert shlex.split(result.stdout) == [
-        "GEODILOCO_NODE=seoul", "GLOO_SOCKET_IFNAME=eth1", "TP_SOCKET_IFNAME=eth1", "torchrun",
-        "--nnodes=4", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.1.0.1:29400",
-        "--rdzv-id=geodiloco", "--rdzv-conf=is_host=true", "--local-addr=10.1.0.1", "--max-restarts=0",
-        "-m", "runtime.train", "--config", "run.yaml", "--resume"]
+        "GEODILOCO_NODE=seoul", "GLOO_SOCKET_IFNAME=eth1", "TP_SOCKET_IFNAME=eth1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "torchrun",
+        "--nnodes=1:4", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.1.0.1:29400",
+        "--rdzv-id=geodiloco", f"--rdzv-conf=is_host=true,{DEFAULT_RDZV_TIMEOUTS}", "--local-addr=10.1.0.1",
+        "--max-restarts=10", "--monitor-interval=0.5", "-m", "runtime.train", "--config", "run.yaml", "--resume"]
+
+
+DEFAULT_RDZV_TIMEOUTS = ("join_timeout=600,last_call_timeout=8,close_timeout=30,keep_alive_interval=2,"
+                         "keep_alive_max_attempt=3")
+
+
+def test_launch_site_timeouts_are_the_configs_defaults():
+    """The script cannot read YAML; its defaults must stay those of comm.elastic."""
+    from runtime.config import RunConfig
+    from runtime.elastic_launch import rendezvous_conf
+    config = RunConfig.model_validate({"model": {"preset": "tiny"}, "nodes": [{"name": "a", "gpus": ["RTX 3090"]}]})
+    assert rendezvous_conf(config) == f"is_host=false,{DEFAULT_RDZV_TIMEOUTS}"
+
+
+def test_launch_site_fixed_and_min_nodes():
+    common = ["--config", "run.yaml", "--node", "a", "--nnodes", "4", "--nproc-per-node", "1",
+              "--rdzv-endpoint", "10.1.0.1:29400", "--local-addr", "10.1.0.2", "--ifname", "eth1", "--dry-run"]
+    elastic = shlex.split(run_launch(*common, "--min-nodes", "3", "--max-restarts", "5").stdout)
+    assert "--nnodes=3:4" in elastic and "--max-restarts=5" in elastic
+    fixed = shlex.split(run_launch(*common, "--fixed").stdout)
+    assert "--nnodes=4" in fixed and "--max-restarts=0" in fixed and "--rdzv-conf=is_host=false" in fixed
+    too_many = run_launch(*common, "--min-nodes", "5")
+    assert too_many.returncode == 2 and "--min-nodes must be an integer from 1 to --nnodes" in too_many.stderr
 
 
 def test_torchrun_accepts_the_composed_entry_arguments():
@@ -152,7 +176,7 @@ def test_launch_site_not_host_by_default():
                         "--run-id", "exp7", "--dry-run")
     assert result.returncode == 0, result.stderr
     words = shlex.split(result.stdout)
-    assert "--rdzv-conf=is_host=false" in words and "--rdzv-id=exp7" in words
+    assert f"--rdzv-conf=is_host=false,{DEFAULT_RDZV_TIMEOUTS}" in words and "--rdzv-id=exp7" in words
     assert "GEODILOCO_NODE=busan" in words
     assert not any(word.startswith("--node") for word in words)
 

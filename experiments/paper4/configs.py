@@ -187,7 +187,8 @@ def run_config(policy: str, scaling: Scaling, scenario: Scenario = PAPER, seed: 
         "diloco": {"rounds": scaling.rounds, "local_steps": scaling.local_steps,
                    "batch_size": PAPER_BATCH_SIZE, "weighting": "auto", "overlap": "none", "compression": "none"},
         "balancing": real_balancing(policy) if scaling.truth == "real" else {"policy": policy},
-        "comm": {"backend": "torch", "timeout_s": 300},
+        # fixed membership: the published figures were measured without torchrun's agents in the way
+        "comm": {"backend": "torch", "timeout_s": 300, "elastic": {"enabled": False}},
         "checkpoint": checkpoint,
         "nodes": [node_entry(node, scaling, scenario) for node in paper_nodes()],
     }

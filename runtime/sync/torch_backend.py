@@ -8,7 +8,6 @@ broadcasts the parameters inside its node. ``diloco.overlap`` decides when a syn
 """
 from __future__ import annotations
 
-import os
 import uuid
 from dataclasses import asdict
 from typing import Any, Optional
@@ -20,17 +19,13 @@ from runtime import checkpoint
 from runtime.comm import Topology
 from runtime.config import DilocoSection, ElasticSection
 from runtime.diloco import outer_weights
-from runtime.heartbeat import Heartbeat, open_store
-from runtime.recovery import ResumePoint, SavedRounds, choose_resume_point, newest_node_round, saved_rounds
+from runtime.heartbeat import Heartbeat, exit_on_peer_failure, open_store
+from runtime.recovery import (ResumePoint, SavedRounds, choose_resume_point, elastic_job, log_membership_event,
+                              newest_node_round, saved_rounds)
 from runtime.runlog import RunLog
 from runtime.sync.overlap import OverlapSchedule, launch_steps, split_fragments
 from runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
 from runtime.sync.wire import ErrorFeedback, reduce_sum, sent_bytes
-
-
-def restarted_by_agent() -> bool:
-    """torchrun's elastic agent started this worker again (a site failed or joined)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
 
 
 def planned_weights(round_sync: RoundSync) -> dict[str, float]:
@@ -77,22 +72,26 @@ class TorchOuterSync:
         """Agree on run id and first round; resume from the newest round every present node can
         restart after (runtime/recovery.py), with the global state sent by a node that holds it.
 
-        Resuming is asked for by ``--resume`` on any site or by torchrun's elastic agent
-        restarting the workers after a membership change."""
+        Resuming is asked for by ``--resume`` on any site, or happens by itself when the saved
+        rounds were written by this same elastic job (torchrun restarted the workers after a
+        membership change, or a site came back); only then is the time since the round resumed
+        from recorded as lost."""
         self.handles = handles
         self.fragments = split_fragments([param.numel() for param in handles.params], self.fragment_count)
         if self.topology.is_leader:
             self.schedule = OverlapSchedule(self.mode, handles.params, handles.outer, self.fragments,
                                             self._reduce, run_in_background=self.mode != "none")
         run_dir, topology = handles.run_dir, self.topology
-        restarted = restarted_by_agent()
         gathered = self.exchange({
-            "resume": resume or restarted, "run_id": handles.new_run_id(), "generation": uuid.uuid4().hex,
+            "resume": resume, "run_id": handles.new_run_id(), "generation": uuid.uuid4().hex,
             "saved": asdict(saved_rounds(run_dir, topology.node_name)) if topology.is_leader else None})
         self._start_heartbeat(gathered[0]["generation"])
         saved = [SavedRounds(**item["saved"]) for item in gathered if item["saved"] is not None]
         held = sorted({round_idx for report in saved for round_idx in report.global_members})
-        if held and not any(item["resume"] for item in gathered):
+        asked = any(item["resume"] for item in gathered)
+        job = elastic_job()
+        restarted = not asked and job is not None and any(job in report.jobs for report in saved)
+        if held and not (asked or restarted):
             raise RuntimeError(f"{run_dir} already holds a checkpoint of round {held[-1]}; pass --resume to "
                                "continue it, or choose another --run-dir")
         point = choose_resume_point(saved, topology.present_names) if held else None
@@ -126,6 +125,9 @@ class TorchOuterSync:
             checkpoint.drop_rounds_after(run_dir, point.round)
             checkpoint.point_latest(run_dir, point.round)
             self._say_how_resumed(point, returning, same_members, node_state)
+        if topology.is_coordinator and (restarted or not same_members):
+            log_membership_event(run_dir, "resumed", after_round=point.round, present=topology.present_names,
+                                 members_before=point.members, source=point.source_node)
         lost_since = pending.get("round_end") if (restarted and returning and pending) else None
         return StartPoint(run_id, point.round + 1, pending if returning else None, lost_since=lost_since)
 
@@ -175,8 +177,14 @@ class TorchOuterSync:
         if store is None:
             return
         prefixed = dist.PrefixStore(f"geodiloco/heartbeat/{generation}/", store)
-        self.heartbeat = Heartbeat(prefixed, self.topology.node_name, self.topology.present_names,
-                                   elastic.heartbeat_interval_s, elastic.failure_timeout_s).start()
+        name, run_dir = self.topology.node_name, self.handles.run_dir
+
+        def record(peer: str, silent_s: float) -> None:
+            log_membership_event(run_dir, "peer_failed", node=name, peer=peer, how="heartbeat",
+                                 silent_s=round(silent_s, 2))
+
+        self.heartbeat = Heartbeat(prefixed, name, self.topology.present_names, elastic.heartbeat_interval_s,
+                                   elastic.failure_timeout_s, on_failure=exit_on_peer_failure(name, record)).start()
 
     # ----- the round -----------------------------------------------------------------------
 

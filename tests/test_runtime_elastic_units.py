@@ -1,0 +1,188 @@
+"""Elastic membership, the pieces: who is present, which round to resume, heartbeats, drills."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from predictor.schema import ConfigError
+from runtime import checkpoint
+from runtime.comm import present_nodes
+from runtime.config import RunConfig, load_config
+from runtime.diloco import OuterState
+from runtime.heartbeat import Heartbeat
+from runtime.launch import elastic_exit_code, free_port
+from runtime.recovery import SavedRounds, choose_resume_point, saved_rounds, write_members
+from runtime.sync.overlap import OverlapSchedule
+from lab.drill import parse_drill
+from tests.runtime_helpers import small_config
+
+NAMES = ["a", "b", "c", "d"]
+
+
+def four_node_config(**comm) -> RunConfig:
+    nodes = [{"name": name, "gpus": ["RTX 3090"]} for name in NAMES]
+    config = small_config(nodes, comm={"timeout_s": 60, **comm})
+    config["diloco"]["rounds"] = 8
+    return RunConfig.model_validate(config)
+
+
+# ----- present nodes ------------------------------------------------------------------------
+
+def test_a_subset_of_the_config_forms_a_world_in_config_order():
+    ranks = present_nodes(["d", "a", "b", "a"], NAMES, min_nodes=2)
+    assert list(ranks) == ["a", "b", "d"]
+    assert ranks == {"a": [1, 3], "b": [2], "d": [0]}
+
+
+def test_too_few_nodes_name_the_missing_ones_and_the_setting():
+    with pytest.raises(RuntimeError) as err:
+        present_nodes(["a", "b"], NAMES, min_nodes=3)
+    assert "only 2 of the config's nodes" in str(err.value)
+    assert "comm.min_nodes is 3" in str(err.value) and "Missing: c, d" in str(err.value)
+
+
+def test_a_node_outside_the_config_is_refused():
+    with pytest.raises(RuntimeError, match=r"reported nodes \['x'\]"):
+        present_nodes(["a", "x"], NAMES, min_nodes=1)
+
+
+def test_min_nodes_above_the_node_count_fails_at_load(tmp_path):
+    path = tmp_path / "run.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump(small_config([{"name": "a", "gpus": ["RTX 3090"]}],
+                                                comm={"min_nodes": 2})))
+    with pytest.raises(ConfigError, match="comm.min_nodes: 2 is more than the 1 nodes"):
+        load_config(path)
+
+
+def test_failure_timeout_must_cover_three_heartbeats():
+    with pytest.raises(Exception, match="comm.elastic.failure_timeout_s"):
+        four_node_config(elastic={"failure_timeout_s": 2, "heartbeat_interval_s": 1})
+
+
+# ----- which round to resume ----------------------------------------------------------------
+
+def report(node: str, globals_: dict[int, list[str]], node_rounds: list[int]) -> SavedRounds:
+    return SavedRounds(node, globals_, node_rounds)
+
+
+def test_resume_skips_a_round_a_present_member_did_not_finish_saving():
+    members = {4: NAMES, 5: NAMES}
+    reports = [report("a", members, [4, 5]), report("b", members, [4]), report("d", members, [4, 5])]
+    point = choose_resume_point(reports, ["a", "b", "d"])
+    assert (point.round, point.source_node) == (4, "a")
+
+
+def test_a_node_absent_from_the_round_does_not_block_it_and_a_member_sends_the_state():
+    members = {3: ["a", "b", "d"]}
+    reports = [report("c", members, [1]), report("a", members, [3]), report("b", members, [3]),
+               report("d", members, [3])]
+    point = choose_resume_point(reports, ["a", "b", "c", "d"])
+    assert point.round == 3 and point.members == ["a", "b", "d"]
+    assert point.source_node == "a"  # c holds the global file too (shared disk) but was no member
+
+
+def test_only_a_rejoining_node_holds_the_state_on_its_disk():
+    reports = [report("c", {2: NAMES}, [2]), report("a", {}, [])]
+    point = choose_resume_point(reports, ["a", "c"])
+    assert point is None  # a was a member of round 2 but has no node file of it
+
+
+def test_saved_rounds_reads_what_the_trainer_writes(tmp_path):
+    write_members(tmp_path, 1, ["a", "b"])
+    checkpoint.save_global(tmp_path, 1, {"round": 1})
+    checkpoint.save_node(tmp_path, 1, "a", {"round": 1})
+    checkpoint.save_node(tmp_path, 2, "a", {"round": 2})  # round 2's global file never written
+    assert saved_rounds(tmp_path, "a") == SavedRounds("a", {1: ["a", "b"]}, [1, 2])
+    assert saved_rounds(tmp_path, "b") == SavedRounds("b", {1: ["a", "b"]}, [])
+
+
+def test_anchors_follow_the_restored_global_state_when_nothing_was_in_flight():
+    """A node resuming with other members drops syncs in flight; its next pseudo-gradient must be
+    measured from the restored global parameters, not from the ones it was built with."""
+    model = torch.nn.Linear(4, 2)
+    outer = OuterState(model, lr=0.7, momentum=0.9, nesterov=True)
+    params = list(model.parameters())
+    sent = []
+    schedule = OverlapSchedule("none", params, outer, [[0, 1]], lambda vector, _feedback: sent.append(vector) or vector,
+                               run_in_background=False)
+    restored = [param.detach() + 5.0 for param in params]
+    outer.load_state_dict({"global_params": restored, "optimizer": outer.optimizer.state_dict()})
+    outer.load_into(model)
+    schedule.load_state_dict({})
+    with torch.no_grad():
+        params[0].sub_(0.25)
+    schedule.launch(0, weight=1.0)
+    expected = torch.cat([torch.full_like(params[0], 0.25).view(-1), torch.zeros_like(params[1]).view(-1)])
+    assert torch.allclose(sent[0], expected)
+
+
+# ----- heartbeats ---------------------------------------------------------------------------
+
+@pytest.fixture()
+def store():
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=5))
+    yield lambda: dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+    del server
+
+
+def test_a_silent_peer_is_reported_within_the_failure_timeout(store):
+    failures = []
+    watcher = Heartbeat(store(), "a", ["a", "b"], 0.05, 0.6, on_failure=lambda peer, s: failures.append((peer, s)))
+    frozen = Heartbeat(store(), "b", ["a", "b"], 0.05, 60, on_failure=lambda *_: None)
+    watcher.start(), frozen.start()
+    time.sleep(0.5)
+    assert failures == []  # both beating
+    stopped_at = time.monotonic()
+    frozen.stop(leaving=False)  # a hung machine: it stops beating without saying goodbye
+    while not failures and time.monotonic() - stopped_at < 5:
+        time.sleep(0.02)
+    noticed_s = time.monotonic() - stopped_at
+    watcher.stop()
+    assert failures and failures[0][0] == "b"
+    # never before the timeout (less the beat in flight when it froze); the upper bound guards against a hang
+    assert 0.5 <= noticed_s < 4
+
+
+def test_a_peer_that_left_on_purpose_is_not_a_failure(store):
+    failures = []
+    watcher = Heartbeat(store(), "a", ["a", "b"], 0.05, 0.4, on_failure=lambda peer, s: failures.append(peer))
+    leaving = Heartbeat(store(), "b", ["a", "b"], 0.05, 60, on_failure=lambda *_: None)
+    watcher.start(), leaving.start()
+    time.sleep(0.3)
+    leaving.stop(leaving=True)
+    time.sleep(1.2)
+    watcher.stop()
+    assert failures == []
+
+
+# ----- drills and the launcher's verdict ----------------------------------------------------
+
+def test_drill_items_parse_in_round_order():
+    events = parse_drill("restart:c@5, kill:c@3", four_node_config())
+    assert [(event.action, event.node, event.round) for event in events] == [("kill", "c", 3), ("restart", "c", 5)]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("explode:c@3", "ACTION one of kill, freeze, thaw, restart"),
+    ("kill:z@3", "node 'z' is not in the config"),
+    ("kill:c@9", "round 9 is outside 1..8"),
+    ("kill:c", "expected ACTION:NODE@ROUND"),
+])
+def test_bad_drill_items_say_what_is_wrong(text, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_drill(text, four_node_config())
+
+
+def test_the_run_succeeds_when_min_nodes_sites_finish(capsys):
+    config = four_node_config(min_nodes=3)
+    assert elastic_exit_code(config, [0, 0, -9, 0]) == 0
+    assert "c (exit -9)" in capsys.readouterr().err
+    assert elastic_exit_code(config, [0, 75, -9, 0]) == 75
