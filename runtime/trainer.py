@@ -279,9 +279,9 @@ class NodeTrainer:
     def restore(self, global_state: dict, node_state: Optional[dict], keep_in_flight: bool) -> tuple[str, Optional[dict]]:
         """Take a round's global state and, when given, this node's own state of that round.
 
-        ``node_state`` None or partial (a node rejoining after missed rounds: at most its data
-        position): fresh inner optimizer state. ``keep_in_flight`` False (the members changed):
-        syncs that were in flight are dropped and the local model starts from the global one.
+        ``node_state`` None or partial (a node rejoining after missed rounds: its data position and
+        a peer's inner optimizer state). ``keep_in_flight`` False (the members changed): syncs that
+        were in flight and the error feedback are dropped, the local model starts from the global one.
         Returns (run_id, this node's pending idle record)."""
         node_state = node_state or {}
         if self.outer is None:
@@ -294,10 +294,9 @@ class NodeTrainer:
             with torch.no_grad():
                 for param, saved in zip(self.model.parameters(), node_state["local_params"]):
                     param.copy_(saved)
-        sync_state = node_state.get("sync", {})
-        if not keep_in_flight and sync_state:
-            sync_state = {**sync_state, "in_flight": []}
-        self.sync.load_state_dict(sync_state)
+        # with other members the error feedback's layout (chunks per node) and the syncs in flight
+        # no longer fit: start both afresh
+        self.sync.load_state_dict(node_state.get("sync", {}) if keep_in_flight else {})
         if "inner_optimizer" in node_state:
             self.inner_optimizer.load_state_dict(node_state["inner_optimizer"])
         if "cursor" in node_state:

@@ -186,3 +186,44 @@ def test_the_run_succeeds_when_min_nodes_sites_finish(capsys):
     assert elastic_exit_code(config, [0, 0, -9, 0]) == 0
     assert "c (exit -9)" in capsys.readouterr().err
     assert elastic_exit_code(config, [0, 75, -9, 0]) == 75
+
+
+# ----- the rendezvous store and the report ----------------------------------------------
+
+def test_rendezvous_command_serves_a_store_and_stops_on_sigterm(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from tests.runtime_helpers import REPO_ROOT
+
+    port, ready = free_port(), tmp_path / "ready"
+    server = subprocess.Popen([sys.executable, "-m", "runtime.cli", "rendezvous", "--host", "127.0.0.1", "--port",
+                               str(port), "--ready-file", str(ready)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.is_file() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.read_text().strip() == f"127.0.0.1:{port}"
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+        client.set("agent", "here")
+        assert client.get("agent") == b"here"
+        taken = subprocess.run([sys.executable, "-m", "runtime.rendezvous", "--host", "127.0.0.1", "--port",
+                                str(port)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+        assert taken.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in taken.stderr
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=10) == 0
+
+
+def test_report_counts_lost_time_as_idle_and_says_so(tmp_path, capsys):
+    from report.cli import main as report_main
+    from tests.test_report_support import NODE_A, NODE_B, idle_record, write_run
+
+    records = [idle_record(r, node) for r in range(2) for node in (NODE_A, NODE_B)]
+    records.append(idle_record(2, dict(NODE_A, overhead_s=14.5), round_s=24.5, lost_s=14.0,
+                               present_nodes=["a"]))
+    assert report_main([str(write_run(tmp_path / "run", records))]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the terminal table wraps lines
+    # a: 2 x (3 wait + 1 sync) + (3 + 1 + 14.5) = 26.5 s idle; b: 2 x 1.5 = 3 s; 14 s of it lost
+    assert "14.0 s of the idle lost to site failures and restarts" in out
+    assert "26.5" in out
