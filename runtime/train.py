@@ -34,7 +34,7 @@ from runtime.runlog import RunLog
 from runtime.sync import OutOfSync, RoundSync, SyncOutcome, join_world
 from runtime.trainer import LocalResult, NodeTrainer
 
-FORCED_EXIT_GRACE_S = 10.0
+FORCED_EXIT_GRACE_S = 5.0
 
 
 class StopRequested(Exception):
@@ -42,16 +42,30 @@ class StopRequested(Exception):
 
 
 def install_stop_handlers() -> None:
-    """Turn SIGTERM/SIGINT into StopRequested; force the exit if a collective blocks too long."""
+    """Turn SIGTERM/SIGINT into StopRequested; force the exit if the process cannot act on it.
+
+    A Python handler only runs when the main thread is back in the interpreter; blocked in a
+    collective with a peer that froze, it would wait out ``comm.timeout_s`` (and torchrun's
+    agent, restarting the workers without that peer, its own stop timeout). A thread woken by
+    the signal itself (``signal.set_wakeup_fd``) ends the process after a short grace instead."""
 
     def handle(signum, _frame):
-        watchdog = threading.Timer(FORCED_EXIT_GRACE_S, lambda: os._exit(128 + signum))
-        watchdog.daemon = True
-        watchdog.start()
         raise StopRequested(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def force_exit_after_grace() -> None:
+        signum = os.read(read_fd, 1)[0]
+        time.sleep(FORCED_EXIT_GRACE_S)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    threading.Thread(target=force_exit_after_grace, name="geodiloco-stop", daemon=True).start()
 
 
 @dataclass
