@@ -5,6 +5,7 @@ and the simulator. Durations end in ``_s``, rates name their unit.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional, Union
 
@@ -147,6 +148,19 @@ class MeasuredSpec(StrictModel):
         return self
 
 
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_safe_name(value: str, what: str) -> str:
+    """Names become file and directory names (``node_<name>.pt``, ``runs/<name>``): letters, digits,
+    ``_ . -``, starting with a letter or digit, at most 64 characters, so none leaves its folder."""
+    if not SAFE_NAME.fullmatch(value):
+        raise ValueError(f"{what} {value!r} may only hold letters, digits, '_', '.' and '-', start with a letter "
+                         "or digit and be at most 64 characters (it names files and folders); rename it, "
+                         "e.g. 'node1' or 'seoul-a30'")
+    return value
+
+
 class NodeSpec(StrictModel):
     """One site's machine: a name, its GPUs, and optionally its emulation, WAN and measurements."""
 
@@ -158,6 +172,11 @@ class NodeSpec(StrictModel):
     measured: Optional[MeasuredSpec] = None
     local_steps: Optional[int] = Field(default=None, ge=1)
     batch_size: Optional[int] = Field(default=None, ge=1)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        return check_safe_name(value, "node name")
 
     @field_validator("gpus", mode="before")
     @classmethod

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from balancer.cluster import NodeSpec, check_unique_names
+from balancer.cluster import NodeSpec, check_safe_name, check_unique_names
 from balancer.config import BalancingConfig
 from predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
 from predictor.workload import ModelDims, preset_dims
@@ -24,11 +24,16 @@ class RunSection(StrictModel):
     """``deterministic``: deterministic torch kernels (bitwise resume on CPU).
     ``gpu_sample_interval_s``: NVML utilization/power sampling period (0 = off)."""
 
-    name: str = Field(default="run", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(default="run", min_length=1)
     out_dir: str = "runs"
     seed: int = 0
     deterministic: bool = False
     gpu_sample_interval_s: float = Field(default=1.0, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        return check_safe_name(value, "run name")
 
 
 class ModelSection(StrictModel):
