@@ -19,7 +19,6 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 from lab.process_tree import signal_tree
 from predictor.schema import ConfigError
@@ -142,7 +141,3 @@ def read_drill(run_dir: Path) -> list[dict]:
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-
-def first_after(rows: list[dict], time_s: float, key: str = "round_start") -> Optional[dict]:
-    later = [row for row in rows if row.get(key, 0) > time_s]
-    return min(later, key=lambda row: row[key]) if later else None

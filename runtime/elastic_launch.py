@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 from runtime.config import RunConfig
+from runtime.launch import wait_for_file
 
 AGENT_MONITOR_INTERVAL_S = 0.5
 KEEP_ALIVE_MISSES = 3
@@ -72,7 +72,7 @@ def rendezvous_store(site_set, address: str, port: int, run_dir: Path, timeout_s
         command = site_set.command(0, command)
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_until_ready(process, ready_file, timeout_s)
+        wait_for_file(ready_file, process, timeout_s, "the rendezvous store")
         yield f"{address}:{port}"
     finally:
         if process.poll() is None:
@@ -83,34 +83,3 @@ def rendezvous_store(site_set, address: str, port: int, run_dir: Path, timeout_s
             process.kill()
             process.wait()
         ready_file.unlink(missing_ok=True)
-
-
-def wait_until_ready(process: subprocess.Popen, ready_file: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready_file.is_file():
-        if process.poll() is not None:
-            raise RuntimeError(f"the rendezvous store exited (code {process.returncode}) before listening")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the rendezvous store did not listen within comm.init_timeout_s ({timeout_s:g} s)")
-        time.sleep(0.1)
-
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m runtime.elastic_launch CONFIG``: the torchrun settings scripts/launch_site.sh uses,
-    one per line (min nodes, max restarts, --rdzv-conf without is_host), read from the config."""
-    from runtime.config import load_config
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m runtime.elastic_launch CONFIG", file=sys.stderr)
-        return 2
-    config = load_config(args[0])
-    conf = rendezvous_conf(config).replace("is_host=false,", "")
-    print(config.comm.min_nodes if config.comm.elastic.enabled else len(config.nodes))
-    print(config.comm.elastic.max_restarts if config.comm.elastic.enabled else 0)
-    print(conf)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 A killed site closes its connections and its peers' next collective fails at once; a
 frozen site (SIGSTOP, a hung driver, a cut link with the socket still open) would block
 them until ``comm.timeout_s`` (minutes). So every leader increments its own counter in the
-rendezvous store every ``heartbeat_interval_s`` and watches its peers' counters; a peer
+run's TCP store (served by rank 0) every ``heartbeat_interval_s`` and watches its peers' counters; a peer
 whose counter has not moved for ``failure_timeout_s`` (by this node's own clock, so site
 clocks need not agree) is declared failed, and the watcher ends its process with
 ``PEER_FAILED_EXIT_CODE``. Under torchrun's elastic agent that restarts the surviving
@@ -48,7 +48,6 @@ class Heartbeat:
         self.interval_s = interval_s
         self.failure_timeout_s = failure_timeout_s
         self.on_failure = on_failure or exit_on_peer_failure(node_name)
-        self.failed: Optional[tuple[str, float]] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="geodiloco-heartbeat", daemon=True)
 
@@ -77,9 +76,9 @@ class Heartbeat:
                 self.store.add(self.node_name, 1)
                 counts = {peer: self.store.add(peer, 0) for peer in self.peers}
                 store_ok_since = now
-            except Exception as err:  # the store itself is unreachable (its host failed)
+            except Exception as err:  # the store itself is unreachable: the site of rank 0 failed
                 if now - store_ok_since > self.failure_timeout_s:
-                    self._fail(f"the rendezvous store ({type(err).__name__})", now - store_ok_since)
+                    self._fail(f"the run's TCP store on rank 0's site ({type(err).__name__})", now - store_ok_since)
                     return
                 continue
             for peer, count in counts.items():
@@ -97,7 +96,6 @@ class Heartbeat:
             return False
 
     def _fail(self, peer: str, silent_s: float) -> None:
-        self.failed = (peer, silent_s)
         if not self._stop.is_set():
             self.on_failure(peer, silent_s)
 

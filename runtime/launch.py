@@ -174,15 +174,19 @@ def write_site_traffic(run_dir: Path, traffic: dict) -> None:
 
 def wait_for_peers(peers_file: Path, first: subprocess.Popen, timeout_s: float) -> list[str]:
     """The first hivemind node's multiaddrs, once it has written them."""
-    deadline = time.monotonic() + timeout_s
-    while not peers_file.is_file():
-        if first.poll() is not None:
-            raise RuntimeError(f"the first node exited (code {first.returncode}) before its hivemind peer was up")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the first node's hivemind peer did not come up within comm.init_timeout_s "
-                               f"({timeout_s:g} s)")
-        time.sleep(0.1)
+    wait_for_file(peers_file, first, timeout_s, "the first node's hivemind peer")
     return [line.strip() for line in peers_file.read_text().splitlines() if line.strip()]
+
+
+def wait_for_file(path: Path, writer: subprocess.Popen, timeout_s: float, what: str) -> None:
+    """Block until ``writer`` has written ``path`` (how a helper process says it is up)."""
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file():
+        if writer.poll() is not None:
+            raise RuntimeError(f"{what} exited (code {writer.returncode}) before it was up")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up within comm.init_timeout_s ({timeout_s:g} s)")
+        time.sleep(0.1)
 
 
 def stop_processes(processes: list[subprocess.Popen]) -> None:

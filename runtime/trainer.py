@@ -248,7 +248,7 @@ class NodeTrainer:
         if writes_global and not checkpoint.has_global(self.run_dir, round_idx):
             write_members(self.run_dir, round_idx, members)
             checkpoint.save_global(self.run_dir, round_idx, {
-                "round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(), "members": members,
+                "round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
                 "measurements": [asdict(item) for item in self.measurements],
             })
         self.saved_round = round_idx

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -71,15 +72,11 @@ def run_drill(drill: str, repeat: int, args: argparse.Namespace) -> Path:
     return run_dir
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
 def measure(run_dir: Path) -> dict:
     """The figures of one run, from its logs (unix times throughout)."""
     drill = read_drill(run_dir)
     failure, comeback = drill[0], drill[-1]
-    idle = read_jsonl(run_dir / "idle.jsonl")
+    idle = [json.loads(line) for line in (run_dir / "idle.jsonl").read_text().splitlines() if line.strip()]
     events = [event for event in read_membership_events(run_dir) if event["time"] > failure["time"]]
     noticed = min((event["time"] for event in events if event["event"] == "peer_failed"), default=None)
     survivors = [row for row in idle if row["lost_s"] > 0 and row["round_start"] < failure["time"] + 1
@@ -104,8 +101,7 @@ def measure(run_dir: Path) -> dict:
         "lost_failure_s": sum(row["lost_s"] for row in survivors if row["round"] == resumed_round)
         / len([row for row in survivors if row["round"] == resumed_round]),
         "lost_rejoin_s": sum(let_in) / len(let_in) if let_in else None,
-        "round_s": sorted(row["round_end"] - row["round_start"] for row in idle if row["lost_s"] == 0)[
-            len([row for row in idle if row["lost_s"] == 0]) // 2],
+        "round_s": statistics.median(row["round_end"] - row["round_start"] for row in idle if row["lost_s"] == 0),
         "idle_share": idle_s / wall, "lost_share": lost / wall, "lost_node_s": lost,
         "rounds": 1 + max(row["round"] for row in idle),
     }
@@ -148,8 +144,7 @@ HOW = ("Measured by experiments/elastic/failure_drill.py: 4 emulated sites (expe
 
 
 def median_round_s(rows_by_drill: dict[str, list[dict]]) -> float:
-    values = sorted(row["round_s"] for rows in rows_by_drill.values() for row in rows)
-    return values[len(values) // 2]
+    return statistics.median(row["round_s"] for rows in rows_by_drill.values() for row in rows)
 
 
 def write_results(rows_by_drill: dict[str, list[dict]], results: Path) -> str:

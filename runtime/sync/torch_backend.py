@@ -106,13 +106,15 @@ class TorchOuterSync:
     def _resume(self, point: ResumePoint, own_report: Optional[SavedRounds], restarted: bool) -> StartPoint:
         topology, handles = self.topology, self.handles
         run_dir = handles.run_dir
-        source = topology.leader_ranks[topology.present_names.index(point.source_node)]
-        box = [self._source_state(point) if topology.rank == source else None]
-        dist.broadcast_object_list(box, src=source)
-        global_state, lent_inner_state = box[0]
         returning = topology.node_name in point.members
         same_members = sorted(point.members) == sorted(topology.present_names)
         node_state = checkpoint.load_node(run_dir, point.round, topology.node_name) if returning else None
+        source = topology.leader_ranks[topology.present_names.index(point.source_node)]
+        # the global state, and the sender's inner optimizer state for nodes that rejoin
+        box = [(checkpoint.load_global(run_dir, point.round), node_state and node_state["inner_optimizer"])
+               if topology.rank == source else None]
+        dist.broadcast_object_list(box, src=source)
+        global_state, lent_inner_state = box[0]
         if not returning:
             node_state = self._rejoin_state(point, own_report, lent_inner_state)
         run_id, pending = handles.restore(global_state, node_state, same_members)
@@ -130,12 +132,6 @@ class TorchOuterSync:
                                  members_before=point.members, source=point.source_node)
         lost_since = pending.get("round_end") if (restarted and returning and pending) else None
         return StartPoint(run_id, point.round + 1, pending if returning else None, lost_since=lost_since)
-
-    def _source_state(self, point: ResumePoint) -> tuple[dict, Optional[dict]]:
-        """(global state of ``point.round``, this node's inner optimizer state when it was a member)."""
-        run_dir, name = self.handles.run_dir, self.topology.node_name
-        inner = checkpoint.load_node(run_dir, point.round, name)["inner_optimizer"] if name in point.members else None
-        return checkpoint.load_global(run_dir, point.round), inner
 
     def _rejoin_state(self, point: ResumePoint, own_report: Optional[SavedRounds],
                       lent_inner_state: Optional[dict]) -> dict:
