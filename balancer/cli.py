@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from balancer.config import POLICY_NAMES
+from geodiloco.balancer.config import POLICY_NAMES
 
 COMMON_HELP = {
     "cluster": "cluster file (a nodes: list) or a whole run config",
@@ -64,7 +64,7 @@ def register(subparsers) -> None:
 
 
 def _setup(args, simulation=None):
-    from balancer.setup import load_setup
+    from geodiloco.balancer.setup import load_setup
     return load_setup(args.cluster, policy=args.policy, model=args.model, seq_len=args.seq_len,
                       local_steps=args.local_steps, batch_size=args.batch_size, precision=args.precision,
                       assignments=args.assignments, simulation=simulation, overlap=args.overlap,
@@ -72,7 +72,7 @@ def _setup(args, simulation=None):
 
 
 def run_plan(args) -> int:
-    from balancer.views import plan_summary, print_plan
+    from geodiloco.balancer.views import plan_summary, print_plan
     setup = _setup(args)
     plan = setup.planner().plan(args.round)
     if args.json:
@@ -83,10 +83,10 @@ def run_plan(args) -> int:
 
 
 def run_simulate(args) -> int:
-    from balancer.setup import parse_slowdown
-    from balancer.simulate import simulate
-    from balancer.views import print_simulation
-    from predictor.schema import ConfigError
+    from geodiloco.balancer.setup import parse_slowdown
+    from geodiloco.balancer.simulate import simulate
+    from geodiloco.balancer.views import print_simulation
+    from geodiloco.predictor.schema import ConfigError
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
     simulation = {key: value for key, value in (("model_error", args.model_error), ("step_noise", args.step_noise),

@@ -11,8 +11,8 @@ from typing import Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
-from predictor.specs import expand_gpu_counts
+from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
+from geodiloco.predictor.specs import expand_gpu_counts
 
 class SlowdownEvent(StrictModel):
     """From ``from_round`` (inclusive) until ``until_round`` (exclusive), steps take ``factor`` x longer."""

@@ -13,9 +13,9 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from balancer.cluster import NodeSpec
-from balancer.step_time import UNLIMITED_BATCH, LinearStepModel, ScaledStepModel, declared_key, declared_step_model
-from predictor.base import StepTimeModel
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.balancer.step_time import UNLIMITED_BATCH, LinearStepModel, ScaledStepModel, declared_key, declared_step_model
+from geodiloco.predictor.base import StepTimeModel
 
 ModelFactory = Callable[[list, Optional[int]], StepTimeModel]
 """(gpu names of one node, micro_batch_size or None) -> that node's step-time model."""

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from balancer.cluster import NodeSpec
+from geodiloco.balancer.cluster import NodeSpec
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 CHUNK_ELEMENTS = 2048

@@ -21,14 +21,14 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from balancer.cluster import NodeSpec
-from balancer.config import BalancingConfig
-from balancer.estimates import Calibration, ModelFactory, StepTimeBank, micro_batches, prior_gpus
-from balancer.network import CODECS_BY_SIZE, OuterSyncModel, SyncSettings
-from balancer.plan import NodePlan, Plan, RoundMeasurement
-from balancer.policies import HIDE_MARGIN, POLICIES, POLICY_WEIGHTING, Assignment, PolicyInputs
-from predictor.schema import ConfigError
-from predictor.workload import ModelDims, parameter_count, resolve_dims
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.estimates import Calibration, ModelFactory, StepTimeBank, micro_batches, prior_gpus
+from geodiloco.balancer.network import CODECS_BY_SIZE, OuterSyncModel, SyncSettings
+from geodiloco.balancer.plan import NodePlan, Plan, RoundMeasurement
+from geodiloco.balancer.policies import HIDE_MARGIN, POLICIES, POLICY_WEIGHTING, Assignment, PolicyInputs
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.workload import ModelDims, parameter_count, resolve_dims
 
 STATIC_POLICIES = ("uniform", "batch_by_flops", "max_batch_by_memory", "steps_by_flops")
 CALIBRATED_ONCE = ("time", "hybrid")
@@ -66,7 +66,7 @@ def predictor_model_factory(dims: ModelDims, seq_len: int, precision: str) -> Mo
     """Step-time models from the predictor, for one model shape and sequence length."""
 
     def factory(gpus: list, micro_batch_size: Optional[int]):
-        from predictor.model import node_step_model
+        from geodiloco.predictor.model import node_step_model
         try:
             return node_step_model(list(gpus), dims, seq_len, precision=precision,
                                    micro_batch_size=micro_batch_size)
@@ -80,7 +80,7 @@ def predictor_tflops_lookup(flops_field: str) -> TflopsLookup:
     """Nominal TFLOPS of a GPU from the predictor's datasheet table."""
 
     def lookup(gpu_name: str) -> float:
-        from predictor.specs import lookup_gpu
+        from geodiloco.predictor.specs import lookup_gpu
         try:
             return float(getattr(lookup_gpu(gpu_name), flops_field))
         except (KeyError, ValueError) as err:

@@ -12,9 +12,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from balancer.config import BalancingConfig
-from balancer.estimates import StepTimeBank, UNLIMITED_BATCH, micro_batches
-from predictor.schema import ConfigError
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.estimates import StepTimeBank, UNLIMITED_BATCH, micro_batches
+from geodiloco.predictor.schema import ConfigError
 
 # Outer-average weighting each policy recommends (the runtime uses it under ``weighting: auto``):
 # equal work -> uniform; equal steps, unequal batches -> tokens; unequal steps -> normalized

@@ -13,13 +13,13 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from balancer.cluster import ClusterSpec, load_cluster
-from balancer.config import BalancingConfig
-from balancer.network import CODEC_BITS, SYNC_DTYPE_CODEC, SyncSettings
-from balancer.planner import Planner
-from balancer.simulate import Slowdown
-from predictor.schema import ConfigError, load_yaml_mapping, validate
-from predictor.workload import ModelDims, resolve_dims
+from geodiloco.balancer.cluster import ClusterSpec, load_cluster
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.network import CODEC_BITS, SYNC_DTYPE_CODEC, SyncSettings
+from geodiloco.balancer.planner import Planner
+from geodiloco.balancer.simulate import Slowdown
+from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, validate
+from geodiloco.predictor.workload import ModelDims, resolve_dims
 
 DEFAULT_MODEL = "llama-150m"
 DEFAULT_SEQ_LEN = 1024

@@ -24,14 +24,14 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import yaml
 
-from balancer.cluster import NodeSpec, SlowdownEvent
-from balancer.config import SimulationConfig
-from balancer.estimates import StepTimeBank
-from balancer.planner import Planner
-from balancer.records import IdleRecord, append_records
-from balancer.step_time import (GpuModelFactory, declared_key, declared_step_model, measured_step_model,
+from geodiloco.balancer.cluster import NodeSpec, SlowdownEvent
+from geodiloco.balancer.config import SimulationConfig
+from geodiloco.balancer.estimates import StepTimeBank
+from geodiloco.balancer.planner import Planner
+from geodiloco.balancer.records import IdleRecord, append_records
+from geodiloco.balancer.step_time import (GpuModelFactory, declared_key, declared_step_model, measured_step_model,
                                 predictor_gpu_model, truth_source)
-from predictor.schema import ConfigError
+from geodiloco.predictor.schema import ConfigError
 
 NOISE_WINDOW_SIGMAS = 6.0
 STRAGGLER_WINDOW_SIGMAS = 3.0

@@ -28,8 +28,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from balancer.cluster import EmulateSpec, MeasuredSpec, NodeSpec
-from predictor.base import StepTimeModel
+from geodiloco.balancer.cluster import EmulateSpec, MeasuredSpec, NodeSpec
+from geodiloco.predictor.base import StepTimeModel
 
 UNLIMITED_BATCH = sys.maxsize
 
@@ -119,8 +119,8 @@ def predictor_gpu_model(dims, seq_len: int, precision: str) -> GpuModelFactory:
     """The predictor's t(B) for (GPU names, emulated model or None = ``dims``, seq_len or None = ``seq_len``)."""
 
     def factory(gpus: list, model: Optional[str], emulated_seq_len: Optional[int]) -> StepTimeModel:
-        from predictor.model import node_step_model
-        from predictor.workload import resolve_dims
+        from geodiloco.predictor.model import node_step_model
+        from geodiloco.predictor.workload import resolve_dims
         emulated_dims = resolve_dims(model) if model else dims
         return node_step_model(list(gpus), emulated_dims, emulated_seq_len or seq_len, precision=precision)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from balancer.plan import Plan
-from predictor.console import cli_console
+from geodiloco.balancer.plan import Plan
+from geodiloco.predictor.console import cli_console
 
 
 def plan_summary(plan: Plan) -> dict:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from lab.pids import process_alive
+from geodiloco.lab.pids import process_alive
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 GROUP_PREFIX = "geodiloco"

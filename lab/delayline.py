@@ -7,7 +7,7 @@ the other after holding it for ``delay_ms`` milliseconds (both directions).
 The delay is constant, so a FIFO per direction keeps frames in due order.
 
 Started and stopped by :func:`lab.sites.netns_sites`; run by hand as
-``python -m lab.delayline --a NS:IFNAME --b NS:IFNAME --delay-ms D``.
+``python -m geodiloco.lab.delayline --a NS:IFNAME --b NS:IFNAME --delay-ms D``.
 It creates both TAP devices (they vanish when it exits), prints ``ready`` on
 stdout, and exits when its devices are deleted (the namespace went away), on
 SIGTERM/SIGINT, or, with ``--until-stdin-eof``, when its parent closes stdin.
@@ -150,7 +150,7 @@ def parse_endpoint(text: str) -> tuple[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lab.delayline", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m geodiloco.lab.delayline", description=__doc__.splitlines()[0])
     parser.add_argument("--a", type=parse_endpoint, required=True, help="NAMESPACE:IFNAME of one TAP end")
     parser.add_argument("--b", type=parse_endpoint, required=True, help="NAMESPACE:IFNAME of the other TAP end")
     parser.add_argument("--delay-ms", type=float, required=True, help="one-way delay added in each direction (ms)")

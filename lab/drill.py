@@ -20,8 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lab.process_tree import signal_tree
-from predictor.schema import ConfigError
+from geodiloco.lab.process_tree import signal_tree
+from geodiloco.predictor.schema import ConfigError
 
 ACTIONS = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP, "thaw": signal.SIGCONT, "restart": None}
 DRILL_LOG = "drill.jsonl"

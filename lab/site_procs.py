@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
-from lab.sites import Sites
+from geodiloco.lab.sites import Sites
 
 ArgvForSite = Callable[[int, str], Sequence[str]]
 """(site index, the address the site is reached at) -> the site process's command line."""

@@ -15,7 +15,7 @@ so its one-way delay is the sum of their ``latency_ms``.
 
 ``<owner>`` is the creating process id (plus a sequence number), so parallel
 runs never collide and namespaces left by a crashed run (owner no longer alive)
-are removed by :func:`cleanup_stale`. ``python -m lab.sites up`` uses the
+are removed by :func:`cleanup_stale`. ``python -m geodiloco.lab.sites up`` uses the
 owner ``m`` (manual) and keeps the sites until ``down``.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
-from lab.pids import process_alive
+from geodiloco.lab.pids import process_alive
 
 SITE_IFNAME = "wan0"
 BRIDGE_IFNAME = "br0"
@@ -292,7 +292,7 @@ def start_delay_line(site_ns: str, bridge_ns: str, port_ifname: str, latency_ms:
     Attached lines exit when our end of their stdin closes (so also when we die);
     detached ones (manual ``up``) live until their namespaces are deleted.
     """
-    argv = [sys.executable, "-m", "lab.delayline", "--a", f"{site_ns}:{SITE_IFNAME}",
+    argv = [sys.executable, "-m", "geodiloco.lab.delayline", "--a", f"{site_ns}:{SITE_IFNAME}",
             "--b", f"{bridge_ns}:{port_ifname}", "--delay-ms", str(latency_ms)]
     if not detached:
         argv.append("--until-stdin-eof")
@@ -441,7 +441,7 @@ def site_links(nodes) -> list[SiteLink]:
                      node.wan.latency_ms if node.wan else 0.0) for node in nodes]
 
 
-# ----- command line: python -m lab.sites up|down|status -----
+# ----- command line: python -m geodiloco.lab.sites up|down|status -----
 
 _RATE_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gbit|mbit|kbit)?\s*$", re.IGNORECASE)
 _RATE_TO_MBPS = {"gbit": 1000.0, "mbit": 1.0, "kbit": 0.001, None: 1.0}
@@ -487,7 +487,7 @@ def delay_lines_of(namespace: str) -> list[str]:
                 argv = handle.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if "lab.delayline" in argv and any(arg.startswith(f"{namespace}:") for arg in argv):
+        if "geodiloco.lab.delayline" in argv and any(arg.startswith(f"{namespace}:") for arg in argv):
             delay_ms = argv[argv.index("--delay-ms") + 1] if "--delay-ms" in argv else "?"
             found.append(f"pid {cmdline_path.split('/')[2]}: {delay_ms} ms")
     return found
@@ -518,7 +518,7 @@ def _cmd_down(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    from predictor.console import cli_console
+    from geodiloco.predictor.console import cli_console
     from rich.table import Table
 
     rows = describe(args.prefix)
@@ -537,7 +537,7 @@ def _cmd_status(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lab.sites",
+    parser = argparse.ArgumentParser(prog="python -m geodiloco.lab.sites",
                                      description="Emulated sites in network namespaces with shaped links.")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--prefix", default=DEFAULT_PREFIX, help="namespace name prefix (default %(default)s)")

@@ -17,9 +17,9 @@ from typing import Optional
 
 import numpy as np
 
-from balancer.cluster import EmulateSpec, NodeSpec
-from balancer.step_time import declared_step_model, predictor_gpu_model
-from predictor.workload import ModelDims
+from geodiloco.balancer.cluster import EmulateSpec, NodeSpec
+from geodiloco.balancer.step_time import declared_step_model, predictor_gpu_model
+from geodiloco.predictor.workload import ModelDims
 
 
 class StepPacer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from predictor.schema import ConfigError
+from geodiloco.predictor.schema import ConfigError
 
 
 EPILOG = """\
@@ -48,12 +48,12 @@ def register(subparsers) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from predictor.specs import load_user_gpus
+    from geodiloco.predictor.specs import load_user_gpus
 
     for path in args.gpu_file:
         load_user_gpus(path)
     if args.remeasure:
-        from predictor.detect import cpu_peak
+        from geodiloco.predictor.detect import cpu_peak
         cpu_peak(refresh=True)
     if args.detect:
         return print_detect(args.json)
@@ -63,9 +63,9 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def print_prediction(args: argparse.Namespace) -> int:
-    from predictor.model import node_step_model
-    from predictor.specs import expand_gpu_counts
-    from predictor.workload import parameter_count, resolve_dims, training_flops
+    from geodiloco.predictor.model import node_step_model
+    from geodiloco.predictor.specs import expand_gpu_counts
+    from geodiloco.predictor.workload import parameter_count, resolve_dims, training_flops
 
     if args.batch_size < 1 or args.seq_len < 1:
         raise ConfigError("--batch-size and --seq-len must be >= 1")
@@ -111,7 +111,7 @@ def human_prediction(info: dict) -> str:
 
 
 def print_detect(as_json: bool) -> int:
-    from predictor.detect import describe_this_machine
+    from geodiloco.predictor.detect import describe_this_machine
 
     machine = describe_this_machine()
     if as_json:
@@ -135,13 +135,13 @@ def print_detect(as_json: bool) -> int:
 def print_gpus(as_json: bool) -> int:
     from dataclasses import asdict
 
-    from predictor.specs import known_gpus
+    from geodiloco.predictor.specs import known_gpus
 
     specs = known_gpus()
     if as_json:
         print(json.dumps([{k: v for k, v in asdict(spec).items() if k != "extra"} for spec in specs], indent=2))
         return 0
-    from predictor.console import cli_console
+    from geodiloco.predictor.console import cli_console
     from rich.table import Table
 
     table = Table(title="GPU datasheet rows (dense TFLOPS)")

@@ -18,8 +18,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from predictor.schema import ConfigError
-from predictor.specs import GpuSpec, lookup_gpu
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.specs import GpuSpec, lookup_gpu
 
 log = logging.getLogger("geodiloco.predictor")
 

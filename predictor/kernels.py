@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from predictor.specs import GpuSpec
-from predictor.workload import (
+from geodiloco.predictor.specs import GpuSpec
+from geodiloco.predictor.workload import (
     ModelDims, activation_bytes, elementwise_bytes_per_token, layer_linear_shapes,
     optimizer_traffic, parameter_count, parameter_tensor_count,
 )

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, Optional
 
-from predictor.kernels import efficiency_for, host_op_s, micro_batch_time, optimizer_time
-from predictor.schema import ConfigError
-from predictor.specs import GpuSpec, lookup_gpu
-from predictor.workload import ModelDims, check_precision, gradient_bytes, training_memory_bytes
+from geodiloco.predictor.kernels import efficiency_for, host_op_s, micro_batch_time, optimizer_time
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.specs import GpuSpec, lookup_gpu
+from geodiloco.predictor.workload import ModelDims, check_precision, gradient_bytes, training_memory_bytes
 
 Split = Literal["equal", "by_speed"]
 
@@ -253,7 +253,7 @@ class NodeStepModel:
 def resolve_devices(gpus: list[str]) -> list[GpuSpec]:
     """Datasheet rows for GPU names; an empty list means this machine's CPU (measured)."""
     if not gpus:
-        from predictor.detect import cpu_spec
+        from geodiloco.predictor.detect import cpu_spec
         return [cpu_spec()]
     return [lookup_gpu(name) for name in gpus]
 

@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from predictor.base import StepTimeModel
+from geodiloco.predictor.base import StepTimeModel
 
 PRIOR_SIGMA = 0.5          # prior std of each weight (the cold model is ~30 % off)
 DEFAULT_NOISE = 0.05       # relative step-time noise assumed before there are residuals

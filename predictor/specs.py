@@ -16,8 +16,8 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import Field
 
-from predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
-from predictor.workload import check_precision
+from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
+from geodiloco.predictor.workload import check_precision
 
 DATA_FILE = Path(__file__).parent / "data" / "gpus.yaml"
 

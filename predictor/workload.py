@@ -17,7 +17,7 @@ from typing import Optional
 
 import yaml
 
-from predictor.schema import ConfigError
+from geodiloco.predictor.schema import ConfigError
 
 
 @dataclass(frozen=True)

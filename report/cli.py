@@ -8,7 +8,7 @@ from typing import Optional
 
 from rich.console import Console
 
-from report.errors import ReportError
+from geodiloco.report.errors import ReportError
 
 PIPE_WIDTH = 160
 
@@ -48,7 +48,7 @@ def register(subparsers) -> None:
 
 
 def _renderables(summaries, args: argparse.Namespace) -> list:
-    from report.tables import render_comparison, render_run
+    from geodiloco.report.tables import render_comparison, render_run
 
     if args.compare:
         return render_comparison(summaries)
@@ -59,9 +59,9 @@ def _renderables(summaries, args: argparse.Namespace) -> list:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from report.export import write_html, write_json
-    from report.plots import write_plot
-    from report.runs import summarize_runs
+    from geodiloco.report.export import write_html, write_json
+    from geodiloco.report.plots import write_plot
+    from geodiloco.report.runs import summarize_runs
 
     summaries = summarize_runs(args.run_dirs, args.price, args.skip_rounds)
     for summary in summaries:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from report.summary import RunSummary
+from geodiloco.report.summary import RunSummary
 
 
 @dataclass

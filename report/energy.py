@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from report.records import NodeRound
+from geodiloco.report.records import NodeRound
 
 JOULES_PER_KWH = 3.6e6
 NOT_AVAILABLE = ("not available: the logs carry no gpu_util/power_w/energy_j "

@@ -9,10 +9,10 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 
-from report.compare import compare
-from report.energy import JOULES_PER_KWH
-from report.errors import ReportError
-from report.summary import RunSummary
+from geodiloco.report.compare import compare
+from geodiloco.report.energy import JOULES_PER_KWH
+from geodiloco.report.errors import ReportError
+from geodiloco.report.summary import RunSummary
 
 SCHEMA_VERSION = 1
 

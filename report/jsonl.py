@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from report.errors import ReportError
+from geodiloco.report.errors import ReportError
 
 Line = TypeVar("Line", bound=BaseModel)
 

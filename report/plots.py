@@ -11,9 +11,9 @@ import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from report.compare import node_names  # noqa: E402
-from report.errors import ReportError  # noqa: E402
-from report.summary import RunSummary  # noqa: E402
+from geodiloco.report.compare import node_names  # noqa: E402
+from geodiloco.report.errors import ReportError  # noqa: E402
+from geodiloco.report.summary import RunSummary  # noqa: E402
 
 PHASE_COLORS = {"compute": "#4c9a5b", "wait for peers": "#e8a33d", "WAN sync": "#c8453b", "other": "#9a9a9a"}
 BAR_HEIGHT = 0.6

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from report.errors import ReportError
+from geodiloco.report.errors import ReportError
 
 
 def gpu_key(name: str) -> str:

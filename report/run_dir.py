@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
-from report.errors import ReportError
-from report.jsonl import read_jsonl
-from report.records import MetricRow, NodeRound, PlanRound
+from geodiloco.report.errors import ReportError
+from geodiloco.report.jsonl import read_jsonl
+from geodiloco.report.records import MetricRow, NodeRound, PlanRound
 
 IDLE_LOG = "idle.jsonl"
 PLAN_LOG = "plan.jsonl"

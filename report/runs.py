@@ -1,9 +1,9 @@
 """Load, check and summarize several run directories with one price table: what the CLI and scripts call."""
 from __future__ import annotations
 
-from report.pricing import parse_prices
-from report.run_dir import RunLogs, load_run
-from report.summary import RunSummary, run_gpu_names, summarize
+from geodiloco.report.pricing import parse_prices
+from geodiloco.report.run_dir import RunLogs, load_run
+from geodiloco.report.summary import RunSummary, run_gpu_names, summarize
 
 
 def unique_labels(runs: list[RunLogs]) -> list[str]:

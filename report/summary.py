@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from report.energy import NOT_AVAILABLE, EnergyTotals, energy_totals
-from report.errors import ReportError
-from report.pricing import PriceTable
-from report.records import NodeRound
-from report.run_dir import RunLogs, expand_gpu_names
+from geodiloco.report.energy import NOT_AVAILABLE, EnergyTotals, energy_totals
+from geodiloco.report.errors import ReportError
+from geodiloco.report.pricing import PriceTable
+from geodiloco.report.records import NodeRound
+from geodiloco.report.run_dir import RunLogs, expand_gpu_names
 
 SECONDS_PER_HOUR = 3600.0
 ROUNDS_PER_KILO = 1000.0

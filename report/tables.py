@@ -6,9 +6,9 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from report import formatting as fmt
-from report.compare import compare, least_idle, node_names
-from report.summary import NodeSummary, RunSummary
+from geodiloco.report import formatting as fmt
+from geodiloco.report.compare import compare, least_idle, node_names
+from geodiloco.report.summary import NodeSummary, RunSummary
 
 IDLE_STYLE = "bold red"
 GOOD_STYLE = "bold green"

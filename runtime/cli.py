@@ -10,13 +10,13 @@ import argparse
 import os
 import sys
 
-from predictor.schema import ConfigError
+from geodiloco.predictor.schema import ConfigError
 
 DESCRIPTION = """\
 GeoDiLoCo: train one language model across sites with different GPUs.
 
   geodiloco run        launch every node of a config on this machine (default: embedded demo)
-  geodiloco train      one site's entry under torchrun (same as python -m runtime.train)
+  geodiloco train      one site's entry under torchrun (same as python -m geodiloco.runtime.train)
   geodiloco evaluate   eval loss (+- standard error) of every kept round's global model
   geodiloco predict    predict a node's step time from its GPUs and the model
   geodiloco plan       per-node local steps and batch sizes for a balancing policy
@@ -31,10 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="geodiloco", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from runtime import commands as runtime_commands
-    from predictor import cli as predictor_cli
-    from balancer import cli as balancer_cli
-    from report import cli as report_cli
+    from geodiloco.runtime import commands as runtime_commands
+    from geodiloco.predictor import cli as predictor_cli
+    from geodiloco.balancer import cli as balancer_cli
+    from geodiloco.report import cli as report_cli
 
     runtime_commands.register(subparsers)
     predictor_cli.register(subparsers)
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:
-        from runtime.train import exit_process, main as train_main
+        from geodiloco.runtime.train import exit_process, main as train_main
         exit_process(train_main(argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)

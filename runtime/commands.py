@@ -51,18 +51,18 @@ def register(subparsers) -> None:
     evaluate.add_argument("--json", action="store_true", help="print the rows as JSON")
     evaluate.set_defaults(func=evaluate_command)
 
-    from runtime.rendezvous import register as register_rendezvous
+    from geodiloco.runtime.rendezvous import register as register_rendezvous
     register_rendezvous(subparsers)
 
     train = subparsers.add_parser("train", help="train one node (the torchrun entry at each site)", add_help=False,
-                                  description="Same as `python -m runtime.train` (its --help lists the options).")
+                                  description="Same as `python -m geodiloco.runtime.train` (its --help lists the options).")
     train.add_argument("train_args", nargs=argparse.REMAINDER)
     train.set_defaults(func=train_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from runtime.config import load_config
-    from runtime.launch import launch_local
+    from geodiloco.runtime.config import load_config
+    from geodiloco.runtime.launch import launch_local
 
     config = load_config(args.config, args.overrides)
     if args.resume and not args.run_dir:
@@ -78,7 +78,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def print_report(run_dir: Path) -> int:
     try:
-        from report.cli import main as report_main
+        from geodiloco.report.cli import main as report_main
     except ImportError:
         print(f"[geodiloco] logs in {run_dir} (idle.jsonl, metrics.jsonl, plan.jsonl)")
         return 0
@@ -90,7 +90,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
     import torch
 
-    from runtime.evaluation import evaluate_checkpoints
+    from geodiloco.runtime.evaluation import evaluate_checkpoints
     torch.set_num_threads(os.cpu_count() or 1)
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -117,5 +117,5 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
 def train_command(args: argparse.Namespace) -> int:
     """Listed here for --help; runtime.cli hands ``geodiloco train ...`` to runtime.train's own parser."""
-    from runtime.train import main as train_main
+    from geodiloco.runtime.train import main as train_main
     return train_main(args.train_args)

@@ -12,10 +12,10 @@ from typing import Literal, Optional
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from balancer.cluster import NodeSpec, check_safe_name, check_unique_names
-from balancer.config import BalancingConfig
-from predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
-from predictor.workload import ModelDims, preset_dims
+from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
+from geodiloco.predictor.workload import ModelDims, preset_dims
 
 DEFAULT_CONFIG_NAME = "default.yaml"
 
@@ -46,7 +46,7 @@ class ModelSection(StrictModel):
 
     def dims(self) -> ModelDims:
         if self.file:
-            from predictor import workload
+            from geodiloco.predictor import workload
             resolver = getattr(workload, "resolve_dims", None)
             if resolver is None:
                 raise ConfigError("model.file: loading dims from a file needs predictor.workload.resolve_dims")
@@ -301,7 +301,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     """Load a YAML run config (None = the embedded default) and apply ``key.path=value`` overrides."""
     if path is None:
         source = f"<embedded {DEFAULT_CONFIG_NAME}>"
-        data = yaml.safe_load(resources.files("runtime").joinpath(DEFAULT_CONFIG_NAME).read_text())
+        data = yaml.safe_load(resources.files("geodiloco.runtime").joinpath(DEFAULT_CONFIG_NAME).read_text())
     else:
         source = str(path)
         data = load_yaml_mapping(path)

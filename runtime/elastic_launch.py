@@ -7,7 +7,7 @@ world of whoever is present, and a site that comes back is let in at the next re
 (the agents of a running world restart their workers to take it in). The workers resume
 from the newest round every present node can restart after (runtime/recovery.py).
 
-The rendezvous store runs in a process of its own (``python -m runtime.rendezvous``), not
+The rendezvous store runs in a process of its own (``python -m geodiloco.runtime.rendezvous``), not
 inside a site's agent, so any training site may fail. The same command lines are what
 ``scripts/launch_site.sh`` builds for sites on separate machines.
 """
@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from runtime.config import RunConfig
-from runtime.launch import wait_for_file
+from geodiloco.runtime.config import RunConfig
+from geodiloco.runtime.launch import wait_for_file
 
 AGENT_MONITOR_INTERVAL_S = 0.5
 KEEP_ALIVE_MISSES = 3
@@ -49,7 +49,7 @@ def agent_command(config: RunConfig, endpoint: str, local_addr: str, run_name: s
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_name}",
             f"--rdzv-conf={rendezvous_conf(config)}", f"--max-restarts={elastic.max_restarts}",
             f"--monitor-interval={AGENT_MONITOR_INTERVAL_S:g}", f"--local-addr={local_addr}",
-            "-m", "runtime.train", *train_args]
+            "-m", "geodiloco.runtime.train", *train_args]
 
 
 def agent_env(node_env: dict[str, str]) -> dict[str, str]:
@@ -62,11 +62,11 @@ def agent_env(node_env: dict[str, str]) -> dict[str, str]:
 
 @contextlib.contextmanager
 def rendezvous_store(site_set, address: str, port: int, run_dir: Path, timeout_s: float) -> Iterator[str]:
-    """Run ``python -m runtime.rendezvous`` at ``address:port`` (in the first site's namespace when
+    """Run ``python -m geodiloco.runtime.rendezvous`` at ``address:port`` (in the first site's namespace when
     ``site_set`` is given); yields the endpoint once it listens, stops it on exit."""
     ready_file = run_dir / RENDEZVOUS_READY_FILE
     ready_file.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "runtime.rendezvous", "--host", address, "--port", str(port),
+    command = [sys.executable, "-m", "geodiloco.runtime.rendezvous", "--host", address, "--port", str(port),
                "--ready-file", str(ready_file)]
     if site_set is not None:
         command = site_set.command(0, command)

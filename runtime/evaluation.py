@@ -19,8 +19,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from predictor.workload import ModelDims
-from runtime.models import build_model
+from geodiloco.predictor.workload import ModelDims
+from geodiloco.runtime.models import build_model
 
 
 class BackgroundEvaluator:
@@ -87,7 +87,7 @@ def mean_and_standard_error(values: list[float]) -> tuple[float, Optional[float]
 
 def held_out_batches(config, batch_size: Optional[int] = None) -> list:
     """The run's held-out eval set (the windows every node left out of training), in batches."""
-    from runtime.data import eval_batches, eval_window_starts, load_corpus
+    from geodiloco.runtime.data import eval_batches, eval_window_starts, load_corpus
     data, seq_len = config.data, config.model.seq_len
     corpus = load_corpus(data.source, data.max_bytes)
     starts = eval_window_starts(len(corpus), seq_len, data.eval_batches * data.eval_batch_size, config.run.seed)
@@ -101,8 +101,8 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     Rows: ``round``, ``eval_loss`` (mean per-sequence loss, nats per token), ``eval_loss_se``,
     ``sequences``. Runs on this process's CPU, after (not during) the run.
     """
-    from runtime import checkpoint
-    from runtime.config import load_config
+    from geodiloco.runtime import checkpoint
+    from geodiloco.runtime.config import load_config
     config = load_config(str(run_dir / "config.yaml"))
     batches = held_out_batches(config)
     if not batches:

@@ -34,10 +34,10 @@ import uuid
 from pathlib import Path
 from typing import Iterator, Optional
 
-from predictor.schema import ConfigError
-from runtime.config import RunConfig
-from lab.drill import DrillRunner, parse_drill
-from lab.process_tree import descendants
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.config import RunConfig
+from geodiloco.lab.drill import DrillRunner, parse_drill
+from geodiloco.lab.process_tree import descendants
 
 STOP_GRACE_S = 15.0
 PEERS_FILE = "hivemind_peers.txt"
@@ -53,7 +53,7 @@ def choose_sites(requested: str) -> tuple[str, str]:
     """Resolve ``auto`` to netns (root + namespaces work) or local; returns (mode, reason)."""
     if requested == "local":
         return "local", "requested"
-    from lab import sites
+    from geodiloco.lab import sites
     usable, reason = sites.can_use_netns()
     if requested == "netns" and not usable:
         raise RuntimeError(f"--sites netns is not possible here: {reason}; use --sites local")
@@ -77,7 +77,7 @@ def node_env(config: RunConfig, index: int, master_addr: str, master_port: int) 
 
 
 class NodeLauncher:
-    """Starts (and restarts) the process of each config node: ``python -m runtime.train`` with a fixed
+    """Starts (and restarts) the process of each config node: ``python -m geodiloco.runtime.train`` with a fixed
     world, or, with ``comm.elastic.enabled`` on the torch backend, that node's torchrun elastic agent
     (runtime/elastic_launch.py), which starts and restarts the node's worker."""
 
@@ -96,9 +96,9 @@ class NodeLauncher:
     def start(self, index: int, first: Optional[subprocess.Popen] = None) -> subprocess.Popen:
         config = self.config
         env = node_env(config, index, self.master_addr, self.port)
-        command = [sys.executable, "-m", "runtime.train", *self.train_args]
+        command = [sys.executable, "-m", "geodiloco.runtime.train", *self.train_args]
         if self.rendezvous_endpoint is not None:
-            from runtime.elastic_launch import agent_command, agent_env
+            from geodiloco.runtime.elastic_launch import agent_command, agent_env
             command = agent_command(config, self.rendezvous_endpoint, self.address(index), self.run_name(),
                                     self.train_args)
             env = agent_env(env)
@@ -133,7 +133,7 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str],
     processes: list[subprocess.Popen] = []
     with stack:
         if mode == "netns":
-            from lab import sites
+            from geodiloco.lab import sites
             site_set = stack.enter_context(sites.netns_sites(sites.site_links(config.nodes)))
             master_addr, port = site_set.master_addr, 29500
         else:
@@ -141,7 +141,7 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str],
         run_dir = Path(train_args[train_args.index("--run-dir") + 1])
         endpoint = None
         if elastic:
-            from runtime.elastic_launch import rendezvous_store
+            from geodiloco.runtime.elastic_launch import rendezvous_store
             endpoint = stack.enter_context(rendezvous_store(site_set, master_addr, port, run_dir,
                                                             config.comm.init_timeout_s))
         launcher = NodeLauncher(config, mode, site_set, train_args, master_addr, port, endpoint)
@@ -268,7 +268,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-        from lab.cpu_share import cleanup_stale
+        from geodiloco.lab.cpu_share import cleanup_stale
         cleanup_stale(owner_pid=os.getpid())
 
 
@@ -299,7 +299,7 @@ def announce_cpu_shares(config: RunConfig) -> None:
               if node.emulate is not None and node.emulate.cpu_share is not None}
     if not shares:
         return
-    from lab.cpu_share import can_use_cpu_share
+    from geodiloco.lab.cpu_share import can_use_cpu_share
     usable, reason = can_use_cpu_share()
     listed = ", ".join(f"{name} {share:g}" for name, share in shares.items())
     if usable:

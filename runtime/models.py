@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from predictor.workload import ModelDims
+from geodiloco.predictor.workload import ModelDims
 
 
 class RMSNorm(nn.Module):

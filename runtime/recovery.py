@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from runtime import checkpoint
+from geodiloco.runtime import checkpoint
 
 MEMBERS_FILE = "members.json"
 MEMBERSHIP_LOG = "membership.jsonl"

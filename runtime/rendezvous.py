@@ -52,7 +52,7 @@ def register(subparsers) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runtime.rendezvous")
+    parser = argparse.ArgumentParser(prog="python -m geodiloco.runtime.rendezvous")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["rendezvous", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)

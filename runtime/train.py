@@ -1,4 +1,4 @@
-"""One node's training process: ``python -m runtime.train --config run.yaml --node-name NAME``.
+"""One node's training process: ``python -m geodiloco.runtime.train --config run.yaml --node-name NAME``.
 
 Started by torchrun at each site (or by ``geodiloco run`` on one machine). Each
 outer round: take this round's plan, run the local phase (inner AdamW steps,
@@ -23,16 +23,16 @@ from typing import Optional
 
 import torch
 
-from balancer.plan import Plan, RoundMeasurement
-from balancer.records import IdleRecord
-from runtime.comm import node_name_from_env
-from runtime.config import RunConfig, load_config
-from runtime.heartbeat import PEER_FAILED_EXIT_CODE
-from runtime.recovery import log_membership_event
-from runtime.idle import RoundClock
-from runtime.runlog import RunLog
-from runtime.sync import OutOfSync, RoundSync, SyncOutcome, join_world
-from runtime.trainer import LocalResult, NodeTrainer
+from geodiloco.balancer.plan import Plan, RoundMeasurement
+from geodiloco.balancer.records import IdleRecord
+from geodiloco.runtime.comm import node_name_from_env
+from geodiloco.runtime.config import RunConfig, load_config
+from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
+from geodiloco.runtime.recovery import log_membership_event
+from geodiloco.runtime.idle import RoundClock
+from geodiloco.runtime.runlog import RunLog
+from geodiloco.runtime.sync import OutOfSync, RoundSync, SyncOutcome, join_world
+from geodiloco.runtime.trainer import LocalResult, NodeTrainer
 
 FORCED_EXIT_GRACE_S = 5.0
 
@@ -268,7 +268,7 @@ def default_run_dir(config: RunConfig) -> Path:
 
 def build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m runtime.train",
+        prog="python -m geodiloco.runtime.train",
         description="Train one node (site) of a GeoDiLoCo run. Start it under torchrun at every site, "
                     "or let `geodiloco run` start all nodes on this machine.")
     add_train_arguments(parser)
@@ -316,12 +316,12 @@ def lost_a_peer(err: BaseException) -> bool:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from predictor.schema import ConfigError
+    from geodiloco.predictor.schema import ConfigError
     args = build_arg_parser().parse_args(argv)
     try:
         return train_from_args(args)
     except ConfigError as err:
-        print(f"runtime.train: error: {err}", file=sys.stderr)
+        print(f"geodiloco.runtime.train: error: {err}", file=sys.stderr)
         return 2
 
 

@@ -16,23 +16,23 @@ from typing import Optional
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from balancer.cluster import NodeSpec
-from balancer.plan import NodePlan, Plan, RoundMeasurement
-from balancer.network import SyncSettings
-from balancer.planner import Planner
-from runtime import checkpoint
-from runtime.batching import StepSamples, accumulate_gradients, micro_batch_sizes
-from runtime.comm import Topology
-from runtime.config import RunConfig
-from runtime.data import NodeShard, ShardCursor, eval_batches, eval_window_starts, load_corpus
-from runtime.diloco import OuterState, build_inner_optimizer, inner_lr
-from lab.cpu_share import NodeCpuShare, start_node_share
-from lab.virtual_gpu import StepPacer
-from runtime.evaluation import BackgroundEvaluator
-from runtime.gpu_sampler import GpuSampler
-from runtime.models import build_model
-from runtime.recovery import write_members
-from runtime.sync import RoundSync, SyncHandles, build_outer_sync
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.balancer.plan import NodePlan, Plan, RoundMeasurement
+from geodiloco.balancer.network import SyncSettings
+from geodiloco.balancer.planner import Planner
+from geodiloco.runtime import checkpoint
+from geodiloco.runtime.batching import StepSamples, accumulate_gradients, micro_batch_sizes
+from geodiloco.runtime.comm import Topology
+from geodiloco.runtime.config import RunConfig
+from geodiloco.runtime.data import NodeShard, ShardCursor, eval_batches, eval_window_starts, load_corpus
+from geodiloco.runtime.diloco import OuterState, build_inner_optimizer, inner_lr
+from geodiloco.lab.cpu_share import NodeCpuShare, start_node_share
+from geodiloco.lab.virtual_gpu import StepPacer
+from geodiloco.runtime.evaluation import BackgroundEvaluator
+from geodiloco.runtime.gpu_sampler import GpuSampler
+from geodiloco.runtime.models import build_model
+from geodiloco.runtime.recovery import write_members
+from geodiloco.runtime.sync import RoundSync, SyncHandles, build_outer_sync
 
 
 def stop_before_deadline(elapsed_s: float, expected_step_s: float, deadline_s: float, num_nodes: int) -> bool:

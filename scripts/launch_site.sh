@@ -22,14 +22,14 @@
 #     parser rejects --node after -m MODULE (ambiguous with --node-rank).
 # Without --local-addr/--ifname both come from the route to HOST (or, on the host,
 # from the interface that holds HOST). --entry replaces the module torchrun runs
-# (default runtime.train). --dry-run prints the command and exits.
+# (default geodiloco.runtime.train). --dry-run prints the command and exits.
 set -euo pipefail
 
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "launch_site.sh: error: $*" >&2; exit 2; }
 
 config="" node="" nnodes="" nproc="" endpoint="" is_host=false local_addr="" ifname=""
-run_id="geodiloco" entry="runtime.train" dry_run=false extra=() min_nodes=1 max_restarts=10 fixed=false
+run_id="geodiloco" entry="geodiloco.runtime.train" dry_run=false extra=() min_nodes=1 max_restarts=10 fixed=false
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --config) config="${2:-}"; shift 2 ;;

@@ -14,4 +14,4 @@ if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; else PYTHON=python3; fi
 fi
 export PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m lab.sites "$@"
+exec "$PYTHON" -m geodiloco.lab.sites "$@"

@@ -37,14 +37,14 @@ def write_config(tmp_path: Path, config: dict, name: str = "run.yaml") -> Path:
 
 def geodiloco(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=cwd or REPO_ROOT)
 
 
 def start_run(config_path: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
     """`geodiloco run` in the background (for tests that signal or watch it)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "runtime.cli", "run", "--no-report", "--config", str(config_path),
+    return subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.cli", "run", "--no-report", "--config", str(config_path),
                              "--run-dir", str(run_dir), *extra],
                             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

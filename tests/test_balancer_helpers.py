@@ -1,10 +1,10 @@
 """Test doubles for the balancer tests: step-time models with hand-checkable numbers."""
 from __future__ import annotations
 
-from balancer.cluster import NodeSpec
-from balancer.config import BalancingConfig
-from balancer.planner import Planner
-from predictor.workload import preset_dims
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.planner import Planner
+from geodiloco.predictor.workload import preset_dims
 
 # GPU name -> (fixed seconds per step, seconds per sample, samples that fit in memory)
 FAKE_GPUS = {

@@ -1,7 +1,7 @@
 import pytest
 
-from balancer.cluster import NodeSpec
-from balancer.network import OuterSyncModel, pseudo_gradient_bytes, ring_allreduce_s
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.balancer.network import OuterSyncModel, pseudo_gradient_bytes, ring_allreduce_s
 
 
 def test_ring_time_is_the_ideal_ring_formula_without_latency():
@@ -45,7 +45,7 @@ def two_sites(mbps: float = 100.0) -> list:
 
 
 def test_int8_puts_a_quarter_of_fp32_on_the_wire_plus_its_scales():
-    from balancer.network import CHUNK_ELEMENTS, SyncSettings, encoded_bytes
+    from geodiloco.balancer.network import CHUNK_ELEMENTS, SyncSettings, encoded_bytes
     numel = 1000 * CHUNK_ELEMENTS
     assert encoded_bytes("int8", numel) == numel + 4 * 1000
     fp32 = OuterSyncModel(two_sites(), numel, settings=SyncSettings(codec="none")).sync_s()
@@ -56,7 +56,7 @@ def test_int8_puts_a_quarter_of_fp32_on_the_wire_plus_its_scales():
 
 
 def test_only_the_sync_longer_than_the_phase_is_exposed_under_overlap():
-    from balancer.network import SyncSettings
+    from geodiloco.balancer.network import SyncSettings
     numel = 2_500_000  # fp32, 2 nodes at 100 Mbit/s: 0.8 s
     blocking = OuterSyncModel(two_sites(), numel, settings=SyncSettings("none"))
     delayed = OuterSyncModel(two_sites(), numel, settings=SyncSettings("delayed"))
@@ -69,7 +69,7 @@ def test_only_the_sync_longer_than_the_phase_is_exposed_under_overlap():
 
 
 def test_the_sync_model_learns_from_measured_syncs():
-    from balancer.network import SyncSettings
+    from geodiloco.balancer.network import SyncSettings
     model = OuterSyncModel(two_sites(), 2_500_000, settings=SyncSettings("delayed"))
     for _ in range(10):
         model.observe(1.6)  # the link delivers half its nominal rate

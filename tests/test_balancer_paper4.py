@@ -4,11 +4,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from balancer.cluster import load_cluster
-from balancer.config import BalancingConfig
-from balancer.planner import Planner
-from balancer.simulate import simulate
-from predictor.workload import resolve_dims
+from geodiloco.balancer.cluster import load_cluster
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.planner import Planner
+from geodiloco.balancer.simulate import simulate
+from geodiloco.predictor.workload import resolve_dims
 
 PAPER4 = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "clusters" / "paper4.yaml"
 EXACT = {"simulation": {"model_error": 0.0, "step_noise": 0.0, "straggler_prob": 0.0, "drift_per_round": 0.0}}

@@ -1,6 +1,6 @@
 import pytest
 
-from balancer.plan import RoundMeasurement
+from geodiloco.balancer.plan import RoundMeasurement
 from test_balancer_helpers import nodes, planner
 
 
@@ -86,11 +86,11 @@ def test_same_measurements_give_the_same_plan_on_every_node():
 
 
 def _sync_planner(mbps: float, overlap: str, codec: str = "none", **balancing):
-    from balancer.cluster import NodeSpec
-    from balancer.config import BalancingConfig
-    from balancer.network import SyncSettings
-    from balancer.planner import Planner
-    from predictor.workload import preset_dims
+    from geodiloco.balancer.cluster import NodeSpec
+    from geodiloco.balancer.config import BalancingConfig
+    from geodiloco.balancer.network import SyncSettings
+    from geodiloco.balancer.planner import Planner
+    from geodiloco.predictor.workload import preset_dims
     nodes = [NodeSpec(name="slow", emulate={"step_time_s": 0.2}, wan={"bandwidth_mbps": mbps}),
              NodeSpec(name="fast", emulate={"step_time_s": 0.1}, wan={"bandwidth_mbps": mbps})]
     return Planner(BalancingConfig(policy="time", **balancing), nodes, preset_dims("tiny"), 64, 10, 4,

@@ -3,12 +3,12 @@ import math
 import numpy as np
 import pytest
 
-from balancer.cluster import NodeSpec
-from balancer.config import BalancingConfig
-from balancer.planner import Planner
-from balancer.policies import fill_steps
-from predictor.schema import ConfigError, validate
-from predictor.workload import preset_dims
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.planner import Planner
+from geodiloco.balancer.policies import fill_steps
+from geodiloco.predictor.schema import ConfigError, validate
+from geodiloco.predictor.workload import preset_dims
 from test_balancer_helpers import LinearModel, nodes, planner
 
 
@@ -154,6 +154,6 @@ def test_plan_is_deterministic_and_round_trips_through_json():
     first = planner("hybrid", nodes("slow", "fast", "overhead")).plan(3)
     second = planner("hybrid", nodes("slow", "fast", "overhead")).plan(3)
     assert first.to_json() == second.to_json()
-    from balancer.plan import Plan
+    from geodiloco.balancer.plan import Plan
     import json
     assert Plan.from_dict(json.loads(first.to_json())) == first

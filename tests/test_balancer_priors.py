@@ -1,11 +1,11 @@
 """Which prior the planner uses for a node: emulated GPU workload, listed GPUs, declared time, or this CPU."""
 import pytest
 
-from balancer.cluster import NodeSpec
-from balancer.config import BalancingConfig
-from balancer.planner import Planner
-from predictor.model import node_step_model
-from predictor.workload import preset_dims
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.planner import Planner
+from geodiloco.predictor.model import node_step_model
+from geodiloco.predictor.workload import preset_dims
 
 TINY = preset_dims("tiny")
 

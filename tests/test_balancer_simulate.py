@@ -4,10 +4,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from balancer.cluster import NodeSpec
-from balancer.plan import Plan
-from balancer.simulate import Slowdown, simulate
-from runtime.cli import main
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.balancer.plan import Plan
+from geodiloco.balancer.simulate import Slowdown, simulate
+from geodiloco.runtime.cli import main
 from test_balancer_helpers import nodes, planner
 
 EXACT = {"simulation": {"model_error": 0.0, "step_noise": 0.0, "straggler_prob": 0.0, "drift_per_round": 0.0}}

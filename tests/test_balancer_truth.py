@@ -4,13 +4,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from balancer.cluster import NodeSpec, load_cluster
-from balancer.config import BalancingConfig
-from balancer.planner import Planner
-from balancer.simulate import simulate
-from lab.virtual_gpu import StepPacer
-from predictor.model import node_step_model
-from predictor.workload import resolve_dims
+from geodiloco.balancer.cluster import NodeSpec, load_cluster
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.planner import Planner
+from geodiloco.balancer.simulate import simulate
+from geodiloco.lab.virtual_gpu import StepPacer
+from geodiloco.predictor.model import node_step_model
+from geodiloco.predictor.workload import resolve_dims
 from test_balancer_helpers import planner
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from runtime.gpu_sampler import GpuSampler
+from geodiloco.runtime.gpu_sampler import GpuSampler
 
 
 class FakeNvml:

@@ -17,8 +17,8 @@ sys.path.insert(0, str(KIT))
 
 import gpu_diloco  # noqa: E402
 import gpu_sweep  # noqa: E402
-from predictor.workload import resolve_dims  # noqa: E402
-from runtime.config import parse_config  # noqa: E402
+from geodiloco.predictor.workload import resolve_dims  # noqa: E402
+from geodiloco.runtime.config import parse_config  # noqa: E402
 
 
 def load_validate():

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from runtime.comm import Topology
-from runtime.config import HivemindSection
-from runtime.diloco import outer_weights
-from runtime.sync.hivemind_backend import (MISSING_SHARE_KEY, HivemindOuterSync, OutOfSync, make_averager_class,
+from geodiloco.runtime.comm import Topology
+from geodiloco.runtime.config import HivemindSection
+from geodiloco.runtime.diloco import outer_weights
+from geodiloco.runtime.sync.hivemind_backend import (MISSING_SHARE_KEY, HivemindOuterSync, OutOfSync, make_averager_class,
                                    round_group_bits, wire_codec)
 
 pytestmark = pytest.mark.slow
@@ -246,7 +246,7 @@ def test_codecs_round_trip_within_their_rounding(name, max_error):
     from hivemind.compression import CompressionInfo
     from hivemind.compression.serialization import deserialize_torch_tensor
 
-    from runtime.sync.hivemind_backend import codec
+    from geodiloco.runtime.sync.hivemind_backend import codec
     spread = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
     for original in (spread, torch.zeros(100), torch.full((7,), 0.25)):
         wire = codec(name).compress(original, CompressionInfo.from_tensor(original))

@@ -2,15 +2,15 @@
 drift detection, config validation."""
 import pytest
 
-from balancer.cluster import NodeSpec
-from balancer.config import BalancingConfig
-from balancer.plan import RoundMeasurement
-from balancer.planner import Planner
-from predictor.schema import ConfigError
-from predictor.workload import preset_dims
-from runtime.comm import Topology
-from runtime.config import HivemindSection, load_config
-from runtime.sync.hivemind_backend import HivemindOuterSync
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.plan import RoundMeasurement
+from geodiloco.balancer.planner import Planner
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.workload import preset_dims
+from geodiloco.runtime.comm import Topology
+from geodiloco.runtime.config import HivemindSection, load_config
+from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync
 from tests.runtime_helpers import small_config, write_config
 
 NODES = [NodeSpec.model_validate({"name": name, "emulate": {"step_time_s": step_s, "batch_size": 4}})

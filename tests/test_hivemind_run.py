@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime import checkpoint
+from geodiloco.runtime import checkpoint
 from tests.runtime_helpers import REPO_ROOT, geodiloco, read_jsonl, small_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -62,7 +62,7 @@ def start_node(config_path, run_dir, name, peers_file, first, ranks=1):
     launcher = ([sys.executable] if ranks == 1 else
                 [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"])
     with open(run_dir.parent / f"{name}.log", "w") as log:
-        return subprocess.Popen([*launcher, "-m", "runtime.train", "--config", str(config_path),
+        return subprocess.Popen([*launcher, "-m", "geodiloco.runtime.train", "--config", str(config_path),
                                  "--run-dir", str(run_dir)], cwd=REPO_ROOT, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -130,7 +130,7 @@ def sgd(config):
 def test_hivemind_run_matches_the_torch_backend(tmp_path):
     config = sgd(hivemind_config(UNEQUAL_NODES, rounds=2, host_maddrs=["/ip4/0.0.0.0/tcp/0"]))
     hivemind_dir, torch_dir = tmp_path / "hivemind", tmp_path / "torch"
-    launcher = subprocess.Popen([sys.executable, "-m", "runtime.cli", "run", "--sites", "local", "--no-report",
+    launcher = subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.cli", "run", "--sites", "local", "--no-report",
                                  "--config", str(write_config(tmp_path, config, "hivemind.yaml")),
                                  "--run-dir", str(hivemind_dir)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.cpu_share import (CpuHierarchy, CpuQuota, CpuShareUnavailable, can_use_cpu_share, cleanup_stale,
+from geodiloco.lab.cpu_share import (CpuHierarchy, CpuQuota, CpuShareUnavailable, can_use_cpu_share, cleanup_stale,
                            find_cpu_hierarchy, group_name, start_node_share)
 from runtime_helpers import geodiloco, read_jsonl, small_config, write_config
 

@@ -32,9 +32,9 @@ def test_scaled_wan_gives_the_small_model_llama_150m_share_of_a_round():
 
 
 def test_node_offsets_make_batch_4_steps_last_the_paper_fitted_times():
-    from lab.virtual_gpu import StepPacer
-    from predictor.workload import resolve_dims
-    from balancer.cluster import NodeSpec
+    from geodiloco.lab.virtual_gpu import StepPacer
+    from geodiloco.predictor.workload import resolve_dims
+    from geodiloco.balancer.cluster import NodeSpec
 
     config = configs.run_config("uniform", configs.Scaling(time_scale=0.5), configs.SLOWDOWN)
     fitted_s = {"node1": 0.2946, "node2": 0.3045, "node3": 0.1589, "node4": 0.2549}
@@ -48,9 +48,9 @@ def test_node_offsets_make_batch_4_steps_last_the_paper_fitted_times():
 
 
 def test_planner_prior_does_not_know_the_paper_fitted_offset():
-    from balancer.config import BalancingConfig
-    from balancer.planner import Planner
-    from runtime.config import parse_config
+    from geodiloco.balancer.config import BalancingConfig
+    from geodiloco.balancer.planner import Planner
+    from geodiloco.runtime.config import parse_config
 
     config = parse_config(configs.run_config("uniform", configs.Scaling(time_scale=1.0)), "paper4")
     planner = Planner(BalancingConfig(policy="uniform"), config.nodes, config.model.dims(), 32, 20, 4)

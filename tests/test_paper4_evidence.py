@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from balancer.cluster import load_cluster
-from runtime.config import RunConfig
+from geodiloco.balancer.cluster import load_cluster
+from geodiloco.runtime.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments" / "paper4"))

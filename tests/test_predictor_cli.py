@@ -1,7 +1,7 @@
 """`geodiloco predict`: JSON keys, human explanation, errors as exit code 2."""
 import json
 
-from runtime.cli import main
+from geodiloco.runtime.cli import main
 
 
 def run(capsys, *argv):

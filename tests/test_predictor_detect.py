@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from predictor import detect
+from geodiloco.predictor import detect
 
 
 class FakeNVMLError(Exception):

@@ -1,8 +1,8 @@
 """Online calibration: converges to measured times, ignores warm-up and outliers, transfers."""
 import pytest
 
-from predictor.base import StepTimeModel
-from predictor.online import OnlineStepTimeModel
+from geodiloco.predictor.base import StepTimeModel
+from geodiloco.predictor.online import OnlineStepTimeModel
 
 
 class LinearPrior:
@@ -95,8 +95,8 @@ def test_with_prior_carries_the_corrections():
 
 
 def test_explain_adds_calibration_to_a_spec_prior():
-    from predictor.model import node_step_model
-    from predictor.workload import PRESETS
+    from geodiloco.predictor.model import node_step_model
+    from geodiloco.predictor.workload import PRESETS
 
     prior = node_step_model(["A30"], PRESETS["small"], 256, "bf16")
     online = OnlineStepTimeModel(prior, warmup_steps=0)

@@ -1,8 +1,8 @@
 """GPU datasheet table: spellings, errors, user rows, the rate mixed precision really gets."""
 import pytest
 
-from predictor.schema import ConfigError
-from predictor.specs import GpuRegistry, load_user_gpus, lookup_gpu, normalize_name, read_gpu_file
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.specs import GpuRegistry, load_user_gpus, lookup_gpu, normalize_name, read_gpu_file
 
 REQUIRED_GPUS = ["RTX 2080 Ti", "TITAN RTX", "RTX 3090", "RTX 4090", "A30", "V100-PCIE-16GB", "V100-PCIE-32GB",
                  "V100-SXM2-16GB", "V100-SXM2-32GB", "T4", "A10", "L4", "L40S", "A100-SXM4-40GB",

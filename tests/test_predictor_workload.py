@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from predictor.schema import ConfigError
-from predictor.workload import (
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.workload import (
     PRESETS, activation_memory_bytes, forward_flops_per_token, parameter_count, resolve_dims,
     static_memory_bytes, training_flops, training_memory_bytes,
 )

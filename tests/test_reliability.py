@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from predictor.schema import ConfigError
-from runtime.config import load_config
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.config import load_config
 from tests.runtime_helpers import geodiloco, small_config
 
 

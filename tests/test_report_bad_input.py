@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from report.cli import main
+from geodiloco.report.cli import main
 from test_report_support import default_records, default_run, write_run
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from report.cli import main
+from geodiloco.report.cli import main
 from test_report_support import NODE_A, NODE_B, default_run, idle_record, write_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ def test_script_runs_from_a_checkout(tmp_path):
 
 
 def test_geodiloco_report_subcommand(tmp_path, capsys):
-    from runtime.cli import main as geodiloco
+    from geodiloco.runtime.cli import main as geodiloco
 
     assert geodiloco(["report", str(default_run(tmp_path / "run")), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["runs"][0]["label"] == "demo"
@@ -122,7 +122,7 @@ nodes:
 def test_report_of_a_real_run(tmp_path):
     config, run_dir = tmp_path / "run.yaml", tmp_path / "run"
     config.write_text(E2E_CONFIG)
-    launched = subprocess.run([sys.executable, "-m", "runtime.cli", "run", "--config", str(config),
+    launched = subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", "run", "--config", str(config),
                                "--sites", "local", "--run-dir", str(run_dir), "--no-report"],
                               capture_output=True, text=True, cwd=REPO, timeout=170)
     assert launched.returncode == 0, launched.stderr[-2000:]

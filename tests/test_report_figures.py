@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib.image
 from rich.table import Table
 
-from report.terminal_image import prompt_lines, render_lines, save_terminal_png
+from geodiloco.report.terminal_image import prompt_lines, render_lines, save_terminal_png
 from test_report_support import default_run
 
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "report" / "make_readme_figures.py"

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from report.compare import compare, least_idle
-from report.errors import ReportError
-from report.pricing import parse_prices
-from report.run_dir import load_run
-from report.summary import summarize
+from geodiloco.report.compare import compare, least_idle
+from geodiloco.report.errors import ReportError
+from geodiloco.report.pricing import parse_prices
+from geodiloco.report.run_dir import load_run
+from geodiloco.report.summary import summarize
 from test_report_support import NODE_A, NODE_B, default_records, default_run, idle_record, write_run
 
 PRICES = ["A30=0.60", "RTX 2080 Ti=0.25"]

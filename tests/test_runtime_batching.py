@@ -13,14 +13,14 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from balancer.plan import NodePlan
-from predictor.workload import ModelDims
-from runtime.batching import accumulate_gradients, micro_batch_sizes
-from runtime.comm import build_topology
-from runtime.config import parse_config
-from runtime.launch import free_port
-from runtime.models import build_model
-from runtime.trainer import NodeTrainer
+from geodiloco.balancer.plan import NodePlan
+from geodiloco.predictor.workload import ModelDims
+from geodiloco.runtime.batching import accumulate_gradients, micro_batch_sizes
+from geodiloco.runtime.comm import build_topology
+from geodiloco.runtime.config import parse_config
+from geodiloco.runtime.launch import free_port
+from geodiloco.runtime.models import build_model
+from geodiloco.runtime.trainer import NodeTrainer
 
 DIMS = ModelDims(hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, vocab_size=32, max_seq_len=8)
 SEQ_LEN = 8

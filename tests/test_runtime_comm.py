@@ -7,11 +7,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runtime.comm import build_topology
-from runtime.config import DilocoSection
-from runtime.launch import free_port
-from runtime.sync.torch_backend import TorchOuterSync
-from runtime.sync.wire import ErrorFeedback, reduce_sum
+from geodiloco.runtime.comm import build_topology
+from geodiloco.runtime.config import DilocoSection
+from geodiloco.runtime.launch import free_port
+from geodiloco.runtime.sync.torch_backend import TorchOuterSync
+from geodiloco.runtime.sync.wire import ErrorFeedback, reduce_sum
 
 pytestmark = pytest.mark.slow
 

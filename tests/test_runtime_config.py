@@ -1,8 +1,8 @@
 """Config validation: every error names the field and the fix, and the CLI exits 2 with one line per problem."""
 import pytest
 
-from predictor.schema import ConfigError
-from runtime.config import load_config
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.config import load_config
 from tests.runtime_helpers import geodiloco, small_config, write_config
 
 NODES = [{"name": "a", "emulate": {"step_time_s": 0.1}}, {"name": "b", "emulate": {"step_time_s": 0.2}}]

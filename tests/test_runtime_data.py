@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from predictor.schema import ConfigError
-from predictor.workload import ModelDims
-from runtime.comm import Topology
-from runtime.config import parse_config
-from runtime.data import NodeShard, ShardCursor, eval_batches, eval_window_starts, load_corpus
-from runtime.evaluation import BackgroundEvaluator, mean_and_standard_error
-from runtime.models import build_model
-from runtime.trainer import build_data
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.workload import ModelDims
+from geodiloco.runtime.comm import Topology
+from geodiloco.runtime.config import parse_config
+from geodiloco.runtime.data import NodeShard, ShardCursor, eval_batches, eval_window_starts, load_corpus
+from geodiloco.runtime.evaluation import BackgroundEvaluator, mean_and_standard_error
+from geodiloco.runtime.models import build_model
+from geodiloco.runtime.trainer import build_data
 
 TOKENS = (np.arange(10_240) % 251).astype(np.uint8)  # prime period: every 16- or 64-token window is distinct
 

@@ -1,7 +1,7 @@
 """The deadline stop rule: one more step only if it ends less than step/N after the deadline."""
 import pytest
 
-from runtime.trainer import stop_before_deadline
+from geodiloco.runtime.trainer import stop_before_deadline
 
 
 @pytest.mark.parametrize("elapsed_s, step_s, deadline_s, nodes, stop", [

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.diloco import OuterState, group_average_scale, group_average_terms, inner_lr, outer_weights
+from geodiloco.runtime.diloco import OuterState, group_average_scale, group_average_terms, inner_lr, outer_weights
 
 
 def test_uniform_weights_ignore_work():

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime import checkpoint
-from runtime.launch import free_port
-from lab.drill import read_drill
-from runtime.recovery import read_membership_events
+from geodiloco.runtime import checkpoint
+from geodiloco.runtime.launch import free_port
+from geodiloco.lab.drill import read_drill
+from geodiloco.runtime.recovery import read_membership_events
 from tests.runtime_helpers import REPO_ROOT, geodiloco, read_jsonl, small_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def nodes_by_round(run_dir: Path) -> dict[int, list[str]]:
 
 def resume_without(run_dir: Path, copy_dir: Path, from_round: int, names: list[str]) -> Path:
     """Resume a copy of ``run_dir`` after ``from_round`` with only ``names`` started, by hand
-    (one ``python -m runtime.train`` per node, fixed world): what a person would do."""
+    (one ``python -m geodiloco.runtime.train`` per node, fixed world): what a person would do."""
     copy_dir.mkdir()
     shutil.copy(run_dir / "config.yaml", copy_dir / "config.yaml")
     for round_idx in range(from_round + 1):
@@ -63,7 +63,7 @@ def resume_without(run_dir: Path, copy_dir: Path, from_round: int, names: list[s
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(len(names)), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), GEODILOCO_NODE=name, GEODILOCO_DEVICE="cpu", OMP_NUM_THREADS="1")
         processes.append(subprocess.Popen(
-            [sys.executable, "-m", "runtime.train", "--config", str(copy_dir / "config.yaml"), "--run-dir",
+            [sys.executable, "-m", "geodiloco.runtime.train", "--config", str(copy_dir / "config.yaml"), "--run-dir",
              str(copy_dir), "--resume"], env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True))
     for process in processes:

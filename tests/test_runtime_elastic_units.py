@@ -9,16 +9,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from predictor.schema import ConfigError
-from runtime import checkpoint
-from runtime.comm import present_nodes
-from runtime.config import RunConfig, load_config
-from runtime.diloco import OuterState
-from runtime.heartbeat import Heartbeat
-from runtime.launch import elastic_exit_code, free_port
-from runtime.recovery import SavedRounds, choose_resume_point, saved_rounds, write_members
-from runtime.sync.overlap import OverlapSchedule
-from lab.drill import parse_drill
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime import checkpoint
+from geodiloco.runtime.comm import present_nodes
+from geodiloco.runtime.config import RunConfig, load_config
+from geodiloco.runtime.diloco import OuterState
+from geodiloco.runtime.heartbeat import Heartbeat
+from geodiloco.runtime.launch import elastic_exit_code, free_port
+from geodiloco.runtime.recovery import SavedRounds, choose_resume_point, saved_rounds, write_members
+from geodiloco.runtime.sync.overlap import OverlapSchedule
+from geodiloco.lab.drill import parse_drill
 from tests.runtime_helpers import small_config
 
 NAMES = ["a", "b", "c", "d"]
@@ -197,7 +197,7 @@ def test_rendezvous_command_serves_a_store_and_stops_on_sigterm(tmp_path):
     from tests.runtime_helpers import REPO_ROOT
 
     port, ready = free_port(), tmp_path / "ready"
-    server = subprocess.Popen([sys.executable, "-m", "runtime.cli", "rendezvous", "--host", "127.0.0.1", "--port",
+    server = subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.cli", "rendezvous", "--host", "127.0.0.1", "--port",
                                str(port), "--ready-file", str(ready)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -207,7 +207,7 @@ def test_rendezvous_command_serves_a_store_and_stops_on_sigterm(tmp_path):
         client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
         client.set("agent", "here")
         assert client.get("agent") == b"here"
-        taken = subprocess.run([sys.executable, "-m", "runtime.rendezvous", "--host", "127.0.0.1", "--port",
+        taken = subprocess.run([sys.executable, "-m", "geodiloco.runtime.rendezvous", "--host", "127.0.0.1", "--port",
                                 str(port)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert taken.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in taken.stderr
     finally:
@@ -216,7 +216,7 @@ def test_rendezvous_command_serves_a_store_and_stops_on_sigterm(tmp_path):
 
 
 def test_report_counts_lost_time_as_idle_and_says_so(tmp_path, capsys):
-    from report.cli import main as report_main
+    from geodiloco.report.cli import main as report_main
     from tests.test_report_support import NODE_A, NODE_B, idle_record, write_run
 
     records = [idle_record(r, node) for r in range(2) for node in (NODE_A, NODE_B)]

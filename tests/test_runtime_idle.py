@@ -1,7 +1,7 @@
 """The round clock: phases tile the round's wall time, lost time (a discarded hivemind round) included."""
 import pytest
 
-from runtime.idle import RoundClock
+from geodiloco.runtime.idle import RoundClock
 
 
 def clock_with(**marks):
@@ -27,7 +27,7 @@ def test_time_lost_before_a_rejoined_round_is_overhead_and_moves_its_start():
 
 
 def _clock(**marks) -> "RoundClock":
-    from runtime.idle import RoundClock
+    from geodiloco.runtime.idle import RoundClock
     clock = RoundClock()
     clock.marks.update(marks)
     return clock

@@ -1,7 +1,7 @@
 """A 2-site run across two network namespaces linked by tbf-shaped veths."""
 import pytest
 
-from lab import sites
+from geodiloco.lab import sites
 from tests.runtime_helpers import read_jsonl, small_config, start_run, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]

@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from predictor.workload import preset_dims
-from runtime import checkpoint
-from runtime.data import NodeShard, load_corpus
-from runtime.models import build_model
+from geodiloco.predictor.workload import preset_dims
+from geodiloco.runtime import checkpoint
+from geodiloco.runtime.data import NodeShard, load_corpus
+from geodiloco.runtime.models import build_model
 from tests.runtime_helpers import geodiloco, read_jsonl, small_config, write_config
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from balancer.records import REQUIRED_FIELDS
-from runtime import checkpoint
+from geodiloco.balancer.records import REQUIRED_FIELDS
+from geodiloco.runtime import checkpoint
 from tests.runtime_helpers import geodiloco, read_jsonl, small_config, start_run, write_config
 
 pytestmark = pytest.mark.slow

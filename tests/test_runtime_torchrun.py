@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from runtime import checkpoint
-from runtime.launch import free_port
+from geodiloco.runtime import checkpoint
+from geodiloco.runtime.launch import free_port
 from tests.runtime_helpers import REPO_ROOT, read_jsonl, small_config, write_config
 
 pytestmark = pytest.mark.slow
@@ -17,7 +17,7 @@ def torchrun_site(config_path, run_dir, node, nproc, port, is_host):
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={nproc}",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                f"--rdzv-conf=is_host={'true' if is_host else 'false'}", "--max-restarts=0",
-               "-m", "runtime.train", "--config", str(config_path), "--node-name", node, "--run-dir", str(run_dir)]
+               "-m", "geodiloco.runtime.train", "--config", str(config_path), "--node-name", node, "--run-dir", str(run_dir)]
     return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

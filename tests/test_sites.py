@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from lab.sites import SiteLink, cleanup_stale, delay_lines_of, list_namespaces, netns_sites
+from geodiloco.lab.sites import SiteLink, cleanup_stale, delay_lines_of, list_namespaces, netns_sites
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = "gdlt"
 NETNS_OK, NETNS_REASON = (False, "not checked")
 try:
-    from lab.sites import can_use_netns
+    from geodiloco.lab.sites import can_use_netns
 
     NETNS_OK, NETNS_REASON = can_use_netns()
 except Exception as err:  # noqa: BLE001 - any failure of the probe is a reason to skip
@@ -157,7 +157,7 @@ def test_teardown_on_exception_leaves_nothing():
 
 HOLDER = textwrap.dedent("""
     import json, os, signal, sys, time
-    from lab.sites import SiteLink, netns_sites
+    from geodiloco.lab.sites import SiteLink, netns_sites
     with netns_sites([SiteLink("a", 10.0, 2.0), SiteLink("b", 10.0)], prefix=sys.argv[1]) as sites:
         print(json.dumps(sites.namespaces), flush=True)
         if sys.argv[2] == "crash":

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from balancer.cluster import NodeSpec
-from lab import sites as sites_mod
-from lab.delayline import Direction, next_wakeup_s, parse_endpoint, write_due_frames
-from lab.sites import Site, SiteLink, Sites, parse_rate_mbps, site_links, tbf_burst_bytes, tbf_rate
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.lab import sites as sites_mod
+from geodiloco.lab.delayline import Direction, next_wakeup_s, parse_endpoint, write_due_frames
+from geodiloco.lab.sites import Site, SiteLink, Sites, parse_rate_mbps, site_links, tbf_burst_bytes, tbf_rate
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "scripts" / "launch_site.sh"
@@ -130,7 +130,7 @@ def test_launch_site_dry_run_composes_torchrun_command():
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "torchrun",
         "--nnodes=1:4", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.1.0.1:29400",
         "--rdzv-id=geodiloco", f"--rdzv-conf=is_host=true,{DEFAULT_RDZV_TIMEOUTS}", "--local-addr=10.1.0.1",
-        "--max-restarts=10", "--monitor-interval=0.5", "-m", "runtime.train", "--config", "run.yaml", "--resume"]
+        "--max-restarts=10", "--monitor-interval=0.5", "-m", "geodiloco.runtime.train", "--config", "run.yaml", "--resume"]
 
 
 DEFAULT_RDZV_TIMEOUTS = ("join_timeout=600,last_call_timeout=8,close_timeout=30,keep_alive_interval=2,"
@@ -139,8 +139,8 @@ DEFAULT_RDZV_TIMEOUTS = ("join_timeout=600,last_call_timeout=8,close_timeout=30,
 
 def test_launch_site_timeouts_are_the_configs_defaults():
     """The script cannot read YAML; its defaults must stay those of comm.elastic."""
-    from runtime.config import RunConfig
-    from runtime.elastic_launch import rendezvous_conf
+    from geodiloco.runtime.config import RunConfig
+    from geodiloco.runtime.elastic_launch import rendezvous_conf
     config = RunConfig.model_validate({"model": {"preset": "tiny"}, "nodes": [{"name": "a", "gpus": ["RTX 3090"]}]})
     assert rendezvous_conf(config) == f"is_host=false,{DEFAULT_RDZV_TIMEOUTS}"
 
@@ -165,7 +165,7 @@ def test_torchrun_accepts_the_composed_entry_arguments():
                         "--dry-run", "--", "--run-dir", "runs/x", "--resume", "--set", "diloco.rounds=3")
     words = shlex.split(result.stdout)
     parsed = get_args_parser().parse_args(words[words.index("torchrun") + 1:])
-    assert parsed.training_script == "runtime.train" and parsed.module
+    assert parsed.training_script == "geodiloco.runtime.train" and parsed.module
     assert parsed.training_script_args == ["--config", "run.yaml", "--run-dir", "runs/x", "--resume",
                                            "--set", "diloco.rounds=3"]
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from runtime.sync.overlap import launch_steps, split_fragments
-from runtime.sync.wire import (CHUNK_ELEMENTS, Encoded, ErrorFeedback, decode, encode, encoded_bytes, reduce_sum,
+from geodiloco.runtime.sync.overlap import launch_steps, split_fragments
+from geodiloco.runtime.sync.wire import (CHUNK_ELEMENTS, Encoded, ErrorFeedback, decode, encode, encoded_bytes, reduce_sum,
                                sent_bytes)
 
 

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from balancer.cluster import NodeSpec, load_cluster
-from balancer.config import BalancingConfig
-from balancer.planner import Planner
-from balancer.simulate import simulate
-from predictor.workload import parameter_count, resolve_dims
+from geodiloco.balancer.cluster import NodeSpec, load_cluster
+from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.planner import Planner
+from geodiloco.balancer.simulate import simulate
+from geodiloco.predictor.workload import parameter_count, resolve_dims
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_CLUSTER = ROOT / "experiments" / "configs" / "clusters" / "paper4_cpu_measured.yaml"
@@ -50,7 +50,7 @@ STEP_NOISE_ONLY = {"straggler_prob": 0.0, "drift_per_round": 0.0}
 
 def scaled_bandwidth_mbps(nodes: list[NodeSpec], model: str) -> float:
     """Link rate at which ``model``'s ring all-reduce takes the paper's share of the slowest local phase."""
-    from balancer.step_time import measured_step_model
+    from geodiloco.balancer.step_time import measured_step_model
     slowest_phase_s = max(LOCAL_STEPS * measured_step_model(node.measured, None).predict(BATCH_SIZE)
                           for node in nodes)
     payload_bits = parameter_count(resolve_dims(model)) * 4 * 8

@@ -44,9 +44,9 @@ def worker(args: argparse.Namespace) -> int:
     """One site: join its quota group, time ``--steps`` steps per batch size, print JSON lines."""
     import torch
 
-    from lab.cpu_share import CpuQuota, find_cpu_hierarchy, group_name
-    from predictor.workload import resolve_dims
-    from runtime.models import build_model
+    from geodiloco.lab.cpu_share import CpuQuota, find_cpu_hierarchy, group_name
+    from geodiloco.predictor.workload import resolve_dims
+    from geodiloco.runtime.models import build_model
     torch.set_num_threads(1)
     quota = CpuQuota(find_cpu_hierarchy(), group_name(os.getppid(), args.node), period_ms=20)
     quota.set_share(args.share)
@@ -72,7 +72,7 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
-    from lab.site_procs import run_per_site
+    from geodiloco.lab.site_procs import run_per_site
     shares = paper_shares(args.total_cores)
     names = list(shares)
 
@@ -87,7 +87,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
 
 
 def cluster_file(curves: dict, args: argparse.Namespace) -> str:
-    from balancer.cluster import load_cluster
+    from geodiloco.balancer.cluster import load_cluster
     shares = paper_shares(args.total_cores)
     nodes = []
     for node in load_cluster(PAPER_CLUSTER).nodes:
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
-    from lab.cpu_share import can_use_cpu_share
+    from geodiloco.lab.cpu_share import can_use_cpu_share
     usable, reason = can_use_cpu_share()
     if not usable:
         print(f"measure_cpu_curves: CPU quotas are not available here: {reason}", file=sys.stderr)
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     curves = measure(args)
     args.out.write_text(cluster_file(curves, args))
     print(args.out.read_text())
-    from lab.site_procs import display_path
+    from geodiloco.lab.site_procs import display_path
     print(f"[measure_cpu_curves] wrote {display_path(args.out, ROOT)} in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from balancer.cluster import NodeSpec, load_cluster
-from balancer.config import POLICY_NAMES, BalancingConfig
-from balancer.planner import Planner
-from balancer.simulate import Slowdown, simulate
-from predictor.workload import resolve_dims
+from geodiloco.balancer.cluster import NodeSpec, load_cluster
+from geodiloco.balancer.config import POLICY_NAMES, BalancingConfig
+from geodiloco.balancer.planner import Planner
+from geodiloco.balancer.simulate import Slowdown, simulate
+from geodiloco.predictor.workload import resolve_dims
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER4 = ROOT / "experiments" / "configs" / "clusters" / "paper4.yaml"

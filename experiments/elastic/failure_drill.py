@@ -32,8 +32,8 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from lab.drill import read_drill  # noqa: E402
-from runtime.recovery import read_membership_events  # noqa: E402
+from geodiloco.lab.drill import read_drill  # noqa: E402
+from geodiloco.runtime.recovery import read_membership_events  # noqa: E402
 
 CONFIG = ROOT / "experiments" / "configs" / "elastic.yaml"
 RESULTS = ROOT / "experiments" / "results" / "elastic"
@@ -60,7 +60,7 @@ def run_drill(drill: str, repeat: int, args: argparse.Namespace) -> Path:
     run_dir = args.runs_dir / f"{drill}-{repeat}"
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    command = [sys.executable, "-m", "runtime.cli", "run", "--config", str(CONFIG), "--sites", args.sites,
+    command = [sys.executable, "-m", "geodiloco.runtime.cli", "run", "--config", str(CONFIG), "--sites", args.sites,
                "--no-report", "--run-dir", str(run_dir), "--drill", DRILLS[drill], "--set", f"run.seed={repeat}"]
     started = time.monotonic()
     print(f"[failure_drill] {drill} #{repeat}: {' '.join(command[3:])}", flush=True)

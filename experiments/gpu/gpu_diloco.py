@@ -11,7 +11,7 @@ more GPUs trains them with DDP over nccl.
 
 The runtime's only device switch is ``GEODILOCO_DEVICE`` (``cpu`` forces the CPU;
 anything else uses CUDA when torch sees it), and ``geodiloco run`` pins every
-node to the CPU (runtime/launch.py), so the run starts ``python -m runtime.train``
+node to the CPU (runtime/launch.py), so the run starts ``python -m geodiloco.runtime.train``
 under torchrun exactly as a site would. The runtime trains in fp32 on GPUs too
 (no autocast), so the run's config says ``precision: fp32`` and its predictions
 are fp32 ones.
@@ -31,7 +31,7 @@ from typing import IO, Callable, Optional
 
 import yaml
 
-from runtime.launch import free_port
+from geodiloco.runtime.launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_NAMES = ("node-a", "node-b")
@@ -119,7 +119,7 @@ def torchrun_command(config_path: Path, run_dir: Path, layout: NodeLayout, port:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={layout.ranks}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
             f"--rdzv-conf=is_host={'true' if is_host else 'false'}", "--max-restarts=0",
-            "-m", "runtime.train", "--config", str(config_path), "--node-name", layout.name,
+            "-m", "geodiloco.runtime.train", "--config", str(config_path), "--node-name", layout.name,
             "--run-dir", str(run_dir)]
 
 
@@ -315,8 +315,8 @@ def cold_step_predictions(config: dict) -> dict[str, Optional[float]]:
     """Per node, the predictor's datasheet-only t(B) (s) for what the run trains (fp32, the node's GPUs);
     None for a node without GPU names. The planner's own predictions after round 1 are calibrated on
     measured steps, so this is the number that tests the datasheet model."""
-    from predictor.model import node_step_model
-    from predictor.workload import resolve_dims
+    from geodiloco.predictor.model import node_step_model
+    from geodiloco.predictor.workload import resolve_dims
 
     dims = resolve_dims(config["model"]["preset"])
     predictions: dict[str, Optional[float]] = {}

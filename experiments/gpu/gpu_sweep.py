@@ -16,11 +16,11 @@ from typing import Callable, Optional
 
 import torch
 
-from predictor.model import NodeStepModel, node_step_model
-from predictor.schema import ConfigError
-from predictor.workload import ModelDims
-from runtime.diloco import build_inner_optimizer
-from runtime.models import build_model
+from geodiloco.predictor.model import NodeStepModel, node_step_model
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.workload import ModelDims
+from geodiloco.runtime.diloco import build_inner_optimizer
+from geodiloco.runtime.models import build_model
 
 # Allocation failures inside cuBLAS/cuDNN near the memory limit surface as plain RuntimeErrors.
 OOM_MESSAGES = ("out of memory", "ALLOC_FAILED", "NOT_ENOUGH_WORKSPACE")

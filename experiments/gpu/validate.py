@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from predictor.schema import ConfigError  # noqa: E402
-from predictor.workload import ModelDims, resolve_dims  # noqa: E402
+from geodiloco.predictor.schema import ConfigError  # noqa: E402
+from geodiloco.predictor.workload import ModelDims, resolve_dims  # noqa: E402
 
 DEFAULT_PRESETS = ("tiny", "small", "llama-150m")
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
@@ -204,7 +204,7 @@ def no_cuda_line(torch_version: str, args: argparse.Namespace, presets: dict, ru
 
 def datasheet_for(name: str) -> Optional[str]:
     """The predictor's datasheet row for a reported GPU name, or None when the table lacks it."""
-    from predictor.specs import lookup_gpu
+    from geodiloco.predictor.specs import lookup_gpu
     try:
         return lookup_gpu(name).name
     except ConfigError:
@@ -215,7 +215,7 @@ def detect_gpus(override: Optional[str]) -> dict:
     """GPUs as the predictor detects them (NVML, else torch.cuda), GPU 0's name as torch numbers it,
     and the datasheet row the predictor uses for it."""
     import torch
-    from predictor.detect import describe_this_machine
+    from geodiloco.predictor.detect import describe_this_machine
 
     machine = describe_this_machine(measure=False)
     device_name = torch.cuda.get_device_name(0)

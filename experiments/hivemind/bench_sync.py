@@ -72,7 +72,7 @@ def ideal_s(num_sites: int, payload_bytes: float, rate_mbps: float | None) -> fl
 # ----- one site's process --------------------------------------------------------------------------
 
 def site_topology(rank: int, world: int):
-    from runtime.comm import Topology
+    from geodiloco.runtime.comm import Topology
     return Topology(rank=0, world_size=1, node_name=f"site{rank}", node_index=rank, local_rank=0,
                     local_world_size=1, node_ranks=[0], leader_ranks=list(range(world)))
 
@@ -83,10 +83,10 @@ def torch_worker(args: argparse.Namespace) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from runtime.comm import Topology
-    from runtime.config import DilocoSection
-    from runtime.sync.torch_backend import TorchOuterSync
-    from runtime.sync.wire import ErrorFeedback, reduce_sum
+    from geodiloco.runtime.comm import Topology
+    from geodiloco.runtime.config import DilocoSection
+    from geodiloco.runtime.sync.torch_backend import TorchOuterSync
+    from geodiloco.runtime.sync.wire import ErrorFeedback, reduce_sum
 
     dist.init_process_group("gloo", init_method="env://", rank=args.rank, world_size=args.world,
                             timeout=datetime.timedelta(seconds=600))
@@ -110,8 +110,8 @@ def torch_worker(args: argparse.Namespace) -> list[dict]:
 def hivemind_worker(args: argparse.Namespace) -> list[dict]:
     import torch
 
-    from runtime.config import HivemindSection
-    from runtime.sync.hivemind_backend import INITIAL_PEERS_ENV, MADDRS_FILE_ENV, HivemindOuterSync
+    from geodiloco.runtime.config import HivemindSection
+    from geodiloco.runtime.sync.hivemind_backend import INITIAL_PEERS_ENV, MADDRS_FILE_ENV, HivemindOuterSync
 
     peers_file = Path(args.peers_file)
     if args.rank == 0:
@@ -178,13 +178,13 @@ def site_network(num_sites: int, rate_mbps: float | None, shaped: bool, mtu: int
 
     if not shaped:
         return contextlib.nullcontext(None)
-    from lab.sites import SiteLink, netns_sites
+    from geodiloco.lab.sites import SiteLink, netns_sites
     return netns_sites([SiteLink(f"site{i}", rate_mbps) for i in range(num_sites)], prefix="gdhm", mtu=mtu)
 
 
 def measure(num_sites: int, variant: str, args: argparse.Namespace, shaped: bool, work_dir: Path) -> list[dict]:
     """Per repeat, the slowest site's sync and exchange seconds."""
-    from lab.site_procs import SiteProcessError, run_per_site
+    from geodiloco.lab.site_procs import SiteProcessError, run_per_site
 
     backend, codec, _ = VARIANTS[variant]
     peers_file = work_dir / f"peers-{num_sites}-{variant.replace(' ', '_')}.txt"
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args)
 
-    from lab.sites import can_use_netns
+    from geodiloco.lab.sites import can_use_netns
     shaped, note = can_use_netns()
     if not shaped:
         print(f"note: no emulated sites ({note}); measuring on unshaped loopback", file=sys.stderr)

@@ -44,7 +44,7 @@ def timeline(runs: list[RunData], results: Path, name: str) -> str:
     run_dirs = [display_path(results / "runs" / run.name, ROOT) for run in runs]
     plot_path = display_path(results / name, ROOT)
     command = ["geodiloco", "report", *run_dirs, "--compare", "--plot", plot_path]
-    subprocess.run([sys.executable, "-m", "runtime.cli", *command[1:]], cwd=ROOT, check=True,
+    subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", *command[1:]], cwd=ROOT, check=True,
                    capture_output=True, text=True)
     return " ".join(command)
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from balancer.cluster import NodeSpec, load_cluster
-from predictor.model import node_step_model
-from predictor.workload import parameter_count, resolve_dims
+from geodiloco.balancer.cluster import NodeSpec, load_cluster
+from geodiloco.predictor.model import node_step_model
+from geodiloco.predictor.workload import parameter_count, resolve_dims
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_CLUSTER = ROOT / "experiments" / "configs" / "clusters" / "paper4.yaml"
@@ -116,7 +116,7 @@ def real_time_scale() -> float:
     1.0 when they were not measured here). Only sets the WAN share and the paper-scale column."""
     if not CPU_MEASURED_CLUSTER.is_file():
         return 1.0
-    from balancer.step_time import measured_step_model
+    from geodiloco.balancer.step_time import measured_step_model
     paper = {node.name: node.measured.step_time_s for node in paper_nodes()}
     slowest = max(paper, key=paper.get)
     measured = next(node for node in load_cluster(CPU_MEASURED_CLUSTER).nodes if node.name == slowest)

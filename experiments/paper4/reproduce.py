@@ -71,7 +71,7 @@ def choose_sites(requested: str) -> tuple[str, str]:
     """The --sites value to run with, and a note for the results."""
     if requested == "local":
         return "local", "sites on loopback (requested); links are not shaped"
-    from lab.sites import can_use_netns
+    from geodiloco.lab.sites import can_use_netns
     usable, reason = can_use_netns()
     if usable:
         return "netns", "one network namespace per site, tbf-shaped links"
@@ -83,7 +83,7 @@ def choose_sites(requested: str) -> tuple[str, str]:
 
 
 def require_cpu_shares() -> None:
-    from lab.cpu_share import can_use_cpu_share
+    from geodiloco.lab.cpu_share import can_use_cpu_share
     usable, reason = can_use_cpu_share()
     if not usable:
         raise SystemExit(f"reproduce: --truth real needs CPU quotas (cgroups, root): {reason}")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.config import load_config
-from lab.virtual_gpu import StepPacer
+from geodiloco.runtime.config import load_config
+from geodiloco.lab.virtual_gpu import StepPacer
 
 
 @dataclass
@@ -78,7 +78,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def report_json(run_dir: Path, root: Path, skip_rounds: int = 0) -> dict:
     """The run's entry of `geodiloco report RUN_DIR --json --skip-rounds N`."""
-    command = [sys.executable, "-m", "runtime.cli", "report", str(run_dir), "--json", "--skip-rounds", str(skip_rounds)]
+    command = [sys.executable, "-m", "geodiloco.runtime.cli", "report", str(run_dir), "--json", "--skip-rounds", str(skip_rounds)]
     completed = subprocess.run(command, cwd=root, capture_output=True, text=True, check=True)
     return json.loads(completed.stdout)["runs"][0]
 

@@ -51,7 +51,7 @@ def geodiloco_command(config_path: str, run_dir: str, sites: str) -> list[str]:
 
 def evaluate_offline(run_dir: Path, root: Path, kept: Path) -> None:
     """`geodiloco evaluate RUN_DIR`: every kept round's global model on the held-out set (eval.jsonl)."""
-    completed = subprocess.run([sys.executable, "-m", "runtime.cli", "evaluate", str(run_dir)], cwd=root,
+    completed = subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", "evaluate", str(run_dir)], cwd=root,
                                capture_output=True, text=True)
     (kept / "evaluate.log").write_text(completed.stdout + completed.stderr)
     if completed.returncode != 0:
@@ -69,7 +69,7 @@ def run_policy(name: str, config: dict, root: Path, configs_dir: Path, runs_dir:
         shutil.rmtree(run_dir)
     command = geodiloco_command(display_path(config_path, root), display_path(run_dir, root), sites)
     started = time.perf_counter()
-    completed = subprocess.run([sys.executable, "-m", "runtime.cli", *command[1:]], cwd=root,
+    completed = subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", *command[1:]], cwd=root,
                                capture_output=True, text=True)
     duration_s = time.perf_counter() - started
     console = completed.stdout + completed.stderr

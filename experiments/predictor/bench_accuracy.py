@@ -38,12 +38,12 @@ from pathlib import Path
 
 import torch
 
-from predictor.detect import cpu_model_name, cpu_peak
-from predictor.model import node_step_model
-from predictor.online import OnlineStepTimeModel
-from predictor.specs import lookup_gpu
-from predictor.workload import preset_dims
-from runtime.models import build_model
+from geodiloco.predictor.detect import cpu_model_name, cpu_peak
+from geodiloco.predictor.model import node_step_model
+from geodiloco.predictor.online import OnlineStepTimeModel
+from geodiloco.predictor.specs import lookup_gpu
+from geodiloco.predictor.workload import preset_dims
+from geodiloco.runtime.models import build_model
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "predictor"
 CALIBRATION_SEQ = 128

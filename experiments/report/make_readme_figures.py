@@ -19,11 +19,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from report.errors import ReportError  # noqa: E402
-from report.plots import write_plot  # noqa: E402
-from report.runs import summarize_runs  # noqa: E402
-from report.tables import render_comparison, render_run  # noqa: E402
-from report.terminal_image import save_terminal_png  # noqa: E402
+from geodiloco.report.errors import ReportError  # noqa: E402
+from geodiloco.report.plots import write_plot  # noqa: E402
+from geodiloco.report.runs import summarize_runs  # noqa: E402
+from geodiloco.report.tables import render_comparison, render_run  # noqa: E402
+from geodiloco.report.terminal_image import save_terminal_png  # noqa: E402
 
 TERMINAL_PNG = "report_terminal.png"
 TIMELINE_PNG = "timeline.png"

@@ -35,7 +35,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pynvml  # noqa: E402
 import torch  # noqa: E402
 
-from runtime.gpu_sampler import GpuSampler  # noqa: E402
+from geodiloco.runtime.gpu_sampler import GpuSampler  # noqa: E402
 
 OUT_DIR = REPO / "experiments" / "results" / "report"
 SETTINGS = {"sampler off": None, "sampler 1 s": 1.0, "sampler 10 ms": 0.01}

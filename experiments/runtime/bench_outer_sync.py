@@ -34,7 +34,7 @@ MASTER_PORT = 29620
 
 def llama_param_count(preset: str) -> int:
     """Embedding + layers (4h^2 attention + 3hi SwiGLU MLP + 2h norms) + final norm + untied head."""
-    from predictor.workload import PRESETS
+    from geodiloco.predictor.workload import PRESETS
 
     dims = PRESETS[preset]
     h, i, vocab = dims.hidden_size, dims.intermediate_size, dims.vocab_size
@@ -94,8 +94,8 @@ def worker(args: argparse.Namespace) -> int:
 
 def measure(num_sites: int, args: argparse.Namespace, rate_mbps: float | None) -> dict[str, list[float]]:
     """Per dtype, the slowest rank's time of each repeat (``rate_mbps`` None = unshaped links)."""
-    from lab.site_procs import SiteProcessError, run_per_site
-    from lab.sites import SiteLink, netns_sites
+    from geodiloco.lab.site_procs import SiteProcessError, run_per_site
+    from geodiloco.lab.sites import SiteLink, netns_sites
 
     def argv_for_site(rank: int, _address: str) -> list[str]:
         return [sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(rank),
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return worker(args)
-    from lab.sites import can_use_netns
+    from geodiloco.lab.sites import can_use_netns
 
     ok, reason = can_use_netns()
     if not ok:

@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from balancer.plan import NodePlan
-from runtime.comm import build_topology
-from runtime.config import parse_config
-from runtime.data import NodeShard
-from runtime.models import build_model
-from runtime.trainer import NodeTrainer
+from geodiloco.balancer.plan import NodePlan
+from geodiloco.runtime.comm import build_topology
+from geodiloco.runtime.config import parse_config
+from geodiloco.runtime.data import NodeShard
+from geodiloco.runtime.models import build_model
+from geodiloco.runtime.trainer import NodeTrainer
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "runtime"
 

@@ -70,8 +70,8 @@ def case_config(overlap: str, compression: str, seed: int, rounds: int, fragment
 
 
 def run_cases(args: argparse.Namespace) -> None:
-    from lab.cpu_share import can_use_cpu_share
-    from lab.sites import can_use_netns
+    from geodiloco.lab.cpu_share import can_use_cpu_share
+    from geodiloco.lab.sites import can_use_netns
     for check in (can_use_netns, can_use_cpu_share):
         usable, reason = check()
         if not usable:

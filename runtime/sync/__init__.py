@@ -1,9 +1,9 @@
 """Outer-sync backends behind one seam (``protocol.OuterSync``): torch.distributed and hivemind."""
 from __future__ import annotations
 
-from runtime.comm import Topology
-from runtime.config import RunConfig
-from runtime.sync.protocol import OuterSync, OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
+from geodiloco.runtime.comm import Topology
+from geodiloco.runtime.config import RunConfig
+from geodiloco.runtime.sync.protocol import OuterSync, OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
 
 __all__ = ["OuterSync", "OutOfSync", "RoundSync", "StartPoint", "SyncHandles", "SyncOutcome", "build_outer_sync"]
 
@@ -11,9 +11,9 @@ __all__ = ["OuterSync", "OutOfSync", "RoundSync", "StartPoint", "SyncHandles", "
 def build_outer_sync(config: RunConfig, topology: Topology, num_params: int) -> OuterSync:
     """The configured backend (hivemind is imported only when chosen)."""
     if config.comm.backend != "hivemind":
-        from runtime.sync.torch_backend import TorchOuterSync
+        from geodiloco.runtime.sync.torch_backend import TorchOuterSync
         return TorchOuterSync(topology, config.diloco, config.comm.elastic)
-    from runtime.sync.hivemind_backend import HivemindOuterSync
+    from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync
     return HivemindOuterSync(topology, config.comm.hivemind, config.run.name, [node.name for node in config.nodes],
                              num_params, config.diloco.compression, config.comm.init_timeout_s)
 
@@ -23,8 +23,8 @@ def join_world(config: RunConfig, node_name: str, use_cuda: bool) -> Topology:
     its own node's ranks (hivemind: nodes meet through the DHT)."""
     config_names = [node.name for node in config.nodes]
     if config.comm.backend == "hivemind":
-        from runtime.sync.hivemind_backend import node_topology
+        from geodiloco.runtime.sync.hivemind_backend import node_topology
         return node_topology(node_name, config_names, config.comm.timeout_s, use_cuda)
-    from runtime.comm import build_topology, init_process_group
+    from geodiloco.runtime.comm import build_topology, init_process_group
     init_process_group(config.comm.timeout_s, use_cuda)
     return build_topology(node_name, config_names, config.comm.min_nodes)

@@ -34,10 +34,10 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from runtime.comm import Topology
-from runtime.config import HivemindSection
-from runtime.diloco import group_average_scale, group_average_terms
-from runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
+from geodiloco.runtime.comm import Topology
+from geodiloco.runtime.config import HivemindSection
+from geodiloco.runtime.diloco import group_average_scale, group_average_terms
+from geodiloco.runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
 
 POLL_S = 0.1
 STATE_DECLARE_PERIOD_S = 10.0
@@ -215,7 +215,7 @@ def node_topology(node_name: str, config_node_names: list[str], timeout_s: float
     local_world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = 0
     if local_world_size > 1:
-        from runtime.comm import init_process_group
+        from geodiloco.runtime.comm import init_process_group
         init_process_group(timeout_s, use_cuda)
         rank = dist.get_rank()
     return Topology(rank=rank, world_size=local_world_size, node_name=node_name,
@@ -434,7 +434,7 @@ class HivemindOuterSync:
     # ----- the round loop's seam (runtime/sync/protocol.py) ------------------------------
 
     def start(self, resume: bool, handles: SyncHandles) -> StartPoint:
-        from runtime.sync.hivemind_session import start_hivemind
+        from geodiloco.runtime.sync.hivemind_session import start_hivemind
         self.handles = handles
         return start_hivemind(self, resume)
 
@@ -471,18 +471,18 @@ class HivemindOuterSync:
 
     def end_round(self, round_idx: int, run_id: str) -> None:
         """Reload the global state when this node drifted from the majority; share ours for joiners."""
-        from runtime.sync.hivemind_session import reload_global_state
+        from geodiloco.runtime.sync.hivemind_session import reload_global_state
         if self.share_in_node(self.diverged):
             reload_global_state(self, round_idx)
         if self.handles.outer is not None:
             self.publish_state(*self.handles.export_state(round_idx, run_id))
 
     def recover(self, error: OutOfSync) -> StartPoint:
-        from runtime.sync.hivemind_session import join_from_peers
+        from geodiloco.runtime.sync.hivemind_session import join_from_peers
         return join_from_peers(self)
 
     def finish(self, run_id: str, last_round: int) -> None:
-        from runtime.sync.hivemind_session import finish_hivemind
+        from geodiloco.runtime.sync.hivemind_session import finish_hivemind
         finish_hivemind(self, run_id, last_round)
 
     def state_dict(self) -> dict:

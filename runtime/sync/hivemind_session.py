@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runtime import checkpoint
-from runtime.runlog import RunLog
-from runtime.sync.protocol import StartPoint
+from geodiloco.runtime import checkpoint
+from geodiloco.runtime.runlog import RunLog
+from geodiloco.runtime.sync.protocol import StartPoint
 
 if TYPE_CHECKING:
-    from runtime.sync.hivemind_backend import HivemindOuterSync
+    from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync
 
 
 def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:

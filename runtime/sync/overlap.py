@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 import torch
 
-from runtime.sync.wire import ErrorFeedback
+from geodiloco.runtime.sync.wire import ErrorFeedback
 
 Reducer = Callable[[torch.Tensor, ErrorFeedback], torch.Tensor]
 """(this node's weighted contribution, the fragment's error feedback) -> the fp32 sum over nodes."""

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Protocol
 
 import torch
 
-from balancer.plan import Plan
+from geodiloco.balancer.plan import Plan
 
 
 class OutOfSync(RuntimeError):

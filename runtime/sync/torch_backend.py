@@ -15,17 +15,17 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from runtime import checkpoint
-from runtime.comm import Topology
-from runtime.config import DilocoSection, ElasticSection
-from runtime.diloco import outer_weights
-from runtime.heartbeat import Heartbeat, exit_on_peer_failure, open_store
-from runtime.recovery import (ResumePoint, SavedRounds, choose_resume_point, elastic_job, log_membership_event,
+from geodiloco.runtime import checkpoint
+from geodiloco.runtime.comm import Topology
+from geodiloco.runtime.config import DilocoSection, ElasticSection
+from geodiloco.runtime.diloco import outer_weights
+from geodiloco.runtime.heartbeat import Heartbeat, exit_on_peer_failure, open_store
+from geodiloco.runtime.recovery import (ResumePoint, SavedRounds, choose_resume_point, elastic_job, log_membership_event,
                               newest_node_round, saved_rounds)
-from runtime.runlog import RunLog
-from runtime.sync.overlap import OverlapSchedule, launch_steps, split_fragments
-from runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
-from runtime.sync.wire import ErrorFeedback, reduce_sum, sent_bytes
+from geodiloco.runtime.runlog import RunLog
+from geodiloco.runtime.sync.overlap import OverlapSchedule, launch_steps, split_fragments
+from geodiloco.runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
+from geodiloco.runtime.sync.wire import ErrorFeedback, reduce_sum, sent_bytes
 
 
 def planned_weights(round_sync: RoundSync) -> dict[str, float]:

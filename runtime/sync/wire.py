@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from balancer.network import CHUNK_ELEMENTS, encoded_bytes
+from geodiloco.balancer.network import CHUNK_ELEMENTS, encoded_bytes
 
 CODECS = ("none", "fp16", "bf16", "int8", "int4")
 FLOAT_WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
