@@ -152,7 +152,7 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def check_safe_name(value: str, what: str) -> str:
-    """Names become file and directory names (``node_<name>.pt``, ``runs/<name>``): letters, digits,
+    """Names become file and directory names (``node_<name>.safetensors``, ``runs/<name>``): letters, digits,
     ``_ . -``, starting with a letter or digit, at most 64 characters, so none leaves its folder."""
     if not SAFE_NAME.fullmatch(value):
         raise ValueError(f"{what} {value!r} may only hold letters, digits, '_', '.' and '-', start with a letter "

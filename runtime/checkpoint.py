@@ -1,14 +1,17 @@
 """Checkpoints at outer-sync boundaries, written atomically (temp file + rename).
 
-Layout: ``RUN_DIR/checkpoints/round_00003/global.pt`` (global parameters, outer
+Layout: ``RUN_DIR/checkpoints/round_00003/global.safetensors`` (global parameters, outer
 optimizer and planner history, the same on every node: each node's leader writes it
 unless another node sharing the directory already did, so every site's disk holds
-it), ``members.json`` (the nodes present in that round), ``node_<name>.pt`` (each node's
+it), ``members.json`` (the nodes present in that round), ``node_<name>.safetensors`` (each node's
 inner optimizer, data position, planner history, RNG states), and
 ``RUN_DIR/checkpoints/latest`` naming the newest complete round. ``latest``
 is only moved after every node has written its file (each node reports the round
 it saved in the next readiness exchange, and the run's end commits the last one),
 so a crash at any moment leaves the previous complete checkpoint intact.
+
+Files are runtime/state_file.py's format: safetensors tensors and JSON, with a SHA-256 checked
+on every load, so loading a checkpoint never unpickles anything and a damaged file is refused.
 """
 from __future__ import annotations
 
@@ -17,9 +20,14 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
+from geodiloco.runtime.state_file import load_state, save_state
 
 LATEST_FILE = "latest"
+GLOBAL_FILE = "global.safetensors"
+
+
+def node_file_name(node_name: str) -> str:
+    return f"node_{node_name}.safetensors"
 
 
 def round_dir(run_dir: Path, round_idx: int) -> Path:
@@ -29,20 +37,20 @@ def round_dir(run_dir: Path, round_idx: int) -> Path:
 def _atomic_save(obj: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temp_path = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, temp_path)
+    save_state(obj, temp_path)
     os.replace(temp_path, path)
 
 
 def save_global(run_dir: Path, round_idx: int, state: dict) -> None:
-    _atomic_save(state, round_dir(run_dir, round_idx) / "global.pt")
+    _atomic_save(state, round_dir(run_dir, round_idx) / GLOBAL_FILE)
 
 
 def has_global(run_dir: Path, round_idx: int) -> bool:
-    return (round_dir(run_dir, round_idx) / "global.pt").is_file()
+    return (round_dir(run_dir, round_idx) / GLOBAL_FILE).is_file()
 
 
 def save_node(run_dir: Path, round_idx: int, node_name: str, state: dict) -> None:
-    _atomic_save(state, round_dir(run_dir, round_idx) / f"node_{node_name}.pt")
+    _atomic_save(state, round_dir(run_dir, round_idx) / node_file_name(node_name))
 
 
 def _saved_rounds(run_dir: Path) -> list[int]:
@@ -87,17 +95,18 @@ def kept_rounds(run_dir: Path) -> list[int]:
     """Committed rounds (up to ``latest``) whose global checkpoint is kept in ``run_dir/checkpoints``."""
     latest = latest_round(run_dir)
     return sorted(round_idx for round_idx in (int(path.parent.name.split("_", 1)[1])
-                                              for path in (run_dir / "checkpoints").glob("round_*/global.pt"))
+                                              for path in (run_dir / "checkpoints").glob(f"round_*/{GLOBAL_FILE}"))
                   if latest is not None and round_idx <= latest)
 
 
 def load_global(run_dir: Path, round_idx: int) -> dict:
-    return torch.load(round_dir(run_dir, round_idx) / "global.pt", weights_only=False)
+    """Raises ``state_file.CorruptStateFile`` for a damaged file."""
+    return load_state(round_dir(run_dir, round_idx) / GLOBAL_FILE)
 
 
 def load_node(run_dir: Path, round_idx: int, node_name: str) -> dict:
-    path = round_dir(run_dir, round_idx) / f"node_{node_name}.pt"
+    path = round_dir(run_dir, round_idx) / node_file_name(node_name)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; this node's checkpoint for round {round_idx} "
                                 "was not found in its run directory (pass the same --run-dir as before)")
-    return torch.load(path, weights_only=False)
+    return load_state(path)

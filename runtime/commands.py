@@ -1,4 +1,4 @@
-"""``geodiloco run`` and ``geodiloco train``."""
+"""``geodiloco run``, ``evaluate``, ``export`` and ``train``."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +50,16 @@ def register(subparsers) -> None:
     evaluate.add_argument("run_dir", help="a run directory of geodiloco run")
     evaluate.add_argument("--json", action="store_true", help="print the rows as JSON")
     evaluate.set_defaults(func=evaluate_command)
+
+    export = subparsers.add_parser(
+        "export", help="write a round's global model as a transformers directory or safetensors",
+        description="Write the global model of a kept round: a transformers model (model.hf) as a "
+                    "save_pretrained directory with the run's tokenizer (from_pretrained loads it); the built-in "
+                    "decoder as model.safetensors + dims.json.")
+    export.add_argument("run_dir", help="a run directory of geodiloco run")
+    export.add_argument("--out", required=True, help="a new (or empty) directory to write")
+    export.add_argument("--round", type=int, help="round to export, as the logs number it (default: the latest kept)")
+    export.set_defaults(func=export_command)
 
     from geodiloco.runtime.rendezvous import register as register_rendezvous
     register_rendezvous(subparsers)
@@ -112,6 +122,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
     (run_dir / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     if args.json:
         print(json.dumps(rows, indent=2))
+    return 0
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from geodiloco.runtime.export import export_global_model
+    print(f"[geodiloco] exported {export_global_model(Path(args.run_dir), Path(args.out), args.round)}")
     return 0
 
 

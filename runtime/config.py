@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
-from geodiloco.predictor.workload import ModelDims, preset_dims
+from geodiloco.predictor.workload import ModelDims, dims_from_mapping, preset_dims, resolve_dims
 
 DEFAULT_CONFIG_NAME = "default.yaml"
 
@@ -36,29 +36,81 @@ class RunSection(StrictModel):
         return check_safe_name(value, "run name")
 
 
+class HFModelSource(StrictModel):
+    """A Hugging Face transformers causal LM (needs ``pip install 'geodiloco[hf]'``).
+
+    ``config``: a transformers config.json (or a directory holding one): the model is built with
+    ``AutoModelForCausalLM.from_config``, freshly initialised from ``run.seed``. ``pretrained``: a
+    local ``save_pretrained`` directory to start from. Give exactly one."""
+
+    config: Optional[str] = None
+    pretrained: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "HFModelSource":
+        if (self.config is None) == (self.pretrained is None):
+            raise ValueError("model.hf: give exactly one of model.hf.config (a config.json) or "
+                             "model.hf.pretrained (a save_pretrained directory)")
+        return self
+
+
 class ModelSection(StrictModel):
-    """``preset`` (tiny | small | llama-150m) or ``file`` (JSON/YAML of dims); ``seq_len`` tokens per sample."""
+    """The model trained: ``preset`` (tiny | small | llama-150m) or ``file`` (JSON/YAML of dims) for
+    the built-in LLaMA-style decoder, or ``hf`` for a transformers model; ``seq_len`` tokens per sample."""
 
     preset: Optional[str] = "tiny"
     file: Optional[str] = None
+    hf: Optional[HFModelSource] = None
     seq_len: int = Field(default=128, ge=8)
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
 
+    @model_validator(mode="after")
+    def _one_model(self) -> "ModelSection":
+        if "preset" not in self.model_fields_set and (self.file or self.hf):
+            self.preset = None
+        given = [name for name in ("preset", "file", "hf") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"model: give exactly one of model.preset, model.file or model.hf (got "
+                             f"{', '.join(given) or 'none'})")
+        return self
+
     def dims(self) -> ModelDims:
+        """The model's shape for the predictor (for ``hf``: read from its config.json)."""
+        if self.hf is not None:
+            from geodiloco.runtime.hf_model import hf_config_path, read_hf_config
+            path = hf_config_path(self.hf.config, self.hf.pretrained)
+            field = "model.hf.config" if self.hf.config else "model.hf.pretrained"
+            return dims_from_mapping(read_hf_config(path, field), f"{field} ({path})")
         if self.file:
-            from geodiloco.predictor import workload
-            resolver = getattr(workload, "resolve_dims", None)
-            if resolver is None:
-                raise ConfigError("model.file: loading dims from a file needs predictor.workload.resolve_dims")
-            return resolver(self.file)
+            return resolve_dims(self.file)
         try:
             return preset_dims(self.preset)
         except ValueError as err:
             raise ConfigError(f"model.preset: {err}") from None
 
 
+class HFDatasetSection(StrictModel):
+    """A Hugging Face ``datasets`` source (needs ``pip install 'geodiloco[hf]'``), read with
+    ``load_dataset(path, name, data_files=..., split=..., streaming=...)``.
+
+    ``path``: a builder for local files (json, parquet, text, csv) or a hub dataset name (offline
+    only if it is in the local cache). ``data_files``: local files (globs allowed) for the builder.
+    ``text_field``: the field holding each document's text. ``streaming``: read the corpus as it
+    streams instead of loading it (corpora larger than memory; see runtime/hf_data.py for how the
+    eval set and shards are taken then)."""
+
+    path: str = Field(min_length=1)
+    name: Optional[str] = None
+    data_files: list[str] = Field(default_factory=list)
+    split: str = "train"
+    text_field: str = Field(default="text", min_length=1)
+    streaming: bool = False
+
+
 class DataSection(StrictModel):
-    """``source``: 'stdlib' (Python's own sources) or a text file / directory.
+    """``source``: 'stdlib' (Python's own sources) or a text file / directory, as byte tokens.
+    Or ``hf_dataset`` with ``tokenizer`` (a directory ``AutoTokenizer.from_pretrained`` loads):
+    documents tokenized and packed into sequences; ``max_tokens`` caps a non-streaming corpus.
 
     ``shards``: how the corpus is split among nodes. ``iid`` deals windows of the whole
     corpus to every node (DiLoCo's usual assumption: nodes draw from one distribution);
@@ -72,10 +124,22 @@ class DataSection(StrictModel):
 
     source: str = "stdlib"
     max_bytes: int = Field(default=8_000_000, ge=10_000)
+    hf_dataset: Optional[HFDatasetSection] = None
+    tokenizer: Optional[str] = None
+    max_tokens: int = Field(default=20_000_000, ge=1_000)
     shards: Literal["iid", "non_iid"] = "iid"
     eval_batches: int = Field(default=4, ge=0)
     eval_batch_size: int = Field(default=8, ge=1)
     eval_every_rounds: int = Field(default=1, ge=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataSection":
+        if (self.hf_dataset is None) != (self.tokenizer is None):
+            raise ValueError("data: data.hf_dataset and data.tokenizer go together (documents are tokenized "
+                             "with the tokenizer); give both, or neither for byte-level text")
+        if self.hf_dataset is not None and self.source != "stdlib":
+            raise ValueError("data: give data.source (byte-level text) or data.hf_dataset, not both")
+        return self
 
 
 class InnerOptim(StrictModel):
@@ -229,6 +293,23 @@ class CheckpointSection(StrictModel):
     keep: int = Field(default=2, ge=1)
 
 
+class WandbSection(StrictModel):
+    """``mode``: online (needs a network and ``wandb login``), offline (files under the run
+    directory; ``wandb sync`` uploads them later) or disabled. ``WANDB_MODE`` overrides it."""
+
+    project: str = Field(min_length=1)
+    entity: Optional[str] = None
+    mode: Literal["online", "offline", "disabled"] = "online"
+
+
+class LoggingSection(StrictModel):
+    """Live metrics besides the JSONL logs (which stay the report's source): ``tensorboard``: a log
+    directory (events go to ``DIR/<run.name>``); ``wandb``: a Weights & Biases project."""
+
+    tensorboard: Optional[str] = None
+    wandb: Optional[WandbSection] = None
+
+
 class RunConfig(StrictModel):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -238,13 +319,12 @@ class RunConfig(StrictModel):
     balancing: BalancingConfig = Field(default_factory=BalancingConfig)
     comm: CommSection = Field(default_factory=CommSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
     nodes: list[NodeSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
         check_unique_names(self.nodes)
-        if (self.model.preset is None) == (self.model.file is None):
-            raise ValueError("model: give exactly one of model.preset or model.file")
         if self.comm.backend == "hivemind":
             check_hivemind_sync(self.diloco)
         if self.comm.min_nodes > len(self.nodes):

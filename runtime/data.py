@@ -4,12 +4,13 @@ and an eval set held out uniformly from the whole corpus.
 The default corpus is the Python standard library's own source files, which
 every machine with Python has. Users point ``data.source`` at text files or
 directories instead. Token ids are raw bytes (0..255). Offsets into the corpus
-are in tokens (= bytes).
+are in tokens (= bytes). The windowing below works on any token array: a tokenized
+Hugging Face dataset (runtime/hf_data.py) goes through the same functions.
 """
 from __future__ import annotations
 
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -97,7 +98,7 @@ def eval_batches(tokens: np.ndarray, starts: np.ndarray, seq_len: int,
     the same on every node; ``len(starts)`` must be a multiple of ``batch_size``."""
     if len(starts) % batch_size:
         raise ValueError(f"{len(starts)} eval windows do not fill batches of data.eval_batch_size = {batch_size}")
-    windows = gather_windows(torch.from_numpy(np.array(tokens, dtype=np.uint8)), starts, seq_len)
+    windows = gather_windows(torch.from_numpy(np.ascontiguousarray(tokens)), starts, seq_len)
     return [(batch[:, :-1], batch[:, 1:]) for batch in windows.split(batch_size)]
 
 
@@ -168,7 +169,7 @@ class NodeShard:
                              f"corpus of {len(tokens)} bytes split {num_nodes} ways ({shards}) after the eval "
                              "windows; raise data.max_bytes or use fewer nodes, a shorter model.seq_len or a "
                              "smaller eval set")
-        self.tokens = torch.from_numpy(np.array(tokens, dtype=np.uint8))
+        self.tokens = torch.from_numpy(np.ascontiguousarray(tokens))
         self.window_starts = starts
         self.seq_len = seq_len
         self.num_windows = len(starts)
@@ -180,6 +181,13 @@ class NodeShard:
     def _epoch_order(self, epoch: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, self.node_index, epoch])
         return rng.permutation(self.num_windows)
+
+    def position_state(self) -> dict:
+        """Where the stream is, for checkpoints (``load_position_state`` takes it back)."""
+        return {"cursor": asdict(self.cursor)}
+
+    def load_position_state(self, state: dict) -> None:
+        self.set_cursor(ShardCursor(**state["cursor"]))
 
     def set_cursor(self, cursor: ShardCursor) -> None:
         self.cursor = ShardCursor(cursor.epoch, cursor.index)

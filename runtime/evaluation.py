@@ -19,15 +19,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from geodiloco.predictor.workload import ModelDims
-from geodiloco.runtime.models import build_model
+from geodiloco.runtime.models import build_configured_model
 
 
 class BackgroundEvaluator:
     """At most one evaluation in flight; ``start`` waits for the previous one first."""
 
-    def __init__(self, dims: ModelDims, seed: int, batches: list, device: torch.device) -> None:
-        self.model = build_model(dims, seed).to(device).eval()
+    def __init__(self, model: torch.nn.Module, batches: list, device: torch.device) -> None:
+        """``model``: a second instance of the trained architecture (its weights are overwritten)."""
+        self.model = model.to(device).eval()
         self.batches = batches
         self.device = device
         self._thread: Optional[threading.Thread] = None
@@ -87,11 +87,8 @@ def mean_and_standard_error(values: list[float]) -> tuple[float, Optional[float]
 
 def held_out_batches(config, batch_size: Optional[int] = None) -> list:
     """The run's held-out eval set (the windows every node left out of training), in batches."""
-    from geodiloco.runtime.data import eval_batches, eval_window_starts, load_corpus
-    data, seq_len = config.data, config.model.seq_len
-    corpus = load_corpus(data.source, data.max_bytes)
-    starts = eval_window_starts(len(corpus), seq_len, data.eval_batches * data.eval_batch_size, config.run.seed)
-    return eval_batches(corpus, starts, seq_len, batch_size or data.eval_batch_size) if len(starts) else []
+    from geodiloco.runtime.data_sources import eval_set
+    return eval_set(config, batch_size)
 
 
 @torch.no_grad()
@@ -109,9 +106,9 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
         raise ValueError(f"{run_dir}: the run held out no eval set (data.eval_batches is 0)")
     rounds = checkpoint.kept_rounds(run_dir)
     if not rounds:
-        raise ValueError(f"{run_dir}: no checkpoints/round_*/global.pt; keep them with checkpoint.every_rounds: 1 "
+        raise ValueError(f"{run_dir}: no checkpoints/round_*/global.safetensors; keep them with checkpoint.every_rounds: 1 "
                          "and checkpoint.keep >= diloco.rounds")
-    model = build_model(config.model.dims(), config.run.seed).eval()
+    model = build_configured_model(config.model, config.run.seed).eval()
     rows = []
     for round_idx in rounds:
         params = checkpoint.load_global(run_dir, round_idx)["outer"]["global_params"]

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.preflight import preflight
 from geodiloco.runtime.config import RunConfig
 from geodiloco.lab.drill import DrillRunner, parse_drill
 from geodiloco.lab.process_tree import descendants
@@ -234,6 +235,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
                  drill: Optional[str] = None) -> int:
     """Run every node here; ``elastic`` None = ``comm.elastic.enabled`` (torch backend only);
     ``drill``: failures to inject (runtime/drill.py)."""
+    preflight(config)
     mode, reason = choose_sites(sites)
     elastic = config.comm.backend == "torch" and (config.comm.elastic.enabled if elastic is None else elastic)
     drill_events = parse_drill(drill, config) if drill else []

@@ -1,11 +1,16 @@
 """A LLaMA-style decoder (RMSNorm, rotary embeddings, SwiGLU) built from ModelDims."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from geodiloco.predictor.workload import ModelDims
+
+if TYPE_CHECKING:
+    from geodiloco.runtime.config import ModelSection
 
 
 class RMSNorm(nn.Module):
@@ -109,6 +114,15 @@ class Decoder(nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def build_configured_model(model: "ModelSection", seed: int) -> nn.Module:
+    """The config's model: the built-in decoder, or a transformers model (``model.hf``). Every
+    node builds the same initial weights from ``seed`` (the outer sync assumes it)."""
+    if model.hf is not None:
+        from geodiloco.runtime.hf_model import build_hf_model
+        return build_hf_model(model.hf.config, model.hf.pretrained, seed)
+    return build_model(model.dims(), seed)
 
 
 def build_model(dims: ModelDims, seed: int) -> Decoder:

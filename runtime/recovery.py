@@ -1,7 +1,7 @@
 """Where a torch-backend run resumes after its membership changed (a site failed or came back).
 
 Every node's leader keeps, on its own disk, the global state of the rounds it saved
-(``global.pt``, the same on every node after an outer step) with the round's members
+(``global.safetensors``, the same on every node after an outer step) with the round's members
 (``members.json``), and its own node file. When the workers start again (torchrun's
 elastic agent restarted them, or a person passed ``--resume``), the present leaders report
 what they hold and all pick the same round: the newest one whose global state some
@@ -78,12 +78,12 @@ def saved_rounds(run_dir: Path, node_name: str) -> SavedRounds:
         except ValueError:
             continue
         members_path = round_path / MEMBERS_FILE
-        if (round_path / "global.pt").is_file() and members_path.is_file():
+        if (round_path / checkpoint.GLOBAL_FILE).is_file() and members_path.is_file():
             saved = json.loads(members_path.read_text())
             global_members[round_idx] = saved["members"]
             if saved.get("job"):
                 jobs.add(saved["job"])
-        if (round_path / f"node_{node_name}.pt").is_file():
+        if (round_path / checkpoint.node_file_name(node_name)).is_file():
             node_rounds.append(round_idx)
     return SavedRounds(node_name, global_members, node_rounds, sorted(jobs))
 

@@ -9,24 +9,37 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable, Optional
+
+if TYPE_CHECKING:
+    from geodiloco.runtime.metrics_sinks import MetricSinks
 
 LOG_NAMES = ("metrics.jsonl", "idle.jsonl", "plan.jsonl")
 
 
 class RunLog:
-    def __init__(self, run_dir: Path) -> None:
+    """``sinks``: TensorBoard / W&B writers that receive every row as it is logged."""
+
+    def __init__(self, run_dir: Path, sinks: Optional["MetricSinks"] = None) -> None:
         self.run_dir = run_dir
+        self.sinks = sinks
         run_dir.mkdir(parents=True, exist_ok=True)
 
     def write_config(self, config_yaml: str) -> None:
         (self.run_dir / "config.yaml").write_text(config_yaml)
 
     def append(self, log_name: str, rows: Iterable[dict]) -> None:
+        rows = list(rows)
         with open(self.run_dir / log_name, "a", encoding="utf-8") as handle:
             for row in rows:
                 handle.write(json.dumps(row, sort_keys=True) + "\n")
             handle.flush()
+        if self.sinks is not None:
+            self.sinks.rows(log_name, rows)
+
+    def close(self) -> None:
+        if self.sinks is not None:
+            self.sinks.close()
 
     def drop_rounds_from(self, log_name: str, first_dropped_round: int) -> None:
         """Remove rows of rounds >= ``first_dropped_round`` (they are redone after a resume)."""

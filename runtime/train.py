@@ -27,9 +27,11 @@ from geodiloco.balancer.plan import Plan, RoundMeasurement
 from geodiloco.balancer.records import IdleRecord
 from geodiloco.runtime.comm import node_name_from_env
 from geodiloco.runtime.config import RunConfig, load_config
+from geodiloco.runtime.preflight import preflight
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.runtime.recovery import log_membership_event
 from geodiloco.runtime.idle import RoundClock
+from geodiloco.runtime.metrics_sinks import build_sinks
 from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.sync import OutOfSync, RoundSync, SyncOutcome, join_world
 from geodiloco.runtime.trainer import LocalResult, NodeTrainer
@@ -115,7 +117,8 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     run_id, pending_record = start.run_id, start.pending_record
     trainer.warm_up(config.diloco.batch_size)
     sync.exchange(None)
-    log = RunLog(trainer.run_dir) if topology.is_coordinator else None
+    log = RunLog(trainer.run_dir, build_sinks(config.logging, trainer.run_dir.name, trainer.run_dir,
+                                              config.model_dump(mode="json"))) if topology.is_coordinator else None
     shared_config_written = sync.logs_own_idle_only and (trainer.run_dir / "config.yaml").is_file()
     if log is not None and not shared_config_written:
         log.write_config(config.to_yaml())
@@ -145,6 +148,7 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         log.append("metrics.jsonl", last_evaluations)
         for row in last_evaluations:
             print(f"[geodiloco] eval loss after round {row['round'] + 1}: {row['eval_loss']:.3f}", flush=True)
+        log.close()
         print(f"[geodiloco] run {run_id} finished: logs in {trainer.run_dir}", flush=True)
     if trainer.pacer.slow_steps:
         print(f"[geodiloco] node {topology.node_name}: {trainer.pacer.slow_steps} steps were slower than the "
@@ -288,6 +292,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def train_from_args(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
+    preflight(config)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config)
     try:
         return run_node(config, args.node, run_dir, args.resume)

@@ -24,13 +24,13 @@ from geodiloco.runtime import checkpoint
 from geodiloco.runtime.batching import StepSamples, accumulate_gradients, micro_batch_sizes
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import RunConfig
-from geodiloco.runtime.data import NodeShard, ShardCursor, eval_batches, eval_window_starts, load_corpus
+from geodiloco.runtime.data_sources import node_data
 from geodiloco.runtime.diloco import OuterState, build_inner_optimizer, inner_lr
 from geodiloco.lab.cpu_share import NodeCpuShare, start_node_share
 from geodiloco.lab.virtual_gpu import StepPacer
 from geodiloco.runtime.evaluation import BackgroundEvaluator
 from geodiloco.runtime.gpu_sampler import GpuSampler
-from geodiloco.runtime.models import build_model
+from geodiloco.runtime.models import build_configured_model
 from geodiloco.runtime.recovery import write_members
 from geodiloco.runtime.sync import RoundSync, SyncHandles, build_outer_sync
 
@@ -84,7 +84,7 @@ class NodeTrainer:
         self.node = config.node(topology.node_name)
         self.dims = config.model.dims()
         self.seq_len = config.model.seq_len
-        self.model = build_model(self.dims, config.run.seed).to(device)
+        self.model = build_configured_model(config.model, config.run.seed).to(device)
         self.train_model = self.model
         if topology.local_world_size > 1:
             self.train_model = DistributedDataParallel(
@@ -199,11 +199,11 @@ class NodeTrainer:
     def warm_up(self, batch_size: int) -> None:
         """One forward/backward without an update, so one-time initialisation (allocator,
         kernel selection) does not inflate the first round's measured step times."""
+        position = self.shard.position_state()
         inputs, targets = self.shard.next_batch(batch_size)
-        cursor = self.shard.cursor
         self.model(inputs.to(self.device), targets.to(self.device)).backward()
         self.inner_optimizer.zero_grad(set_to_none=True)
-        self.shard.set_cursor(ShardCursor(cursor.epoch, cursor.index - inputs.shape[0]))
+        self.shard.load_position_state(position)
 
     @torch.no_grad()
     def param_checksum(self) -> float:
@@ -216,7 +216,8 @@ class NodeTrainer:
         if not self.eval_set:
             return
         if self.evaluator is None:
-            self.evaluator = BackgroundEvaluator(self.dims, self.config.run.seed, self.eval_set, self.device)
+            self.evaluator = BackgroundEvaluator(build_configured_model(self.config.model, self.config.run.seed),
+                                                 self.eval_set, self.device)
         params = self.outer.global_params if self.outer is not None else list(self.model.parameters())
         self.evaluator.start([param.detach() for param in params], row)
 
@@ -235,7 +236,7 @@ class NodeTrainer:
             state = {
                 "round": round_idx,
                 "inner_optimizer": self.inner_optimizer.state_dict(),
-                "cursor": asdict(self.shard.cursor),
+                "data_position": self.shard.position_state(),
                 "measurements": [asdict(item) for item in self.measurements],
                 "pending_record": pending_record,
                 "torch_rng": torch.get_rng_state(),
@@ -299,8 +300,8 @@ class NodeTrainer:
         self.sync.load_state_dict(node_state.get("sync", {}) if keep_in_flight else {})
         if "inner_optimizer" in node_state:
             self.inner_optimizer.load_state_dict(node_state["inner_optimizer"])
-        if "cursor" in node_state:
-            self.shard.set_cursor(ShardCursor(**node_state["cursor"]))
+        if "data_position" in node_state:
+            self.shard.load_position_state(node_state["data_position"])
         history = global_state.get("measurements", node_state.get("measurements", []))
         self.measurements = [RoundMeasurement(**item) for item in history]
         self.planner = self.new_planner()
@@ -337,16 +338,10 @@ class NodeTrainer:
             self.planner.observe(measurement)
 
 
-def build_data(config: RunConfig, topology: Topology) -> tuple[list, NodeShard]:
-    """(eval batches, this node's training shard): the eval windows are a seeded uniform
-    sample of the whole corpus, left out of every node's shard (``data.shards`` mode)."""
-    data, seq_len = config.data, config.model.seq_len
-    corpus = load_corpus(data.source, data.max_bytes)
-    held_out = eval_window_starts(len(corpus), seq_len, data.eval_batches * data.eval_batch_size, config.run.seed)
-    eval_set = eval_batches(corpus, held_out, seq_len, data.eval_batch_size) if len(held_out) else []
-    shard = NodeShard(corpus, topology.node_index, len(config.nodes), seq_len, config.run.seed,
-                      shards=data.shards, held_out_starts=held_out)
-    return eval_set, shard
+def build_data(config: RunConfig, topology: Topology) -> tuple[list, object]:
+    """(eval batches, this node's training shard): see runtime/data_sources.py. Shards follow the
+    config's nodes (a node keeps its data when others are absent)."""
+    return node_data(config, topology.node_index, len(config.nodes))
 
 
 def start_gpu_sampler(config: RunConfig, topology: Topology, device: torch.device) -> Optional[GpuSampler]:

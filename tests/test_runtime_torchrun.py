@@ -46,7 +46,7 @@ def test_two_sites_under_torchrun_with_a_two_rank_node(tmp_path):
         assert len({row["start_checksum"] for row in metrics if row["round"] == round_idx}) == 1
     assert checkpoint.latest_round(run_dir) == 1
     assert sorted(path.name for path in checkpoint.round_dir(run_dir, 1).iterdir()) == [
-        "global.pt", "members.json", "node_a.pt", "node_b.pt"]
+        "global.safetensors", "members.json", "node_a.safetensors", "node_b.safetensors"]
 
 
 def test_streaming_int8_sync_with_a_two_rank_node_under_torchrun(tmp_path):

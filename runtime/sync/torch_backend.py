@@ -143,7 +143,8 @@ class TorchOuterSync:
         if lent_inner_state is not None:
             state["inner_optimizer"] = lent_inner_state
         if older is not None:
-            state["cursor"] = checkpoint.load_node(self.handles.run_dir, older, self.topology.node_name)["cursor"]
+            state["data_position"] = checkpoint.load_node(self.handles.run_dir, older,
+                                                          self.topology.node_name)["data_position"]
         return state
 
     def _say_how_resumed(self, point: ResumePoint, returning: bool, same_members: bool,

@@ -1,0 +1,95 @@
+"""The eval set and each node's training shard, from whichever source ``data`` names.
+
+Byte-level text (``data.source``) and a tokenized Hugging Face dataset (``data.hf_dataset``,
+not streamed) both become one token array, windowed by runtime/data.py; a streamed dataset is
+read by runtime/hf_data.py's ``StreamShard``. Every node computes the same eval set.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+
+from geodiloco.runtime.config import RunConfig
+from geodiloco.runtime.data import NodeShard, eval_batches, eval_window_starts, load_corpus
+
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def load_tokens(config: RunConfig) -> np.ndarray:
+    """The whole (non-streamed) corpus as a token array."""
+    data = config.data
+    if data.hf_dataset is None:
+        return load_corpus(data.source, data.max_bytes)
+    from geodiloco.runtime.hf_data import load_token_corpus
+    tokens = load_token_corpus(data.hf_dataset, data.tokenizer, data.max_tokens)
+    check_token_ids(tokens, config)
+    return tokens
+
+
+def check_token_ids(tokens: np.ndarray, config: RunConfig) -> None:
+    """Token ids past the model's embedding would fail deep inside the first forward pass."""
+    from geodiloco.predictor.schema import ConfigError
+    vocab_size = config.model.dims().vocab_size
+    if len(tokens) and int(tokens.max()) >= vocab_size:
+        raise ConfigError(f"data.tokenizer: produces token id {int(tokens.max())}, but the model's embedding has "
+                          f"{vocab_size} rows (vocab_size); use a tokenizer that fits or a larger vocab_size")
+
+
+def streamed(config: RunConfig) -> bool:
+    return config.data.hf_dataset is not None and config.data.hf_dataset.streaming
+
+
+def eval_set(config: RunConfig, batch_size: Optional[int] = None) -> Batches:
+    """The held-out batches (``batch_size`` defaults to ``data.eval_batch_size``)."""
+    data = config.data
+    size = batch_size or data.eval_batch_size
+    num_windows = data.eval_batches * data.eval_batch_size
+    if num_windows == 0:
+        return []
+    if streamed(config):
+        return _batches_of(_streamed_eval(config)[1], size)
+    corpus = load_tokens(config)
+    starts = eval_window_starts(len(corpus), config.model.seq_len, num_windows, config.run.seed)
+    return eval_batches(corpus, starts, config.model.seq_len, size)
+
+
+def node_data(config: RunConfig, node_index: int, num_nodes: int) -> tuple[Batches, Union[NodeShard, Any]]:
+    """(eval batches, node ``node_index``'s training shard of ``num_nodes``)."""
+    data, seq_len = config.data, config.model.seq_len
+    num_windows = data.eval_batches * data.eval_batch_size
+    if streamed(config):
+        from geodiloco.runtime.hf_data import StreamShard, load_tokenizer, stream_layout
+        held_out_by_file, windows = _streamed_eval(config)
+        layout = stream_layout(data.hf_dataset, node_index, num_nodes, data.shards, held_out_by_file)
+        shard = StreamShard(data.hf_dataset, load_tokenizer(data.tokenizer), layout, seq_len)
+        return _batches_of(windows, data.eval_batch_size), shard
+    corpus = load_tokens(config)
+    held_out = eval_window_starts(len(corpus), seq_len, num_windows, config.run.seed)
+    batches = eval_batches(corpus, held_out, seq_len, data.eval_batch_size) if len(held_out) else []
+    shard = NodeShard(corpus, node_index, num_nodes, seq_len, config.run.seed, shards=data.shards,
+                      held_out_starts=held_out)
+    return batches, shard
+
+
+def _streamed_eval(config: RunConfig) -> tuple[list[int], list[list[int]]]:
+    from geodiloco.runtime.hf_data import eval_docs_per_file, load_tokenizer
+    data = config.data
+    files = [[path] for path in data.hf_dataset.data_files] if data.hf_dataset.data_files else [None]
+    num_windows = data.eval_batches * data.eval_batch_size
+    if num_windows == 0:
+        return [0] * len(files), []
+    held_out_by_file, windows = eval_docs_per_file(data.hf_dataset, load_tokenizer(data.tokenizer), files,
+                                                   config.model.seq_len, num_windows)
+    check_token_ids(np.asarray(windows), config)
+    return held_out_by_file, windows
+
+
+def _batches_of(windows: list[list[int]], batch_size: int) -> Batches:
+    if not windows:
+        return []
+    if len(windows) % batch_size:
+        raise ValueError(f"{len(windows)} eval windows do not fill batches of data.eval_batch_size = {batch_size}")
+    stacked = torch.tensor(windows, dtype=torch.int64)
+    return [(batch[:, :-1], batch[:, 1:]) for batch in stacked.split(batch_size)]

@@ -1,0 +1,102 @@
+"""Checks of a run config against this machine, before any node starts.
+
+The config schema (runtime/config.py) checks values; this checks what they point at: optional
+extras the config needs are installed, data files and the tokenizer exist, and the tokenizer's
+vocabulary fits the model's embedding. Each problem is one ``ConfigError`` line naming the field.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+from pathlib import Path
+
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.config import RunConfig
+
+EXTRAS = {"hf": ("transformers", "datasets", "tokenizers", "safetensors"),
+          "tensorboard": ("tensorboard",), "wandb": ("wandb",)}
+LOCAL_BUILDERS = {"json", "parquet", "text", "csv", "arrow"}
+
+
+def needed_extras(config: RunConfig) -> dict[str, str]:
+    """{extra: the config field that needs it}."""
+    needed = {}
+    if config.model.hf is not None:
+        needed["hf"] = "model.hf"
+    if config.data.hf_dataset is not None:
+        needed["hf"] = "data.hf_dataset"
+    if config.logging.tensorboard:
+        needed["tensorboard"] = "logging.tensorboard"
+    if config.logging.wandb is not None:
+        needed["wandb"] = "logging.wandb"
+    return needed
+
+
+def check_extras(config: RunConfig) -> None:
+    for extra, field in needed_extras(config).items():
+        missing = [module for module in EXTRAS[extra] if importlib.util.find_spec(module) is None]
+        if missing:
+            raise ConfigError(f"{field} needs the {extra} extra ({', '.join(missing)} not installed): "
+                              f"pip install 'geodiloco[{extra}]'")
+
+
+def check_data_files(config: RunConfig) -> None:
+    hf = config.data.hf_dataset
+    if hf is None:
+        return
+    if hf.path in LOCAL_BUILDERS and not hf.data_files:
+        raise ConfigError(f"data.hf_dataset.data_files: the {hf.path} builder reads local files; list them")
+    for pattern in hf.data_files:
+        if not glob.glob(pattern):
+            raise ConfigError(f"data.hf_dataset.data_files: {pattern} matches no file")
+
+
+def tokenizer_vocab_size(tokenizer_dir: Path) -> int | None:
+    """Tokens in a fast tokenizer's tokenizer.json (added tokens included); None when the directory
+    holds only a slow tokenizer (checked when the node loads it)."""
+    tokenizer_file = tokenizer_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        return None
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(str(tokenizer_file)).get_vocab_size(with_added_tokens=True)
+    except Exception as err:  # tokenizers raises its own Exception subclass for malformed files
+        raise ConfigError(f"data.tokenizer: {tokenizer_file} cannot be read ({err})") from None
+
+
+def check_tokenizer(config: RunConfig) -> None:
+    tokenizer = config.data.tokenizer
+    if tokenizer is None:
+        return
+    tokenizer_dir = Path(tokenizer)
+    if not (tokenizer_dir / "tokenizer_config.json").is_file() and not (tokenizer_dir / "tokenizer.json").is_file():
+        raise ConfigError(f"data.tokenizer: {tokenizer} is not a tokenizer directory (no tokenizer.json or "
+                          "tokenizer_config.json); save one with tokenizer.save_pretrained(DIR)")
+    check_vocab_fits(tokenizer_vocab_size(tokenizer_dir), config)
+
+
+def check_vocab_fits(vocab_size: int | None, config: RunConfig) -> None:
+    model_vocab = config.model.dims().vocab_size
+    if vocab_size is not None and vocab_size > model_vocab:
+        raise ConfigError(f"data.tokenizer: its vocabulary has {vocab_size} tokens but the model's embedding "
+                          f"has {model_vocab} (vocab_size); use a tokenizer of at most {model_vocab} tokens "
+                          "or a model with a larger vocab_size")
+
+
+def check_model_files(config: RunConfig) -> None:
+    hf = config.model.hf
+    if hf is not None and hf.pretrained:
+        weights = list(Path(hf.pretrained).glob("*.safetensors")) + list(Path(hf.pretrained).glob("*.bin"))
+        if not weights:
+            raise ConfigError(f"model.hf.pretrained: {hf.pretrained} holds no weights (*.safetensors); "
+                              "give a directory written by save_pretrained or `geodiloco export`")
+
+
+def preflight(config: RunConfig) -> None:
+    """Every check above; the first problem raises ConfigError."""
+    check_extras(config)
+    config.model.dims()
+    check_model_files(config)
+    check_data_files(config)
+    check_tokenizer(config)
+

@@ -1,0 +1,109 @@
+"""Checkpoint files that cannot run code and prove they are intact.
+
+A state (nested dicts, lists, tuples, numbers, strings, tensors: what the trainer saves) is
+written as one safetensors file: the tensors as safetensors tensors, everything else as JSON in
+the file's metadata, with a SHA-256 over both. Loading parses no pickle (safetensors and JSON
+only) and recomputes the hash, so a truncated, overwritten or edited file is refused with
+``CorruptStateFile`` instead of being trained on.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = "geodiloco-state/1"
+TENSOR_TAG, TUPLE_TAG, ITEMS_TAG, FLOAT_TAG = "__tensor__", "__tuple__", "__items__", "__float__"
+
+
+class CorruptStateFile(ValueError):
+    """A state file that is unreadable, not ours, or whose content does not match its hash."""
+
+
+def _encode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        key = f"t{len(tensors)}"
+        tensors[key] = value.detach().to("cpu").contiguous().clone()
+        return {TENSOR_TAG: key}
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return {FLOAT_TAG: repr(value)}
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, tuple):
+        return {TUPLE_TAG: [_encode(item, tensors) for item in value]}
+    if isinstance(value, list):
+        return [_encode(item, tensors) for item in value]
+    if isinstance(value, dict):
+        if all(isinstance(key, str) and not key.startswith("__") for key in value):
+            return {key: _encode(item, tensors) for key, item in value.items()}
+        return {ITEMS_TAG: [[_encode(key, tensors), _encode(item, tensors)] for key, item in value.items()]}
+    raise TypeError(f"cannot store a {type(value).__name__} in a state file")
+
+
+def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(value, list):
+        return [_decode(item, tensors) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if TENSOR_TAG in value:
+        return tensors[value[TENSOR_TAG]]
+    if FLOAT_TAG in value:
+        return float(value[FLOAT_TAG])
+    if TUPLE_TAG in value:
+        return tuple(_decode(item, tensors) for item in value[TUPLE_TAG])
+    if ITEMS_TAG in value:
+        return {_hashable(_decode(key, tensors)): _decode(item, tensors) for key, item in value[ITEMS_TAG]}
+    return {key: _decode(item, tensors) for key, item in value.items()}
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(key) if isinstance(key, list) else key
+
+
+def content_hash(structure: str, tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over the JSON structure and every tensor's name, dtype, shape and bytes."""
+    digest = hashlib.sha256(structure.encode())
+    for key in sorted(tensors):
+        tensor = tensors[key].contiguous()
+        digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        if tensor.numel():
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def save_state(state: Any, path: Path) -> None:
+    """Write ``state`` to ``path`` (not atomic by itself; see runtime/checkpoint.py)."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    structure = json.dumps(_encode(state, tensors), allow_nan=False, sort_keys=True)
+    metadata = {"format": FORMAT, "structure": structure, "sha256": content_hash(structure, tensors)}
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def load_state(path: Path) -> Any:
+    """The state saved in ``path``; ``CorruptStateFile`` unless it is complete and unchanged."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CorruptStateFile(f"{path}: not a readable safetensors file ({err})") from None
+    if metadata.get("format") != FORMAT or "structure" not in metadata or "sha256" not in metadata:
+        raise CorruptStateFile(f"{path}: not a GeoDiLoCo state file (format {metadata.get('format')!r})")
+    if content_hash(metadata["structure"], tensors) != metadata["sha256"]:
+        raise CorruptStateFile(f"{path}: content does not match its SHA-256; the file was changed or damaged")
+    try:
+        return _decode(json.loads(metadata["structure"]), tensors)
+    except (json.JSONDecodeError, KeyError) as err:
+        raise CorruptStateFile(f"{path}: malformed structure ({err})") from None

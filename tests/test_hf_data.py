@@ -1,0 +1,142 @@
+"""Hugging Face datasets + tokenizers: packed documents, disjoint node shards, a held-out eval set,
+streaming with a resumable position, and errors that name the field."""
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+
+pytest.importorskip("datasets")
+
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.config import parse_config
+from geodiloco.runtime.data_sources import node_data
+from geodiloco.runtime.hf_data import load_tokenizer
+from geodiloco.runtime.preflight import preflight
+from tests.hf_helpers import documents, llama_config, train_tokenizer, write_jsonl
+
+NODES = [{"name": name, "gpus": ["A30"]} for name in ("a", "b", "c")]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("hf")
+    texts = documents(120)
+    return {"texts": texts, "files": write_jsonl(root / "corpus", texts, files=4),
+            "tokenizer": str(train_tokenizer(texts, root / "tokenizer")), "model": str(llama_config(root / "config.json")),
+            "root": root}
+
+
+def hf_config(corpus: dict, streaming: bool = False, shards: str = "iid", eval_batches: int = 1, **data) -> object:
+    return parse_config({
+        "model": {"hf": {"config": corpus["model"]}, "seq_len": 16},
+        "data": {"hf_dataset": {"path": "json", "data_files": corpus["files"], "streaming": streaming},
+                 "tokenizer": corpus["tokenizer"], "shards": shards, "eval_batches": eval_batches,
+                 "eval_batch_size": 4, **data},
+        "nodes": NODES}, "run.yaml")
+
+
+def independent_tokens(corpus: dict) -> list[int]:
+    """Each document tokenized on its own, the end-of-text id after it."""
+    tokenizer = load_tokenizer(corpus["tokenizer"])
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    return [token for text in corpus["texts"] for token in tokenizer.encode(text) + [eos]]
+
+
+def drain(shard, batches: int, batch_size: int = 2) -> list[list[int]]:
+    windows = []
+    for _ in range(batches):
+        inputs, targets = shard.next_batch(batch_size)
+        assert np.array_equal(inputs[:, 1:].numpy(), targets[:, :-1].numpy())
+        windows += [row + [last] for row, last in zip(inputs.tolist(), targets[:, -1].tolist())]
+    return windows
+
+
+def test_packed_corpus_is_every_document_then_end_of_text(corpus):
+    config = hf_config(corpus, eval_batches=0)
+    _, shard = node_data(config, 0, 3)
+    assert shard.tokens.tolist() == independent_tokens(corpus)
+
+
+def test_node_shards_are_disjoint_and_skip_the_eval_windows(corpus):
+    config = hf_config(corpus)
+    eval_set, _ = node_data(config, 0, 3)
+    eval_windows = {tuple(row.tolist() + [target[-1].item()]) for inputs, targets in eval_set
+                    for row, target in zip(inputs, targets)}
+    assert len(eval_windows) == 4
+    starts = [set(node_data(config, index, 3)[1].window_starts.tolist()) for index in range(3)]
+    assert not (starts[0] & starts[1]) and not (starts[1] & starts[2]) and not (starts[0] & starts[2])
+    _, shard = node_data(config, 1, 3)
+    trained = {tuple(window) for window in drain(shard, 10)}
+    assert not trained & eval_windows
+
+
+def test_streaming_iid_deals_each_document_to_one_node_and_holds_out_the_first(corpus):
+    config = hf_config(corpus, streaming=True)
+    eval_set, _ = node_data(config, 0, 3)
+    tokens = independent_tokens(corpus)
+    first_eval = [row.tolist() + [target[-1].item()] for row, target in zip(*eval_set[0])]
+    assert first_eval[0] == tokens[:17] and first_eval[1] == tokens[17:34]  # the stream's head, packed
+    firsts = []
+    for index in range(3):
+        shard = node_data(config, index, 3)[1]
+        window = drain(shard, 1, batch_size=1)[0]
+        firsts.append(load_tokenizer(corpus["tokenizer"]).decode(window).split()[0])
+    held_out_docs = sum(shard.layout.held_out_docs)
+    assert firsts == [f"doc{held_out_docs + index}" for index in range(3)]
+
+
+def test_streaming_position_resumes_the_same_windows(corpus):
+    config = hf_config(corpus, streaming=True)
+    shard = node_data(config, 2, 3)[1]
+    drain(shard, 4, batch_size=3)
+    saved = shard.position_state()
+    expected = drain(shard, 6, batch_size=3)
+    resumed = node_data(config, 2, 3)[1]
+    resumed.load_position_state(saved)
+    assert drain(resumed, 6, batch_size=3) == expected
+
+
+def test_streaming_non_iid_gives_each_node_whole_files(corpus):
+    config = hf_config(corpus, streaming=True, shards="non_iid")
+    layouts = [node_data(config, index, 3)[1].layout for index in range(3)]
+    assert [[files[0] for files in layout.files] for layout in layouts] == [
+        [corpus["files"][0], corpus["files"][3]], [corpus["files"][1]], [corpus["files"][2]]]
+    with pytest.raises(ConfigError, match="non_iid with data.hf_dataset.streaming gives each node whole data files"):
+        node_data(config, 0, 5)
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_one_config_error(corpus, tmp_path):
+    big_vocab = train_tokenizer(corpus["texts"] * 3, tmp_path / "big", vocab_size=400)
+    config = parse_config({"model": {"hf": {"config": corpus["model"]}, "seq_len": 16},
+                           "data": {"hf_dataset": {"path": "json", "data_files": corpus["files"]},
+                                    "tokenizer": str(big_vocab)}, "nodes": NODES}, "run.yaml")
+    with pytest.raises(ConfigError, match=r"data\.tokenizer: its vocabulary has \d+ tokens but the model's "
+                                          r"embedding has 320 \(vocab_size\)"):
+        preflight(config)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"hf_dataset": {"path": "json", "data_files": ["nowhere/*.jsonl"]}, "tokenizer": "TOK"},
+     "data.hf_dataset.data_files: nowhere/*.jsonl matches no file"),
+    ({"hf_dataset": {"path": "json"}, "tokenizer": "TOK"}, "data.hf_dataset.data_files: the json builder reads local files"),
+    ({"hf_dataset": {"path": "json", "data_files": ["FILE"]}, "tokenizer": "missing_dir"},
+     "data.tokenizer: missing_dir is not a tokenizer directory"),
+])
+def test_bad_data_settings_name_the_field(corpus, data, message):
+    data = {key: (value.replace("TOK", corpus["tokenizer"]) if isinstance(value, str) else value)
+            for key, value in data.items()}
+    if data["hf_dataset"].get("data_files") == ["FILE"]:
+        data["hf_dataset"]["data_files"] = corpus["files"]
+    config = parse_config({"model": {"hf": {"config": corpus["model"]}}, "data": data, "nodes": NODES}, "run.yaml")
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("*", r"\*")):
+        preflight(config)
+
+
+def test_hf_dataset_without_tokenizer_and_a_wrong_text_field(corpus):
+    with pytest.raises(ConfigError, match="data.hf_dataset and data.tokenizer go together"):
+        parse_config({"data": {"hf_dataset": {"path": "json", "data_files": corpus["files"]}}, "nodes": NODES}, "r.yaml")
+    config = hf_config(corpus)
+    config.data.hf_dataset.text_field = "body"
+    with pytest.raises(ConfigError, match="data.hf_dataset.text_field: records have no 'body' field; their fields are text"):
+        node_data(config, 0, 3)
