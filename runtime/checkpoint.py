@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from geodiloco.runtime.state_file import load_state, save_state
+from geodiloco.runtime.state_file import CorruptStateFile, load_state, save_state
 
 LATEST_FILE = "latest"
 GLOBAL_FILE = "global.safetensors"
@@ -85,10 +86,47 @@ def drop_rounds_after(run_dir: Path, round_idx: int) -> None:
 
 
 def latest_round(run_dir: Path) -> Optional[int]:
+    """The committed round ``latest`` names; None when there is none (or it is unreadable)."""
     pointer = run_dir / "checkpoints" / LATEST_FILE
     if not pointer.is_file():
         return None
-    return int(pointer.read_text().strip())
+    try:
+        return int(pointer.read_text().strip())
+    except ValueError:
+        print(f"[geodiloco] {pointer}: not a round number; ignored", file=sys.stderr, flush=True)
+        return None
+
+
+def verification_error(path: Path) -> Optional[str]:
+    """Why the checkpoint file at ``path`` cannot be used (None: it loads and matches its hash)."""
+    try:
+        load_state(path)
+    except CorruptStateFile as err:
+        return str(err)
+    return None
+
+
+def usable_file(path: Path) -> bool:
+    """Whether ``path`` exists and verifies; a file that fails is reported on stderr."""
+    if not path.is_file():
+        return False
+    problem = verification_error(path)
+    if problem:
+        print(f"[geodiloco] checkpoint refused: {problem}; an older round is used instead", file=sys.stderr,
+              flush=True)
+    return problem is None
+
+
+def newest_verified_round(run_dir: Path, node_name: str) -> Optional[int]:
+    """The newest committed round whose global file and this node's file both verify."""
+    latest = latest_round(run_dir)
+    if latest is None:
+        return None
+    for round_idx in sorted(_saved_rounds(run_dir), reverse=True):
+        folder = round_dir(run_dir, round_idx)
+        if round_idx <= latest and usable_file(folder / GLOBAL_FILE) and usable_file(folder / node_file_name(node_name)):
+            return round_idx
+    return None
 
 
 def kept_rounds(run_dir: Path) -> list[int]:

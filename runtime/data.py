@@ -98,7 +98,7 @@ def eval_batches(tokens: np.ndarray, starts: np.ndarray, seq_len: int,
     the same on every node; ``len(starts)`` must be a multiple of ``batch_size``."""
     if len(starts) % batch_size:
         raise ValueError(f"{len(starts)} eval windows do not fill batches of data.eval_batch_size = {batch_size}")
-    windows = gather_windows(torch.from_numpy(np.ascontiguousarray(tokens)), starts, seq_len)
+    windows = gather_windows(torch.from_numpy(np.array(tokens)), starts, seq_len)
     return [(batch[:, :-1], batch[:, 1:]) for batch in windows.split(batch_size)]
 
 
@@ -169,7 +169,7 @@ class NodeShard:
                              f"corpus of {len(tokens)} bytes split {num_nodes} ways ({shards}) after the eval "
                              "windows; raise data.max_bytes or use fewer nodes, a shorter model.seq_len or a "
                              "smaller eval set")
-        self.tokens = torch.from_numpy(np.ascontiguousarray(tokens))
+        self.tokens = torch.from_numpy(np.array(tokens))
         self.window_starts = starts
         self.seq_len = seq_len
         self.num_windows = len(starts)

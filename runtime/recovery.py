@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,8 +68,24 @@ def write_members(run_dir: Path, round_idx: int, members: list[str]) -> None:
     temp_path.replace(path)
 
 
+def read_members(path: Path) -> Optional[dict]:
+    """A round's members.json, or None when it is missing or damaged (that round is not used)."""
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        saved = None
+    if not isinstance(saved, dict) or not isinstance(saved.get("members"), list):
+        print(f"[geodiloco] checkpoint refused: {path} is damaged; an older round is used instead",
+              file=sys.stderr, flush=True)
+        return None
+    return saved
+
+
 def saved_rounds(run_dir: Path, node_name: str) -> SavedRounds:
-    """Scan ``run_dir/checkpoints`` for this node."""
+    """Scan ``run_dir/checkpoints`` for this node: rounds whose files exist and verify (a damaged
+    file is reported and its round skipped, so the run resumes from an older intact one)."""
     global_members: dict[int, list[str]] = {}
     jobs: set[str] = set()
     node_rounds: list[int] = []
@@ -77,13 +94,12 @@ def saved_rounds(run_dir: Path, node_name: str) -> SavedRounds:
             round_idx = int(round_path.name.split("_", 1)[1])
         except ValueError:
             continue
-        members_path = round_path / MEMBERS_FILE
-        if (round_path / checkpoint.GLOBAL_FILE).is_file() and members_path.is_file():
-            saved = json.loads(members_path.read_text())
+        saved = read_members(round_path / MEMBERS_FILE)
+        if saved is not None and checkpoint.usable_file(round_path / checkpoint.GLOBAL_FILE):
             global_members[round_idx] = saved["members"]
             if saved.get("job"):
                 jobs.add(saved["job"])
-        if (round_path / checkpoint.node_file_name(node_name)).is_file():
+        if checkpoint.usable_file(round_path / checkpoint.node_file_name(node_name)):
             node_rounds.append(round_idx)
     return SavedRounds(node_name, global_members, node_rounds, sorted(jobs))
 

@@ -37,3 +37,42 @@ def test_the_launcher_refuses_a_traversing_node_name_before_writing_anything(tmp
     assert result.returncode == 2
     assert "node name 'x/../../pwn' may only hold" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path.parent / "pwn").exists()
+
+
+def saved_run(run_dir, rounds: int, nodes=("a", "b")) -> None:
+    """Checkpoint files as a run writes them: global state, members and every node's file per round."""
+    import torch
+
+    from geodiloco.runtime import checkpoint
+    from geodiloco.runtime.recovery import write_members
+    for round_idx in range(rounds):
+        checkpoint.save_global(run_dir, round_idx, {"round": round_idx, "run_id": "r",
+                                                    "outer": {"global_params": [torch.full((4,), float(round_idx))]}})
+        write_members(run_dir, round_idx, list(nodes))
+        for node in nodes:
+            checkpoint.save_node(run_dir, round_idx, node, {"round": round_idx, "cursor": {"epoch": 0, "index": round_idx}})
+        checkpoint.point_latest(run_dir, round_idx)
+
+
+@pytest.mark.parametrize("damaged", ["global.safetensors", "node_b.safetensors", "members.json"])
+def test_a_damaged_newest_checkpoint_is_refused_and_the_previous_round_resumes(tmp_path, capsys, damaged):
+    from geodiloco.runtime import checkpoint
+    from geodiloco.runtime.recovery import choose_resume_point, saved_rounds
+    saved_run(tmp_path, 3)
+    path = checkpoint.round_dir(tmp_path, 2) / damaged
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    reports = [saved_rounds(tmp_path, node) for node in ("a", "b")]
+    assert f"checkpoint refused: {path}" in capsys.readouterr().err
+    point = choose_resume_point(reports, ["a", "b"])
+    assert point is not None and point.round == 1
+    assert checkpoint.newest_verified_round(tmp_path, "b") == (1 if damaged != "members.json" else 2)
+
+
+def test_a_garbage_latest_pointer_is_ignored_not_a_traceback(tmp_path, capsys):
+    from geodiloco.runtime import checkpoint
+    saved_run(tmp_path, 2)
+    (tmp_path / "checkpoints" / "latest").write_text("abc\n")
+    assert checkpoint.latest_round(tmp_path) is None
+    assert "not a round number; ignored" in capsys.readouterr().err

@@ -204,7 +204,7 @@ def test_standard_error_matches_a_hand_computation():
 def test_background_evaluation_reports_the_mean_and_its_standard_error():
     dims = ModelDims(hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, vocab_size=256, max_seq_len=32)
     batches = eval_batches(TOKENS, held_out(6), SEQ_LEN, 3)
-    evaluator = BackgroundEvaluator(dims, seed=0, batches=batches, device=torch.device("cpu"))
+    evaluator = BackgroundEvaluator(build_model(dims, 1), batches=batches, device=torch.device("cpu"))
     model = build_model(dims, 0)
     evaluator.start([param.detach() for param in model.parameters()], {"round": 0})
     [row] = evaluator.finished_rows(wait=True)

@@ -23,7 +23,7 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     run_dir = handles.run_dir
     decision = None
     if topology.is_leader:
-        saved_round = checkpoint.latest_round(run_dir)
+        saved_round = checkpoint.newest_verified_round(run_dir, topology.node_name)
         if sync.running_round() is not None:
             decision = {"join": True}
         elif saved_round is not None and not resume:
