@@ -9,6 +9,7 @@ override.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import yaml
@@ -66,6 +67,17 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(value)
 
 
+def hf_config_file(model_section: dict) -> Optional[str]:
+    """The config.json of a run config's ``model.hf`` (its dims are read from it), or None."""
+    hf = model_section.get("hf")
+    if not isinstance(hf, dict):
+        return None
+    path = hf.get("config") or hf.get("pretrained")
+    if path and Path(path).is_dir():
+        return str(Path(path) / "config.json")
+    return path
+
+
 def _section(data: dict, name: str) -> dict:
     value = data.get(name)
     return value if isinstance(value, dict) else {}
@@ -99,7 +111,8 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     file_data = load_yaml_mapping(cluster_path)
     cluster = load_cluster(cluster_path)
     model_section, diloco = _section(file_data, "model"), _section(file_data, "diloco")
-    model_name = model or model_section.get("preset") or DEFAULT_MODEL
+    model_name = model or model_section.get("preset") or model_section.get("file") or hf_config_file(model_section) \
+        or DEFAULT_MODEL
     resolved_seq_len = seq_len or model_section.get("seq_len") or DEFAULT_SEQ_LEN
     steps = local_steps or diloco.get("local_steps") or DEFAULT_LOCAL_STEPS
     batch = batch_size or diloco.get("batch_size") or DEFAULT_BATCH_SIZE

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Optional
 
-import torch
 import torch.distributed as dist
 
 

@@ -75,8 +75,7 @@ class WandbWriter:
         import wandb
         self.wandb = wandb
         self.run = wandb.init(project=project, entity=entity, name=run_name, group=run_name,
-                              dir=str(run_dir), mode=os.environ.get("WANDB_MODE", mode), config=config,
-                              reinit="create_new")
+                              dir=str(run_dir), mode=os.environ.get("WANDB_MODE", mode), config=config)
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         self.run.log({**values, "round": step})

@@ -106,3 +106,17 @@ def test_a_missing_extra_is_named_before_anything_starts(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"model\.hf needs the hf extra \(transformers not installed\): "
                                           r"pip install 'geodiloco\[hf\]'"):
         preflight.preflight(config)
+
+
+def test_plan_reads_the_transformers_config_of_a_run_config(tmp_path):
+    """`geodiloco plan --cluster run.yaml` plans the run's transformers model, not a default preset."""
+    import yaml
+
+    from geodiloco.balancer.setup import load_setup
+    config_path = llama_config(tmp_path / "config.json")
+    run_config = tmp_path / "run.yaml"
+    run_config.write_text(yaml.safe_dump({"model": {"hf": {"config": str(config_path)}, "seq_len": 64},
+                                          "nodes": [{"name": "a", "gpus": ["A30"]}]}))
+    setup = load_setup(run_config)
+    assert setup.dims == ModelSection(hf={"config": str(config_path)}).dims()
+    assert setup.dims.vocab_size == 320 and setup.dims.num_kv_heads == 2

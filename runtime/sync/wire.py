@@ -20,7 +20,7 @@ sum over rounds of what arrived equals the sum of what was sent minus what is st
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
