@@ -55,7 +55,18 @@ def save_node(run_dir: Path, round_idx: int, node_name: str, state: dict) -> Non
 
 
 def _saved_rounds(run_dir: Path) -> list[int]:
-    return sorted(int(path.name.split("_")[1]) for path in (run_dir / "checkpoints").glob("round_*"))
+    rounds = []
+    for path in (run_dir / "checkpoints").glob("round_*"):
+        try:
+            rounds.append(int(path.name.split("_", 1)[1]))
+        except ValueError:
+            continue
+    return sorted(rounds)
+
+
+def saved_global_rounds(run_dir: Path) -> list[int]:
+    """Rounds with a global state file in ``run_dir`` (committed or not), oldest first."""
+    return sorted(round_idx for round_idx in _saved_rounds(run_dir) if has_global(run_dir, round_idx))
 
 
 def mark_latest(run_dir: Path, round_idx: int, keep: int) -> None:

@@ -74,10 +74,12 @@ def run_command(args: argparse.Namespace) -> int:
     from geodiloco.runtime.config import load_config
     from geodiloco.runtime.launch import launch_local
 
-    config = load_config(args.config, args.overrides)
     if args.resume and not args.run_dir:
         print("geodiloco run: error: --resume needs --run-dir (the run directory to continue)", file=sys.stderr)
         return 2
+    saved = Path(args.run_dir) / "config.yaml" if args.resume else None
+    # a resumed run starts from its own saved config (--set changes on top of it), not the demo's
+    config = load_config(args.config or (saved if saved and saved.is_file() else None), args.overrides)
     run_dir = Path(args.run_dir) if args.run_dir else (
         Path(config.run.out_dir) / f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     code = launch_local(config, run_dir, args.sites, args.resume, args.elastic, args.drill)

@@ -36,6 +36,7 @@ from typing import Iterator, Optional
 
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.preflight import preflight
+from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
 from geodiloco.lab.drill import DrillRunner, parse_drill
 from geodiloco.lab.process_tree import descendants
@@ -236,6 +237,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
     """Run every node here; ``elastic`` None = ``comm.elastic.enabled`` (torch backend only);
     ``drill``: failures to inject (runtime/drill.py)."""
     preflight(config)
+    check_run_dir(run_dir, resume)
     mode, reason = choose_sites(sites)
     elastic = config.comm.backend == "torch" and (config.comm.elastic.enabled if elastic is None else elastic)
     drill_events = parse_drill(drill, config) if drill else []
@@ -244,8 +246,9 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
                           "without it one failed site stops the run")
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
-    if not (resume and config_path.is_file()):
-        config_path.write_text(config.to_yaml())
+    for change in (resume_changes(run_dir, config) if resume else []):
+        print(f"[geodiloco] resuming with a changed setting: {change}", flush=True)
+    config_path.write_text(config.to_yaml())
     train_args = ["--config", str(config_path), "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
     membership = (f"elastic (torchrun agents, at least {config.comm.min_nodes} of {len(config.nodes)} nodes)"
                   if elastic else "fixed")

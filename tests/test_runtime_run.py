@@ -175,9 +175,35 @@ def test_existing_run_directory_is_not_overwritten_without_resume(tmp_path):
     config_path = write_config(tmp_path, config)
     first = geodiloco("run", "--sites", "local", "--no-report", "--config", str(config_path), "--run-dir", str(tmp_path / "r"))
     assert first.returncode == 0, first.stderr[-2000:]
-    again = geodiloco("run", "--sites", "local", "--no-report", "--config", str(config_path), "--run-dir", str(tmp_path / "r"))
-    assert again.returncode != 0
-    assert "pass --resume" in again.stderr
+    saved_config = (tmp_path / "r" / "config.yaml").read_bytes()
+    config["optim"]["inner"]["lr"] = 0.5
+    again = geodiloco("run", "--sites", "local", "--no-report", "--config", str(write_config(tmp_path, config)),
+                      "--run-dir", str(tmp_path / "r"))
+    assert again.returncode == 2
+    assert "already holds a checkpoint (after round 1); pass --resume" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert (tmp_path / "r" / "config.yaml").read_bytes() == saved_config  # refused before writing anything
+
+    changed = geodiloco("run", "--sites", "local", "--no-report", "--resume", "--run-dir", str(tmp_path / "r"),
+                        "--set", "model.seq_len=16")
+    assert changed.returncode == 2
+    assert "--resume: model.seq_len (32 -> 16) cannot change in a resumed run" in changed.stderr
+    assert (tmp_path / "r" / "config.yaml").read_bytes() == saved_config
+
+    longer = geodiloco("run", "--sites", "local", "--no-report", "--resume", "--run-dir", str(tmp_path / "r"),
+                       "--set", "diloco.rounds=2")
+    assert longer.returncode == 0, longer.stderr[-2000:]
+    assert "resuming with a changed setting: diloco.rounds: 1 -> 2" in longer.stdout
+    assert sorted({row["round"] for row in read_jsonl(tmp_path / "r" / "idle.jsonl")}) == [0, 1]
+
+
+def test_resume_without_a_checkpoint_is_an_error(tmp_path):
+    nodes = [{"name": "a", "emulate": {"step_time_s": 0.01}}]
+    result = geodiloco("run", "--sites", "local", "--no-report", "--resume", "--config",
+                       str(write_config(tmp_path, small_config(nodes))), "--run-dir", str(tmp_path / "empty"))
+    assert result.returncode == 2
+    assert f"--resume: {tmp_path / 'empty'} holds no checkpoint to resume from" in result.stderr
+    assert not (tmp_path / "empty").exists()
 
 
 def test_sigterm_on_one_node_stops_the_whole_job_and_keeps_the_checkpoint(tmp_path):

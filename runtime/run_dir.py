@@ -1,0 +1,75 @@
+"""What ``geodiloco run`` may do with a run directory, decided before any node starts.
+
+- A directory that holds a checkpoint is only written to by that run's own ``--resume``.
+- ``--resume`` needs a checkpoint to resume from.
+- ``--resume`` with changed settings: the ones that can change mid-run (``RESUMABLE``) are applied
+  and listed; any other change is refused naming the setting (the checkpoint was written for it).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime import checkpoint
+from geodiloco.runtime.config import RunConfig
+
+CONFIG_FILE = "config.yaml"
+RESUMABLE = ("diloco.rounds", "balancing", "checkpoint", "logging", "run.gpu_sample_interval_s",
+             "data.eval_every_rounds", "comm.timeout_s", "comm.init_timeout_s", "comm.elastic",
+             "comm.min_nodes", "comm.hivemind")
+"""Settings a resumed run may change: top-level sections or dotted keys (and everything below them)."""
+
+
+def saved_config(run_dir: Path) -> Optional[Path]:
+    path = run_dir / CONFIG_FILE
+    return path if path.is_file() else None
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    rounds = checkpoint.saved_global_rounds(run_dir)
+    if rounds and not resume:
+        raise ConfigError(f"--run-dir {run_dir} already holds a checkpoint (after round {rounds[-1] + 1}); pass "
+                          "--resume to continue it, or choose another --run-dir")
+    if resume and not rounds:
+        raise ConfigError(f"--resume: {run_dir} holds no checkpoint to resume from; run without --resume to "
+                          "start a new run there")
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        flat: dict[str, Any] = {}
+        for key, value in data.items():
+            flat.update(flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: data}
+
+
+def changed_settings(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (saved value, new value)} for every leaf that differs."""
+    before, after = flatten(saved), flatten(new)
+    return {key: (before.get(key), after.get(key)) for key in sorted(set(before) | set(after))
+            if before.get(key) != after.get(key)}
+
+
+def resumable(key: str) -> bool:
+    return any(key == allowed or key.startswith(allowed + ".") for allowed in RESUMABLE)
+
+
+def resume_changes(run_dir: Path, config: RunConfig) -> list[str]:
+    """Check ``config`` against the run's saved config; returns the applied changes as text lines.
+    Raises ConfigError naming the settings a resume cannot change."""
+    path = saved_config(run_dir)
+    if path is None:
+        return []
+    saved = yaml.safe_load(path.read_text()) or {}
+    changes = changed_settings(saved, yaml.safe_load(config.to_yaml()))
+    refused = [key for key in changes if not resumable(key)]
+    if refused:
+        listed = ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in refused[:5])
+        raise ConfigError(f"--resume: {listed} cannot change in a resumed run (its checkpoint was written for the "
+                          f"saved value); drop the change, or start a new run. Settings that may change: "
+                          f"{', '.join(RESUMABLE)}")
+    return [f"{key}: {before!r} -> {after!r}" for key, (before, after) in changes.items()]
