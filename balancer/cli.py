@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from geodiloco.balancer.config import POLICY_NAMES
 
@@ -82,13 +83,28 @@ def run_plan(args) -> int:
     return 0
 
 
+MAX_SIMULATED_ROUNDS = 100_000
+RUN_FILES = ("config.yaml", "idle.jsonl", "plan.jsonl", "metrics.jsonl", "checkpoints")
+
+
+def check_simulation_out(out_dir: Path) -> None:
+    """``--out`` must not hold a run's logs: a simulation never overwrites a real (or earlier) run."""
+    from geodiloco.predictor.schema import ConfigError
+    present = [name for name in RUN_FILES if (out_dir / name).exists()]
+    if present:
+        raise ConfigError(f"--out {out_dir} already holds {', '.join(present)} (a run's logs); choose a new "
+                          "directory")
+
+
 def run_simulate(args) -> int:
     from geodiloco.balancer.setup import parse_slowdown
     from geodiloco.balancer.simulate import simulate
     from geodiloco.balancer.views import print_simulation
     from geodiloco.predictor.schema import ConfigError
-    if args.rounds < 1:
-        raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
+    if not 1 <= args.rounds <= MAX_SIMULATED_ROUNDS:
+        raise ConfigError(f"--rounds must be between 1 and {MAX_SIMULATED_ROUNDS:,}, got {args.rounds}")
+    if args.out:
+        check_simulation_out(Path(args.out))
     simulation = {key: value for key, value in (("model_error", args.model_error), ("step_noise", args.step_noise),
                                                 ("straggler_prob", args.straggler_prob),
                                                 ("drift_per_round", args.drift_per_round),

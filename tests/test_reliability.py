@@ -76,3 +76,17 @@ def test_a_garbage_latest_pointer_is_ignored_not_a_traceback(tmp_path, capsys):
     (tmp_path / "checkpoints" / "latest").write_text("abc\n")
     assert checkpoint.latest_round(tmp_path) is None
     assert "not a round number; ignored" in capsys.readouterr().err
+
+
+def test_simulate_never_overwrites_a_run_and_bounds_its_rounds(tmp_path):
+    run_dir = tmp_path / "real-run"
+    run_dir.mkdir()
+    (run_dir / "idle.jsonl").write_text('{"round": 0}\n')
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"nodes": [{"name": "a", "gpus": ["A30"]}, {"name": "b", "gpus": ["RTX 3090"]}]}))
+    refused = geodiloco("simulate", "--cluster", str(cluster), "--rounds", "2", "--out", str(run_dir))
+    assert refused.returncode == 2 and "already holds idle.jsonl (a run's logs); choose a new directory" in refused.stderr
+    assert (run_dir / "idle.jsonl").read_text() == '{"round": 0}\n' and not (run_dir / "config.yaml").exists()
+    huge = geodiloco("simulate", "--cluster", str(cluster), "--rounds", "1000000000")
+    assert huge.returncode == 2 and "--rounds must be between 1 and 100,000" in huge.stderr
+    assert "Traceback" not in refused.stderr + huge.stderr
