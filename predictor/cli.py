@@ -17,6 +17,11 @@ examples:
 """
 
 
+MAX_BATCH_SIZE = 1_000_000
+"""Samples per step beyond any GPU node's memory; larger values would only make the search for
+micro-batches run for minutes."""
+MAX_SEQ_LEN = 1_048_576
+
 def register(subparsers) -> None:
     """Add this package's subcommands to the `geodiloco` parser."""
     parser = subparsers.add_parser(
@@ -67,8 +72,9 @@ def print_prediction(args: argparse.Namespace) -> int:
     from geodiloco.predictor.specs import expand_gpu_counts
     from geodiloco.predictor.workload import parameter_count, resolve_dims, training_flops
 
-    if args.batch_size < 1 or args.seq_len < 1:
-        raise ConfigError("--batch-size and --seq-len must be >= 1")
+    if not (1 <= args.batch_size <= MAX_BATCH_SIZE and 1 <= args.seq_len <= MAX_SEQ_LEN):
+        raise ConfigError(f"--batch-size must be between 1 and {MAX_BATCH_SIZE:,} and --seq-len between 1 and "
+                          f"{MAX_SEQ_LEN:,} (got {args.batch_size:,} and {args.seq_len:,})")
     dims = resolve_dims(args.model)
     if args.seq_len > dims.max_seq_len:
         raise ConfigError(f"--seq-len {args.seq_len} exceeds the model's max_seq_len {dims.max_seq_len}")

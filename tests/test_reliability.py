@@ -90,3 +90,9 @@ def test_simulate_never_overwrites_a_run_and_bounds_its_rounds(tmp_path):
     huge = geodiloco("simulate", "--cluster", str(cluster), "--rounds", "1000000000")
     assert huge.returncode == 2 and "--rounds must be between 1 and 100,000" in huge.stderr
     assert "Traceback" not in refused.stderr + huge.stderr
+
+
+def test_predict_answers_an_absurd_batch_size_in_one_line():
+    result = geodiloco("predict", "--gpu", "A30", "--batch-size", "10000000000000", timeout=30)
+    assert result.returncode == 2
+    assert "--batch-size must be between 1 and 1,000,000" in result.stderr and "Traceback" not in result.stderr
