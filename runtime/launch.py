@@ -38,6 +38,7 @@ from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.preflight import preflight
 from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
+from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.lab.drill import DrillRunner, parse_drill
 from geodiloco.lab.process_tree import descendants
 
@@ -213,15 +214,31 @@ def kill_session(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def watch(processes: list[subprocess.Popen], stop_on_failure: bool = True) -> int:
+def exit_cause(code: int) -> str:
+    """A node process's exit code in words."""
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    if code > 128 and code - 128 in {item.value for item in signal.Signals}:
+        return f"killed by {signal.Signals(code - 128).name} (exit {code})"
+    return {2: "exit 2: bad input, see its error above", PEER_FAILED_EXIT_CODE: f"exit {code}: it lost a peer"}.get(
+        code, f"exit {code}: see its output above")
+
+
+def watch(processes: list[subprocess.Popen], stop_on_failure: bool = True,
+          names: Optional[list[str]] = None) -> int:
     """Wait for all to finish; the first failure stops the rest and is returned (without
-    ``stop_on_failure`` the others go on, and the first failure is returned at the end)."""
+    ``stop_on_failure`` the others go on, and the first failure is returned at the end).
+    The failed node is named with its exit cause (``names``: the nodes of ``processes``)."""
     cleaned: set = set()
+    names = names or [f"#{index}" for index in range(len(processes))]
     while True:
         codes = [process.poll() for process in processes]
-        failed = [code for code in codes if code not in (None, 0)]
+        failed = [(name, code) for name, code in zip(names, codes) if code not in (None, 0)]
         if failed and (stop_on_failure or None not in codes):
-            return failed[0]
+            name, code = failed[0]
+            others = "; the other nodes were stopped" if stop_on_failure and len(processes) > 1 else ""
+            print(f"[geodiloco] node {name} failed ({exit_cause(code)}){others}", file=sys.stderr, flush=True)
+            return code
         if not stop_on_failure:
             for process, code in zip(processes, codes):
                 if code is not None and process.pid not in cleaned:
@@ -263,7 +280,8 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
     try:
         with site_processes(config, mode, train_args, elastic) as (processes, launcher):
             if not elastic:
-                return watch(processes, stop_on_failure=config.comm.backend != "hivemind")
+                return watch(processes, stop_on_failure=config.comm.backend != "hivemind",
+                             names=[node.name for node in config.nodes])
             with DrillRunner(drill_events, processes, launcher, run_dir):
                 codes = watch_all(processes)
             return elastic_exit_code(config, codes)
@@ -289,11 +307,13 @@ def elastic_exit_code(config: RunConfig, codes: list[int]) -> int:
     """0 when at least ``comm.min_nodes`` sites finished the run; the others are reported."""
     finished = [node.name for node, code in zip(config.nodes, codes) if code == 0]
     failed = {node.name: code for node, code in zip(config.nodes, codes) if code != 0}
+    enough = len(finished) >= config.comm.min_nodes
     if failed:
-        listed = ", ".join(f"{name} (exit {code})" for name, code in failed.items())
-        print(f"[geodiloco] sites that did not finish: {listed}; the run went on without them", file=sys.stderr,
-              flush=True)
-    if len(finished) >= config.comm.min_nodes:
+        listed = ", ".join(f"{name} ({exit_cause(code)})" for name, code in failed.items())
+        outcome = ("the run went on without them" if enough else
+                   f"fewer than comm.min_nodes ({config.comm.min_nodes}) finished: the run failed")
+        print(f"[geodiloco] sites that did not finish: {listed}; {outcome}", file=sys.stderr, flush=True)
+    if enough:
         return 0
     return next(iter(failed.values()), 1)
 

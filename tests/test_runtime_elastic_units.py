@@ -184,8 +184,27 @@ def test_bad_drill_items_say_what_is_wrong(text, message):
 def test_the_run_succeeds_when_min_nodes_sites_finish(capsys):
     config = four_node_config(min_nodes=3)
     assert elastic_exit_code(config, [0, 0, -9, 0]) == 0
-    assert "c (exit -9)" in capsys.readouterr().err
+    assert "c (killed by SIGKILL); the run went on without them" in capsys.readouterr().err
     assert elastic_exit_code(config, [0, 75, -9, 0]) == 75
+    err = capsys.readouterr().err
+    assert "b (exit 75: it lost a peer), c (killed by SIGKILL)" in err
+    assert "fewer than comm.min_nodes (3) finished: the run failed" in err
+
+
+def test_a_fixed_run_names_the_node_that_failed_and_why(capsys):
+    import subprocess
+    import sys
+
+    from geodiloco.runtime.launch import watch
+    processes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]),
+                 subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])]
+    try:
+        assert watch(processes, names=["lab-a", "cloud-b"]) == 2
+    finally:
+        processes[0].kill()
+        processes[0].wait()
+    assert "node cloud-b failed (exit 2: bad input, see its error above); the other nodes were stopped" in \
+        capsys.readouterr().err
 
 
 # ----- the rendezvous store and the report ----------------------------------------------
