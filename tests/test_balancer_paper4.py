@@ -1,7 +1,6 @@
 """The source paper's cluster (experiments/configs/clusters/paper4.yaml) with the real predictor."""
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from geodiloco.balancer.cluster import load_cluster

@@ -7,7 +7,6 @@ from geodiloco.predictor import detect
 from geodiloco.predictor.base import StepTimeModel
 from geodiloco.predictor.model import GPU_RESERVED_GB, ALLOCATOR_HEADROOM, node_step_model
 from geodiloco.predictor.schema import ConfigError
-from geodiloco.predictor.specs import lookup_gpu
 from geodiloco.predictor.workload import PRESETS, gradient_bytes, training_memory_bytes
 
 LLAMA = PRESETS["llama-150m"]
