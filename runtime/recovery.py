@@ -128,7 +128,8 @@ def newest_node_round(report: SavedRounds, before: int) -> Optional[int]:
 
 def log_membership_event(run_dir: Path, event: str, **fields) -> None:
     """Append ``{"time", "event", ...}`` to ``RUN_DIR/membership.jsonl``: when a worker noticed a
-    lost peer (``peer_failed``) and when a world went on with other members (``resumed``)."""
+    lost peer (``peer_failed``), when a world went on with other members (``resumed``), and when a
+    node was left out of a round's average for a non-finite model (``non_finite``)."""
     row = {"time": time.time(), "event": event, **fields}
     with contextlib.suppress(OSError):
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,8 @@ from geodiloco.runtime.preflight import preflight
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.runtime.recovery import log_membership_event
 from geodiloco.runtime.idle import RoundClock
+from geodiloco.runtime.checkpoint import latest_round
+from geodiloco.runtime.finite_guard import NonFiniteModel, check_some_node_finite, non_finite_nodes
 from geodiloco.runtime.metrics_sinks import build_sinks
 from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.sync import OutOfSync, RoundSync, SyncOutcome, join_world
@@ -88,6 +90,8 @@ class RoundStats:
     previous_record: Optional[dict]
     sync_s: Optional[float] = None
     saved_round: Optional[int] = None
+    finite: bool = True
+    """Whether this node's parameters (so its pseudo-gradient) are finite; see runtime/finite_guard.py."""
 
 
 def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume: bool) -> int:
@@ -181,13 +185,17 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
                        start_checksum=start_checksum,
                        step_times_s=result.step_times_s if topology.is_leader else [],
                        previous_record=pending_record if topology.is_leader else None,
-                       sync_s=trainer.last_sync_s, saved_round=trainer.saved_round)
+                       sync_s=trainer.last_sync_s, saved_round=trainer.saved_round,
+                       finite=trainer.local_model_finite())
     gathered = sync.exchange(asdict(stats))
     clock.mark("ready")
     trainer.commit_checkpoint(gathered)
     leaders = {item["node"]: item for item in gathered if item["local_rank"] == 0}
     round_sync.stats_by_node = {name: leaders[name] for name in names if name in leaders}
+    check_some_node_finite(round_sync.stats_by_node, round_idx)
     outcome = sync.outer_step(round_sync)
+    trainer.after_outer_step(round_idx, non_finite_nodes(round_sync.stats_by_node),
+                             log_events=topology.is_coordinator)
     clock.mark("synced")
     clock.record_sync(outcome.sync_intervals, outcome.blocked_in_phase_s)
     if outcome.sync_s is not None:
@@ -296,6 +304,12 @@ def train_from_args(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config)
     try:
         return run_node(config, args.node, run_dir, args.resume)
+    except NonFiniteModel as err:
+        latest = latest_round(run_dir)
+        kept = f"the last good checkpoint (after round {latest + 1}) stays in {run_dir}" if latest is not None else \
+            "no round was saved"
+        print(f"[geodiloco] stopping: {err}; {kept}", file=sys.stderr, flush=True)
+        return 1
     except StopRequested as stop:
         print(f"[geodiloco] node stopped by {stop}; the last complete checkpoint is kept in {run_dir}",
               file=sys.stderr, flush=True)

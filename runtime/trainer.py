@@ -31,7 +31,8 @@ from geodiloco.lab.virtual_gpu import StepPacer
 from geodiloco.runtime.evaluation import BackgroundEvaluator
 from geodiloco.runtime.gpu_sampler import GpuSampler
 from geodiloco.runtime.models import build_configured_model
-from geodiloco.runtime.recovery import write_members
+from geodiloco.runtime.finite_guard import NonFiniteModel, all_finite, check_global_finite
+from geodiloco.runtime.recovery import log_membership_event, write_members
 from geodiloco.runtime.sync import RoundSync, SyncHandles, build_outer_sync
 
 
@@ -205,6 +206,25 @@ class NodeTrainer:
         self.inner_optimizer.zero_grad(set_to_none=True)
         self.shard.load_position_state(position)
 
+    def local_model_finite(self) -> bool:
+        return all_finite(self.model.parameters())
+
+    def after_outer_step(self, round_idx: int, non_finite: list[str], log_events: bool) -> None:
+        """After the outer step: a global model that is not finite stops the run (leaders check it);
+        a node that was left out for a non-finite model clears its inner optimizer (the backend
+        already put the global parameters back) and the event is logged."""
+        if self.outer is not None:
+            check_global_finite(self.outer.global_params, round_idx)
+        if log_events:
+            for name in non_finite:
+                log_membership_event(self.run_dir, "non_finite", node=name, round=round_idx)
+        if self.node.name in non_finite:
+            self.inner_optimizer.state.clear()
+            if self.topology.is_leader:
+                print(f"[geodiloco] node {self.node.name}: its model was non-finite (NaN or inf) in round "
+                      f"{round_idx + 1}; left out of the outer average and reset to the global model",
+                      file=sys.stderr, flush=True)
+
     @torch.no_grad()
     def param_checksum(self) -> float:
         """Sum of |parameters| in float64: equal on every node right after an outer sync."""
@@ -244,6 +264,9 @@ class NodeTrainer:
             }
             if self.config.diloco.overlap != "none":
                 state["local_params"] = [param.detach().clone() for param in self.model.parameters()]
+            if not all_finite(self.model.parameters()):
+                raise NonFiniteModel(f"node {self.node.name}'s model is non-finite (NaN or inf) at the end of round "
+                                     f"{round_idx + 1}; nothing of this round is saved")
             checkpoint.save_node(self.run_dir, round_idx, self.node.name, state)
         writes_global = self.topology.is_leader and self.sync.writes_round
         if writes_global and not checkpoint.has_global(self.run_dir, round_idx):

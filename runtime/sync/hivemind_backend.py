@@ -604,6 +604,8 @@ class HivemindOuterSync:
         """
         scale, weight = group_average_terms(weighting, own_stats["tokens"], own_stats["steps"],
                                             own_stats["batch_size"])
+        if not own_stats.get("finite", True):  # left out: zeros at (almost) no weight (runtime/finite_guard.py)
+            flat, weight = torch.zeros_like(flat), 0.0
         shared = {key: value for key, value in own_stats.items() if key != "previous_record"}
         gather = {"node": self.topology.node_name, "stats": shared}
         averaged, group, complete = self._average_in_group(_on_wire(flat.mul(scale), self.compression), weight,

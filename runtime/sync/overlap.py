@@ -140,6 +140,8 @@ class OverlapSchedule:
             pieces.append((self.anchors[index] - local).view(-1))
             self.anchors[index].copy_(local)
         contribution = torch.cat(pieces).mul_(weight)
+        if weight == 0.0 or not bool(torch.isfinite(contribution).all()):
+            contribution.zero_()  # a non-finite model is left out (runtime/finite_guard.py); 0 x inf is NaN
         self._submit(SyncJob(fragment, contribution, self.feedback[fragment].copy()))
 
     def _submit(self, job: SyncJob) -> None:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import DilocoSection, ElasticSection
+from geodiloco.runtime.finite_guard import non_finite_nodes
 from geodiloco.runtime.diloco import outer_weights
 from geodiloco.runtime.heartbeat import Heartbeat, exit_on_peer_failure, open_store
 from geodiloco.runtime.recovery import (ResumePoint, SavedRounds, choose_resume_point, elastic_job, log_membership_event,
@@ -29,20 +30,25 @@ from geodiloco.runtime.sync.wire import ErrorFeedback, reduce_sum, sent_bytes
 
 
 def planned_weights(round_sync: RoundSync) -> dict[str, float]:
-    """Each node's outer weight from the plan (streaming launches before the round's counts are known)."""
-    nodes = round_sync.plan.nodes
+    """Each node's outer weight from the plan (streaming launches before the round's counts are known).
+    Once the readiness exchange named nodes whose model is non-finite, they weigh 0 and the others
+    are renormalized."""
+    left_out = set(non_finite_nodes(round_sync.stats_by_node))
+    nodes = [node for node in round_sync.plan.nodes if node.name not in left_out]
     weights = outer_weights(round_sync.weighting, [node.local_steps * node.batch_size for node in nodes],
                             [node.local_steps for node in nodes], [node.batch_size for node in nodes])
-    return {node.name: weight for node, weight in zip(nodes, weights)}
+    return {**{name: 0.0 for name in left_out}, **{node.name: weight for node, weight in zip(nodes, weights)}}
 
 
 def measured_weights(round_sync: RoundSync) -> dict[str, float]:
-    """Each present node's outer weight from the round's readiness statistics."""
+    """Each present node's outer weight from the round's readiness statistics (0 for a node whose
+    model is non-finite; the others renormalized)."""
     stats = round_sync.stats_by_node
-    names = list(stats)
+    left_out = set(non_finite_nodes(stats))
+    names = [name for name in stats if name not in left_out]
     weights = outer_weights(round_sync.weighting, [stats[name]["tokens"] for name in names],
                             [stats[name]["steps"] for name in names], [stats[name]["batch_size"] for name in names])
-    return dict(zip(names, weights))
+    return {**{name: 0.0 for name in left_out}, **dict(zip(names, weights))}
 
 
 class TorchOuterSync:
@@ -221,7 +227,20 @@ class TorchOuterSync:
                 for fragment in range(len(self.fragments)):
                     self._launch(fragment, weights)
                     self._land(fragment, outer_step=False)
+        self._reload_if_left_out(round_sync)
         return self._outcome(round_sync)
+
+    def _reload_if_left_out(self, round_sync: RoundSync) -> None:
+        """This node's model was non-finite: take the global parameters back (its zero contribution
+        landed with the others'), with anchors and error feedback afresh."""
+        if self.topology.node_name not in non_finite_nodes(round_sync.stats_by_node):
+            return
+        if self.topology.is_leader:
+            with torch.no_grad():
+                for param, global_param in zip(self.handles.params, self.handles.outer.global_params):
+                    param.copy_(global_param.to(param.device, param.dtype))
+            self.schedule.load_state_dict({})
+        self.broadcast_in_node([param.data for param in self.handles.params])
 
     def _outcome(self, round_sync: RoundSync) -> SyncOutcome:
         intervals = self.schedule.take_landed() if self.schedule is not None else []
