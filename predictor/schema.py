@@ -52,7 +52,9 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if not file_path.is_file():
         raise ConfigError(f"{file_path}: no such file; pass the path of a YAML config")
     try:
-        data = yaml.safe_load(file_path.read_text())
+        data = yaml.safe_load(file_path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{file_path}: not a text file (not UTF-8); pass a YAML config") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{file_path}: not valid YAML: {err}") from None
     if data is None:

@@ -210,5 +210,8 @@ def expand_gpu_counts(names: list[str]) -> list[str]:
     expanded: list[str] = []
     for name in names:
         match = _GPU_COUNT.match(name) if isinstance(name, str) else None
+        if match and int(match.group(1)) < 1:
+            raise ConfigError(f"{name!r}: a GPU count must be at least 1 (write \"1 x {match.group(2)}\", or "
+                             "leave the node's gpus empty for a CPU node)")
         expanded.extend([match.group(2)] * int(match.group(1)) if match else [name])
     return expanded

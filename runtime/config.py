@@ -180,9 +180,9 @@ class DilocoSection(StrictModel):
     the paper's cluster; under ``comm.backend: hivemind`` both default to ``none``. See docs/sync.md.
     """
 
-    rounds: int = Field(default=10, ge=1)
-    local_steps: int = Field(default=100, ge=1)
-    batch_size: int = Field(default=4, ge=1)
+    rounds: int = Field(default=10, ge=1, le=10_000_000)
+    local_steps: int = Field(default=100, ge=1, le=10_000_000)
+    batch_size: int = Field(default=4, ge=1, le=1_000_000)
     weighting: Literal["uniform", "tokens", "normalized", "auto"] = "tokens"
     overlap: Literal["none", "delayed", "streaming"] = "streaming"
     fragments: int = Field(default=4, ge=1, le=1024)
@@ -397,13 +397,19 @@ def apply_override(data: dict, override: str) -> None:
     key_path, raw_value = override.split("=", 1)
     keys = key_path.strip().split(".")
     target = data
-    for key in keys[:-1]:
+    for depth, key in enumerate(keys):
+        last = depth == len(keys) - 1
         if isinstance(target, list):
-            target = target[int(key)]
-        else:
+            if not key.lstrip("-").isdigit() or not -len(target) <= int(key) < len(target):
+                where = ".".join(keys[:depth]) or "the config"
+                raise ConfigError(f"--set {key_path}: {where} is a list of {len(target)} entries; use an index "
+                                  f"from 0 to {len(target) - 1}")
+            key = int(key)
+        elif not isinstance(target, dict):
+            raise ConfigError(f"--set {key_path}: {'.'.join(keys[:depth])} is a value, not a section")
+        if last:
+            target[key] = yaml.safe_load(raw_value)
+        elif isinstance(target, dict):
             target = target.setdefault(key, {})
-    value = yaml.safe_load(raw_value)
-    if isinstance(target, list):
-        target[int(keys[-1])] = value
-    else:
-        target[keys[-1]] = value
+        else:
+            target = target[key]

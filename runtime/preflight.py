@@ -92,11 +92,42 @@ def check_model_files(config: RunConfig) -> None:
                               "give a directory written by save_pretrained or `geodiloco export`")
 
 
+def check_gpu_names(config: RunConfig) -> None:
+    """Every node's GPUs resolve to a datasheet row."""
+    from geodiloco.predictor.specs import lookup_gpu
+    for index, node in enumerate(config.nodes):
+        for gpu in node.gpus:
+            try:
+                lookup_gpu(gpu)
+            except ConfigError as err:
+                raise ConfigError(f"nodes[{index}] ({node.name}).gpus: {err}") from None
+
+
+def check_byte_corpus(config: RunConfig) -> None:
+    """A byte-level corpus exists and holds the eval set plus at least one training window per node."""
+    from geodiloco.runtime.data import NodeShard, eval_window_starts, load_corpus
+    data = config.data
+    if data.hf_dataset is not None:
+        return
+    try:
+        corpus = load_corpus(data.source, data.max_bytes)
+        held_out = eval_window_starts(len(corpus), config.model.seq_len, data.eval_batches * data.eval_batch_size,
+                                      config.run.seed)
+        for index in range(len(config.nodes)):
+            NodeShard(corpus, index, len(config.nodes), config.model.seq_len, config.run.seed, shards=data.shards,
+                      held_out_starts=held_out)
+    except ValueError as err:
+        message = str(err)
+        raise ConfigError(message if message.startswith("data.") else f"data.source: {message}") from None
+
+
 def preflight(config: RunConfig) -> None:
     """Every check above; the first problem raises ConfigError."""
     check_extras(config)
     config.model.dims()
+    check_gpu_names(config)
     check_model_files(config)
     check_data_files(config)
+    check_byte_corpus(config)
     check_tokenizer(config)
 

@@ -96,3 +96,37 @@ def test_predict_answers_an_absurd_batch_size_in_one_line():
     result = geodiloco("predict", "--gpu", "A30", "--batch-size", "10000000000000", timeout=30)
     assert result.returncode == 2
     assert "--batch-size must be between 1 and 1,000,000" in result.stderr and "Traceback" not in result.stderr
+
+
+BAD_INPUTS = [
+    (["--set", "nodes.9.name=x"], "--set nodes.9.name: nodes is a list of 4 entries; use an index from 0 to 3"),
+    (["--set", "diloco.rounds.x=1"], "--set diloco.rounds.x: diloco.rounds is a value, not a section"),
+    (["--set", "data.source=DIR/missing"], "data.source: DIR/missing is neither 'stdlib' nor an existing file"),
+    (["--set", "data.source=DIR/five.txt"], "eval windows of 129 tokens leave no training data"),
+    (["--set", "nodes.0.gpus=[Z9000]"], "nodes[0] (node1).gpus: unknown GPU 'Z9000'"),
+    (["--set", "nodes.0.gpus=['0 x A30']"], "'0 x A30': a GPU count must be at least 1"),
+    (["--set", "diloco.batch_size=1000000000"], "diloco.batch_size: Input should be less than or equal to 1000000"),
+    (["--config", "DIR/binary.yaml"], "binary.yaml: not a text file (not UTF-8); pass a YAML config"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[str(index) for index in range(len(BAD_INPUTS))])
+def test_bad_input_is_one_line_before_any_node_starts(tmp_path, args, message):
+    """In-process (what the launcher runs before starting nodes): the config loads or preflight fails."""
+    from geodiloco.runtime.preflight import preflight
+    (tmp_path / "five.txt").write_text("hello")
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(128, 256)) * 8)
+    args = [arg.replace("DIR", str(tmp_path)) for arg in args]
+    config_path = args[1] if args[0] == "--config" else None
+    overrides = [] if config_path else [args[1]]
+    with pytest.raises(ConfigError) as err:
+        preflight(load_config(config_path, overrides))
+    assert message.replace("DIR", str(tmp_path)) in str(err.value)
+    assert "\n" not in str(err.value).strip()
+
+
+def test_the_launcher_answers_bad_input_with_exit_2_and_no_traceback(tmp_path):
+    result = geodiloco("run", "--sites", "local", "--set", "nodes.0.gpus=[Z9000]", "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("geodiloco run: error: nodes[0] (node1).gpus: unknown GPU 'Z9000'")
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
