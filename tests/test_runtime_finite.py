@@ -41,26 +41,26 @@ def fixed_world(tmp_path, config: dict, names: list[str], run_name: str, poisone
 @pytest.mark.slow
 def test_a_nan_site_is_left_out_and_the_others_train_as_without_it(tmp_path):
     config = small_config(NODES, balancing={"policy": "uniform"})
-    config["diloco"].update({"rounds": 3, "weighting": "tokens"})
-    config["checkpoint"] = {"every_rounds": 1, "keep": 3}
+    config["diloco"].update({"rounds": 2, "weighting": "tokens"})
+    config["checkpoint"] = {"every_rounds": 1, "keep": 2}
     poisoned_dir, outputs = fixed_world(tmp_path, config, ["a", "b", "c"], "with_c", poisoned=("c",))
     for code, output in outputs:
         assert code == 0, output[-3000:]
     assert "node c: its model was non-finite (NaN or inf) in round 1; left out of the outer average" in outputs[2][1]
     events = [event for event in read_membership_events(poisoned_dir) if event["event"] == "non_finite"]
-    assert [(event["node"], event["round"]) for event in events] == [("c", 0), ("c", 1), ("c", 2)]
+    assert [(event["node"], event["round"]) for event in events] == [("c", 0), ("c", 1)]
 
     absent_dir, outputs = fixed_world(tmp_path, config, ["a", "b"], "without_c")
     for code, output in outputs:
         assert code == 0, output[-3000:]
-    for round_idx in range(3):
+    for round_idx in range(2):
         with_c = checkpoint.load_global(poisoned_dir, round_idx)["outer"]["global_params"]
         without_c = checkpoint.load_global(absent_dir, round_idx)["outer"]["global_params"]
         assert all(bool(torch.isfinite(param).all()) for param in with_c)
         for got, want in zip(with_c, without_c):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
     # the left-out node's own file holds the global parameters it was reset to, and no NaN anywhere
-    node_c = checkpoint.load_node(poisoned_dir, 2, "c")
+    node_c = checkpoint.load_node(poisoned_dir, 1, "c")
     assert all(bool(torch.isfinite(value).all()) for state in node_c["inner_optimizer"]["state"].values()
                for value in state.values() if isinstance(value, torch.Tensor))
 
