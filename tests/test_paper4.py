@@ -83,7 +83,7 @@ def quick_results(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("paper4")
     results = base / "results"
     completed = subprocess.run([sys.executable, str(PAPER4 / "reproduce.py"), "--quick", "--results", str(results),
-                                "--runs-dir", str(base / "runs"), "--rounds", "2"], cwd=ROOT, capture_output=True, text=True,
+                                "--runs-dir", str(base / "runs")], cwd=ROOT, capture_output=True, text=True,
                                timeout=280)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     return results
