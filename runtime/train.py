@@ -194,8 +194,7 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
     round_sync.stats_by_node = {name: leaders[name] for name in names if name in leaders}
     check_some_node_finite(round_sync.stats_by_node, round_idx)
     outcome = sync.outer_step(round_sync)
-    trainer.after_outer_step(round_idx, non_finite_nodes(round_sync.stats_by_node),
-                             log_events=topology.is_coordinator)
+    trainer.after_outer_step(round_idx, non_finite_nodes(round_sync.stats_by_node))
     clock.mark("synced")
     clock.record_sync(outcome.sync_intervals, outcome.blocked_in_phase_s)
     if outcome.sync_s is not None:

@@ -209,18 +209,16 @@ class NodeTrainer:
     def local_model_finite(self) -> bool:
         return all_finite(self.model.parameters())
 
-    def after_outer_step(self, round_idx: int, non_finite: list[str], log_events: bool) -> None:
+    def after_outer_step(self, round_idx: int, non_finite: list[str]) -> None:
         """After the outer step: a global model that is not finite stops the run (leaders check it);
         a node that was left out for a non-finite model clears its inner optimizer (the backend
-        already put the global parameters back) and the event is logged."""
+        already put the global parameters back), and its leader logs the event."""
         if self.outer is not None:
             check_global_finite(self.outer.global_params, round_idx)
-        if log_events:
-            for name in non_finite:
-                log_membership_event(self.run_dir, "non_finite", node=name, round=round_idx)
         if self.node.name in non_finite:
             self.inner_optimizer.state.clear()
             if self.topology.is_leader:
+                log_membership_event(self.run_dir, "non_finite", node=self.node.name, round=round_idx)
                 print(f"[geodiloco] node {self.node.name}: its model was non-finite (NaN or inf) in round "
                       f"{round_idx + 1}; left out of the outer average and reset to the global model",
                       file=sys.stderr, flush=True)
