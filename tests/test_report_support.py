@@ -54,3 +54,13 @@ def default_run(directory: Path, **overrides) -> Path:
               "nodes": [{"name": "a", "site": "seoul", "gpus": ["A30", "A30"]},
                         {"name": "b", "site": "busan", "gpus": ["RTX 2080 Ti"] * 4}]}
     return write_run(directory, default_records(**overrides), config=config)
+
+
+def test_a_readme_block_is_replaced_between_its_markers_only(tmp_path):
+    from geodiloco.report.readme_block import replace_marked_block
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- x:start -->\nold\n<!-- x:end -->\nafter\n")
+    assert replace_marked_block(readme, "<!-- x:start -->", "<!-- x:end -->", "new | table\n\n")
+    assert readme.read_text() == "intro\n<!-- x:start -->\nnew | table\n<!-- x:end -->\nafter\n"
+    assert not replace_marked_block(readme, "<!-- y:start -->", "<!-- y:end -->", "other")
+    assert readme.read_text() == "intro\n<!-- x:start -->\nnew | table\n<!-- x:end -->\nafter\n"

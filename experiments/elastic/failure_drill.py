@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from geodiloco.lab.drill import read_drill  # noqa: E402
 from geodiloco.runtime.recovery import read_membership_events  # noqa: E402
+from geodiloco.report.readme_block import replace_marked_block  # noqa: E402
 
 CONFIG = ROOT / "experiments" / "configs" / "elastic.yaml"
 RESULTS = ROOT / "experiments" / "results" / "elastic"
@@ -166,15 +167,6 @@ def write_results(rows_by_drill: dict[str, list[dict]], results: Path) -> str:
     return body
 
 
-def update_readme(body: str) -> None:
-    text = README.read_text()
-    if START not in text or END not in text:
-        return
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{START}\n{HOW}\n\n{body}\n{END}{tail}")
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     drills = [name.strip() for name in args.drills.split(",") if name.strip()]
@@ -194,7 +186,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("failure_drill: no runs to analyze", file=sys.stderr)
         return 1
     body = write_results(rows_by_drill, args.results)
-    update_readme(body)
+    replace_marked_block(README, START, END, f"{HOW}\n\n{body}")
     print(body)
     return 0
 

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from geodiloco.report.readme_block import replace_marked_block
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "experiments" / "configs" / "hf_llama.yaml"
 DATA = ROOT / "runs" / "hf_example"
@@ -76,15 +78,6 @@ def markdown(run_dir: Path, report: dict, losses: list[dict], sites: str, wall_s
     return "\n".join(lines)
 
 
-def update_readme(body: str) -> None:
-    text = README.read_text()
-    if START not in text or END not in text:
-        return
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    README.write_text(f"{head}{START}\n{body}\n{END}{tail}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     body = markdown(run_dir, report, losses_by_round(run_dir), sites, wall_s)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "example.md").write_text("# Transformers example run\n\n" + body + "\n")
-    update_readme(body)
+    replace_marked_block(README, START, END, body)
     print(body)
     return 0
 

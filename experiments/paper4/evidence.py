@@ -27,6 +27,8 @@ from configs import POLICIES, ROOT  # noqa: E402
 from results_data import read_jsonl, report_json  # noqa: E402
 from runner import display_path  # noqa: E402
 
+from geodiloco.report.readme_block import replace_marked_block  # noqa: E402
+
 EVIDENCE_ROOT = ROOT / "experiments" / "paper4" / "evidence"
 COMBINED = ROOT / "experiments" / "results" / "evidence.md"
 WAN_TEXT = {
@@ -340,14 +342,6 @@ def readme_table(root: Path = EVIDENCE_ROOT) -> str:
     return markdown(header, lines) + "\n\n" + legend
 
 
-def update_readme(table: str) -> None:
-    text = README.read_text()
-    if README_START not in text or README_END not in text:
-        return
-    head, rest = text.split(README_START, 1)
-    README.write_text(f"{head}{README_START}\n{table}\n{README_END}{rest.split(README_END, 1)[1]}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="?", type=Path, help="an evidence folder written by reproduce.py")
@@ -355,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.combine:
         print(combine())
-        update_readme(readme_table())
+        replace_marked_block(README, README_START, README_END, readme_table())
     elif args.results:
         print(analyze(args.results))
     else:

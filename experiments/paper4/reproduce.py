@@ -34,6 +34,8 @@ import configs  # noqa: E402
 import evidence  # noqa: E402
 from runner import display_path, run_policy  # noqa: E402
 
+from geodiloco.report.readme_block import replace_marked_block  # noqa: E402
+
 README = Path(__file__).resolve().parent / "README.md"
 RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -176,15 +178,6 @@ def environment_text(manifest: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(summary: str) -> None:
-    text = README.read_text()
-    if RESULTS_START not in text or RESULTS_END not in text:
-        return
-    head, rest = text.split(RESULTS_START, 1)
-    tail = rest.split(RESULTS_END, 1)[1]
-    README.write_text(f"{head}{RESULTS_START}\n{summary.rstrip()}\n{RESULTS_END}{tail}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     suffix = "-quick" if args.quick else ""
@@ -205,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     output = analyze.analyze(results)
     summary = (results / "summary.md").read_text()
     if results == (configs.ROOT / "experiments/paper4/results").resolve():
-        update_readme(analyze.summary_text(output["manifest"], output["sections"], output["report_commands"],
-                                           figure_prefix="results/"))
+        readme_summary = analyze.summary_text(output["manifest"], output["sections"], output["report_commands"],
+                                              figure_prefix="results/")
+        replace_marked_block(README, RESULTS_START, RESULTS_END, readme_summary)
     print(summary)
     print(f"[paper4] results in {display_path(results, configs.ROOT)}", flush=True)
     return 0

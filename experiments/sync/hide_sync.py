@@ -35,6 +35,8 @@ from evidence import interpolate, spread  # noqa: E402
 from results_data import read_jsonl  # noqa: E402
 from runner import display_path, run_policy  # noqa: E402
 
+from geodiloco.report.readme_block import replace_marked_block  # noqa: E402
+
 RESULTS = ROOT / "experiments" / "results" / "sync"
 README = ROOT / "README.md"
 START, END = "<!-- sync:start -->", "<!-- sync:end -->"
@@ -252,21 +254,17 @@ def analyze(results: Path) -> str:
         f"the last start, {manifest['load_average_at_end'][0]:.1f} at its end).",
     ])
     (results / "sync.md").write_text(text + "\n")
-    update_readme(rows)
+    replace_marked_block(README, START, END, readme_table(rows))
     return text
 
 
-def update_readme(rows: list[dict]) -> None:
-    text = README.read_text()
-    if START not in text or END not in text:
-        return
+def readme_table(rows: list[dict]) -> str:
     lines = ["| overlap-codec | compute utilization | total GPU idle | bytes/node/round on the link | "
              "eval loss vs blocking @ equal tokens |", "|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['case']} | {share(row['warm_utilization'])} | {share(row['warm_idle_share'])} | "
                      f"{kib(row['link_bytes_per_round'])} KiB | {loss_delta(row['loss_at_equal_tokens_vs_blocking'])} |")
-    head, rest = text.split(START, 1)
-    README.write_text(f"{head}{START}\n" + "\n".join(lines) + f"\n{END}{rest.split(END, 1)[1]}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
