@@ -9,7 +9,6 @@ override.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import yaml
@@ -20,7 +19,7 @@ from geodiloco.balancer.network import CODEC_BITS, SYNC_DTYPE_CODEC, SyncSetting
 from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.simulate import Slowdown
 from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, validate
-from geodiloco.predictor.workload import ModelDims, resolve_dims
+from geodiloco.predictor.workload import ModelDims, hf_config_json, resolve_dims
 
 DEFAULT_MODEL = "llama-150m"
 DEFAULT_SEQ_LEN = 1024
@@ -70,12 +69,9 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 def hf_config_file(model_section: dict) -> Optional[str]:
     """The config.json of a run config's ``model.hf`` (its dims are read from it), or None."""
     hf = model_section.get("hf")
-    if not isinstance(hf, dict):
+    if not isinstance(hf, dict) or not (hf.get("config") or hf.get("pretrained")):
         return None
-    path = hf.get("config") or hf.get("pretrained")
-    if path and Path(path).is_dir():
-        return str(Path(path) / "config.json")
-    return path
+    return str(hf_config_json(hf.get("config"), hf.get("pretrained")))
 
 
 def _section(data: dict, name: str) -> dict:

@@ -112,6 +112,13 @@ def dims_from_mapping(data: dict, source: str = "model dims") -> ModelDims:
     return ModelDims(**values)
 
 
+def hf_config_json(config: Optional[str], pretrained: Optional[str]) -> Path:
+    """The transformers config.json of ``model.hf``: ``config`` itself (a file, or a directory holding
+    config.json) or ``pretrained``'s config.json."""
+    path = Path(config or pretrained)
+    return path / "config.json" if path.is_dir() else path
+
+
 def resolve_dims(name_or_path: str) -> ModelDims:
     """A preset name, or the path of a JSON/YAML file of dims (Hugging Face keys accepted)."""
     if name_or_path in PRESETS:

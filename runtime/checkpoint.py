@@ -108,24 +108,16 @@ def latest_round(run_dir: Path) -> Optional[int]:
         return None
 
 
-def verification_error(path: Path) -> Optional[str]:
-    """Why the checkpoint file at ``path`` cannot be used (None: it loads and matches its hash)."""
+def usable_file(path: Path) -> bool:
+    """Whether ``path`` exists, loads and matches its hash; a file that fails is reported on stderr."""
+    if not path.is_file():
+        return False
     try:
         load_state(path)
     except CorruptStateFile as err:
-        return str(err)
-    return None
-
-
-def usable_file(path: Path) -> bool:
-    """Whether ``path`` exists and verifies; a file that fails is reported on stderr."""
-    if not path.is_file():
+        print(f"[geodiloco] checkpoint refused: {err}; an older round is used instead", file=sys.stderr, flush=True)
         return False
-    problem = verification_error(path)
-    if problem:
-        print(f"[geodiloco] checkpoint refused: {problem}; an older round is used instead", file=sys.stderr,
-              flush=True)
-    return problem is None
+    return True
 
 
 def newest_verified_round(run_dir: Path, node_name: str) -> Optional[int]:

@@ -73,13 +73,14 @@ def register(subparsers) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from geodiloco.runtime.config import load_config
     from geodiloco.runtime.launch import launch_local
+    from geodiloco.runtime.run_dir import saved_config
 
     if args.resume and not args.run_dir:
         print("geodiloco run: error: --resume needs --run-dir (the run directory to continue)", file=sys.stderr)
         return 2
-    saved = Path(args.run_dir) / "config.yaml" if args.resume else None
     # a resumed run starts from its own saved config (--set changes on top of it), not the demo's
-    config = load_config(args.config or (saved if saved and saved.is_file() else None), args.overrides)
+    base = args.config or (saved_config(Path(args.run_dir)) if args.resume else None)
+    config = load_config(base, args.overrides)
     run_dir = Path(args.run_dir) if args.run_dir else (
         Path(config.run.out_dir) / f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     code = launch_local(config, run_dir, args.sites, args.resume, args.elastic, args.drill)

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
-from geodiloco.predictor.workload import ModelDims, dims_from_mapping, preset_dims, resolve_dims
+from geodiloco.predictor.workload import ModelDims, dims_from_mapping, hf_config_json, preset_dims, resolve_dims
 
 DEFAULT_CONFIG_NAME = "default.yaml"
 
@@ -77,8 +77,8 @@ class ModelSection(StrictModel):
     def dims(self) -> ModelDims:
         """The model's shape for the predictor (for ``hf``: read from its config.json)."""
         if self.hf is not None:
-            from geodiloco.runtime.hf_model import hf_config_path, read_hf_config
-            path = hf_config_path(self.hf.config, self.hf.pretrained)
+            from geodiloco.runtime.hf_model import read_hf_config
+            path = hf_config_json(self.hf.config, self.hf.pretrained)
             field = "model.hf.config" if self.hf.config else "model.hf.pretrained"
             return dims_from_mapping(read_hf_config(path, field), f"{field} ({path})")
         if self.file:

@@ -17,6 +17,8 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
+from geodiloco.predictor.schema import ConfigError
+
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".csv", ".html", ".tex"}
 
 
@@ -34,8 +36,8 @@ def user_files(source: str) -> list[Path]:
         files = sorted(item for item in path.rglob("*") if item.is_file() and item.suffix in TEXT_SUFFIXES)
         if files:
             return files
-        raise ValueError(f"data.source: {source} holds no text files ({', '.join(sorted(TEXT_SUFFIXES))})")
-    raise ValueError(f"data.source: {source} is neither 'stdlib' nor an existing file or directory")
+        raise ConfigError(f"data.source: {source} holds no text files ({', '.join(sorted(TEXT_SUFFIXES))})")
+    raise ConfigError(f"data.source: {source} is neither 'stdlib' nor an existing file or directory")
 
 
 def load_corpus(source: str, max_bytes: int) -> np.ndarray:
@@ -85,9 +87,9 @@ def eval_window_starts(num_tokens: int, seq_len: int, num_windows: int, seed: in
     length = window_tokens(seq_len)
     grid_windows = num_tokens // length
     if num_windows >= grid_windows:
-        raise ValueError(f"data.eval_batches x data.eval_batch_size = {num_windows} eval windows of "
-                         f"{length} tokens leave no training data in a corpus of {grid_windows} such windows; "
-                         "lower them or raise data.max_bytes")
+        raise ConfigError(f"data.eval_batches x data.eval_batch_size = {num_windows} eval windows of "
+                          f"{length} tokens leave no training data in a corpus of {grid_windows} such windows; "
+                          "lower them or raise data.max_bytes")
     rng = np.random.default_rng([seed, EVAL_SAMPLE_STREAM])
     return np.sort(rng.choice(grid_windows, size=num_windows, replace=False)).astype(np.int64) * length
 
@@ -165,10 +167,10 @@ class NodeShard:
         else:
             raise ValueError(f"data.shards: {shards!r} is not 'iid' or 'non_iid'")
         if len(starts) < 1:
-            raise ValueError(f"node {node_index} gets no {window_tokens(seq_len)}-token training window from a "
-                             f"corpus of {len(tokens)} bytes split {num_nodes} ways ({shards}) after the eval "
-                             "windows; raise data.max_bytes or use fewer nodes, a shorter model.seq_len or a "
-                             "smaller eval set")
+            raise ConfigError(f"data: node {node_index} gets no {window_tokens(seq_len)}-token training window "
+                              f"from a corpus of {len(tokens)} bytes split {num_nodes} ways ({shards}) after the eval "
+                              "windows; raise data.max_bytes or use fewer nodes, a shorter model.seq_len or a "
+                              "smaller eval set")
         self.tokens = torch.from_numpy(np.array(tokens))
         self.window_starts = starts
         self.seq_len = seq_len

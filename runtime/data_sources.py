@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from geodiloco.runtime.config import RunConfig
-from geodiloco.runtime.data import NodeShard, eval_batches, eval_window_starts, load_corpus
+from geodiloco.runtime.data import NodeShard, eval_batches, eval_window_starts, load_corpus, window_tokens
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -49,7 +49,7 @@ def eval_set(config: RunConfig, batch_size: Optional[int] = None) -> Batches:
     if num_windows == 0:
         return []
     if streamed(config):
-        return _batches_of(_streamed_eval(config)[1], size)
+        return _streamed_eval_batches(_streamed_eval(config)[1], config.model.seq_len, size)
     corpus = load_tokens(config)
     starts = eval_window_starts(len(corpus), config.model.seq_len, num_windows, config.run.seed)
     return eval_batches(corpus, starts, config.model.seq_len, size)
@@ -61,10 +61,10 @@ def node_data(config: RunConfig, node_index: int, num_nodes: int) -> tuple[Batch
     num_windows = data.eval_batches * data.eval_batch_size
     if streamed(config):
         from geodiloco.runtime.hf_data import StreamShard, load_tokenizer, stream_layout
-        held_out_by_file, windows = _streamed_eval(config)
+        held_out_by_file, eval_tokens = _streamed_eval(config)
         layout = stream_layout(data.hf_dataset, node_index, num_nodes, data.shards, held_out_by_file)
         shard = StreamShard(data.hf_dataset, load_tokenizer(data.tokenizer), layout, seq_len)
-        return _batches_of(windows, data.eval_batch_size), shard
+        return _streamed_eval_batches(eval_tokens, seq_len, data.eval_batch_size), shard
     corpus = load_tokens(config)
     held_out = eval_window_starts(len(corpus), seq_len, num_windows, config.run.seed)
     batches = eval_batches(corpus, held_out, seq_len, data.eval_batch_size) if len(held_out) else []
@@ -73,23 +73,21 @@ def node_data(config: RunConfig, node_index: int, num_nodes: int) -> tuple[Batch
     return batches, shard
 
 
-def _streamed_eval(config: RunConfig) -> tuple[list[int], list[list[int]]]:
+def _streamed_eval(config: RunConfig) -> tuple[list[int], np.ndarray]:
+    """(held-out documents per data file, the eval set's packed tokens) of a streamed dataset."""
     from geodiloco.runtime.hf_data import eval_docs_per_file, load_tokenizer
     data = config.data
     files = [[path] for path in data.hf_dataset.data_files] if data.hf_dataset.data_files else [None]
     num_windows = data.eval_batches * data.eval_batch_size
     if num_windows == 0:
-        return [0] * len(files), []
-    held_out_by_file, windows = eval_docs_per_file(data.hf_dataset, load_tokenizer(data.tokenizer), files,
-                                                   config.model.seq_len, num_windows)
-    check_token_ids(np.asarray(windows), config)
-    return held_out_by_file, windows
+        return [0] * len(files), np.zeros(0, dtype=np.int64)
+    held_out_by_file, eval_tokens = eval_docs_per_file(data.hf_dataset, load_tokenizer(data.tokenizer), files,
+                                                       config.model.seq_len, num_windows)
+    check_token_ids(eval_tokens, config)
+    return held_out_by_file, eval_tokens
 
 
-def _batches_of(windows: list[list[int]], batch_size: int) -> Batches:
-    if not windows:
-        return []
-    if len(windows) % batch_size:
-        raise ValueError(f"{len(windows)} eval windows do not fill batches of data.eval_batch_size = {batch_size}")
-    stacked = torch.tensor(windows, dtype=torch.int64)
-    return [(batch[:, :-1], batch[:, 1:]) for batch in stacked.split(batch_size)]
+def _streamed_eval_batches(eval_tokens: np.ndarray, seq_len: int, batch_size: int) -> Batches:
+    """The eval tokens are back-to-back windows: the byte corpus's batching applies as is."""
+    starts = np.arange(len(eval_tokens) // window_tokens(seq_len), dtype=np.int64) * window_tokens(seq_len)
+    return eval_batches(eval_tokens, starts, seq_len, batch_size) if len(starts) else []

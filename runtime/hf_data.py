@@ -136,26 +136,24 @@ class StreamLayout:
 
 
 def eval_docs_per_file(hf: Any, tokenizer: Any, files: list[Optional[list[str]]], seq_len: int,
-                       num_windows: int) -> tuple[list[int], list[list[int]]]:
-    """(held-out documents per file, eval windows): the stream's first documents, in file order,
-    until ``num_windows`` windows of ``seq_len + 1`` tokens are filled."""
+                       num_windows: int) -> tuple[list[int], np.ndarray]:
+    """(held-out documents per file, eval tokens): the stream's first documents, in file order,
+    packed until ``num_windows`` back-to-back windows of ``seq_len + 1`` tokens are filled."""
     counts = [0] * len(files)
     tokens: list[int] = []
     needed = num_windows * (seq_len + 1)
     for file_index, file_list in enumerate(files):
         if len(tokens) >= needed:
             break
-        texts = document_texts(open_dataset(hf, file_list, streaming=True), hf.text_field)
-        for batch in batched(texts, 1):
-            tokens.extend(tokenize_documents(tokenizer, batch)[0])
+        for text in document_texts(open_dataset(hf, file_list, streaming=True), hf.text_field):
+            tokens.extend(tokenize_documents(tokenizer, [text])[0])
             counts[file_index] += 1
             if len(tokens) >= needed:
                 break
     if len(tokens) < needed:
         raise ConfigError(f"data.hf_dataset: the stream holds {len(tokens)} tokens, fewer than the "
                           f"{num_windows} eval windows of {seq_len + 1} tokens need; lower data.eval_batches")
-    windows = np.asarray(tokens[:needed], dtype=np.int64).reshape(num_windows, seq_len + 1)
-    return counts, windows.tolist()
+    return counts, np.asarray(tokens[:needed], dtype=np.int64)
 
 
 def stream_layout(hf: Any, node_index: int, num_nodes: int, shards: str,

@@ -20,16 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from geodiloco.predictor.schema import ConfigError
-
-CONFIG_FILE = "config.json"
-
-
-def hf_config_path(config: Optional[str], pretrained: Optional[str]) -> Path:
-    """The config.json that describes the model: ``config`` itself (a file, or a directory
-    holding config.json) or ``pretrained``'s config.json."""
-    path = Path(config or pretrained)
-    return path / CONFIG_FILE if path.is_dir() else path
-
+from geodiloco.predictor.workload import hf_config_json
 
 def read_hf_config(path: Path, field: str) -> dict:
     """config.json as a dict, read without transformers (the predictor needs only its shape)."""
@@ -72,7 +63,7 @@ def build_hf_model(config: Optional[str], pretrained: Optional[str], seed: int) 
     if pretrained:
         hf_model = AutoModelForCausalLM.from_pretrained(pretrained)
     else:
-        hf_config = AutoConfig.from_pretrained(str(hf_config_path(config, None)))
+        hf_config = AutoConfig.from_pretrained(str(hf_config_json(config, None)))
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         hf_model = AutoModelForCausalLM.from_config(hf_config)

@@ -121,13 +121,15 @@ def check_byte_corpus(config: RunConfig) -> None:
         raise ConfigError(message if message.startswith("data.") else f"data.source: {message}") from None
 
 
-def preflight(config: RunConfig) -> None:
-    """Every check above; the first problem raises ConfigError."""
+def preflight(config: RunConfig, data: bool = True) -> None:
+    """Every check above; the first problem raises ConfigError. ``data`` False skips reading the byte
+    corpus (a training process reads it next anyway, and reports the same errors)."""
     check_extras(config)
     config.model.dims()
     check_gpu_names(config)
     check_model_files(config)
     check_data_files(config)
-    check_byte_corpus(config)
+    if data:
+        check_byte_corpus(config)
     check_tokenizer(config)
 

@@ -59,12 +59,8 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if TUPLE_TAG in value:
         return tuple(_decode(item, tensors) for item in value[TUPLE_TAG])
     if ITEMS_TAG in value:
-        return {_hashable(_decode(key, tensors)): _decode(item, tensors) for key, item in value[ITEMS_TAG]}
+        return {_decode(key, tensors): _decode(item, tensors) for key, item in value[ITEMS_TAG]}
     return {key: _decode(item, tensors) for key, item in value.items()}
-
-
-def _hashable(key: Any) -> Any:
-    return tuple(key) if isinstance(key, list) else key
 
 
 def content_hash(structure: str, tensors: dict[str, torch.Tensor]) -> str:

@@ -299,7 +299,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def train_from_args(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
-    preflight(config)
+    preflight(config, data=False)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config)
     try:
         return run_node(config, args.node, run_dir, args.resume)

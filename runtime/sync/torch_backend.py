@@ -29,26 +29,25 @@ from geodiloco.runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, Sy
 from geodiloco.runtime.sync.wire import ErrorFeedback, reduce_sum, sent_bytes
 
 
-def planned_weights(round_sync: RoundSync) -> dict[str, float]:
-    """Each node's outer weight from the plan (streaming launches before the round's counts are known).
-    Once the readiness exchange named nodes whose model is non-finite, they weigh 0 and the others
-    are renormalized."""
+def weights_of(round_sync: RoundSync, work: dict[str, tuple[int, int, int]]) -> dict[str, float]:
+    """Outer weights from each node's (tokens, local steps, batch size). Nodes the readiness exchange
+    named non-finite weigh 0 and the others are renormalized (runtime/finite_guard.py)."""
     left_out = set(non_finite_nodes(round_sync.stats_by_node))
-    nodes = [node for node in round_sync.plan.nodes if node.name not in left_out]
-    weights = outer_weights(round_sync.weighting, [node.local_steps * node.batch_size for node in nodes],
-                            [node.local_steps for node in nodes], [node.batch_size for node in nodes])
-    return {**{name: 0.0 for name in left_out}, **{node.name: weight for node, weight in zip(nodes, weights)}}
+    names = [name for name in work if name not in left_out]
+    weights = outer_weights(round_sync.weighting, *([work[name][column] for name in names] for column in range(3)))
+    return {**{name: 0.0 for name in left_out}, **dict(zip(names, weights))}
+
+
+def planned_weights(round_sync: RoundSync) -> dict[str, float]:
+    """Each node's outer weight from the plan (streaming launches before the round's counts are known)."""
+    return weights_of(round_sync, {node.name: (node.local_steps * node.batch_size, node.local_steps, node.batch_size)
+                                   for node in round_sync.plan.nodes})
 
 
 def measured_weights(round_sync: RoundSync) -> dict[str, float]:
-    """Each present node's outer weight from the round's readiness statistics (0 for a node whose
-    model is non-finite; the others renormalized)."""
-    stats = round_sync.stats_by_node
-    left_out = set(non_finite_nodes(stats))
-    names = [name for name in stats if name not in left_out]
-    weights = outer_weights(round_sync.weighting, [stats[name]["tokens"] for name in names],
-                            [stats[name]["steps"] for name in names], [stats[name]["batch_size"] for name in names])
-    return {**{name: 0.0 for name in left_out}, **dict(zip(names, weights))}
+    """Each present node's outer weight from the round's readiness statistics."""
+    return weights_of(round_sync, {name: (item["tokens"], item["steps"], item["batch_size"])
+                                   for name, item in round_sync.stats_by_node.items()})
 
 
 class TorchOuterSync:
