@@ -22,7 +22,9 @@ class NonFiniteModel(RuntimeError):
 
 @torch.no_grad()
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(tensor).all()) for tensor in tensors)
+    """One host sync for the whole list (it runs every round, on the GPU too)."""
+    flags = [torch.isfinite(tensor).all() for tensor in tensors]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 def non_finite_nodes(stats_by_node: dict[str, dict]) -> list[str]:
