@@ -8,11 +8,15 @@ backends are in runtime/sync/.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Optional
 
 import torch.distributed as dist
+
+from geodiloco.runtime.auth import SECRET_ENV, AuthError, derived_id, verify_world
+from geodiloco.runtime.plain_collectives import all_gather_values
 
 
 @dataclass
@@ -31,6 +35,8 @@ class Topology:
     leaders_group: Optional[Any] = None
     present_names: list[str] = field(default_factory=list)
     config_node_names: list[str] = field(default_factory=list)
+    secret: Optional[bytes] = field(default=None, repr=False)
+    """The run's shared secret (runtime/auth.py); None in a one-node run without one."""
 
     @property
     def is_leader(self) -> bool:
@@ -51,10 +57,47 @@ class Topology:
         return len(self.present_names) == len(self.config_node_names)
 
 
-def init_process_group(timeout_s: float, use_cuda: bool) -> None:
-    """env:// rendezvous (torchrun or the local launcher set RANK, WORLD_SIZE, MASTER_*)."""
+def init_process_group(timeout_s: float, use_cuda: bool, secret: Optional[bytes] = None) -> None:
+    """Form the world, then have every rank prove the run's secret (runtime/auth.py).
+
+    Under torchrun the agent's store is used (env://; the rendezvous id is derived from the
+    secret). Otherwise (``geodiloco run --no-elastic``, RANK/WORLD_SIZE/MASTER_* set by hand) rank 0
+    serves the store on MASTER_ADDR only, and every key lives under a prefix derived from the
+    secret, so a process without it waits in a world of its own until its timeout.
+    """
     backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend=backend, timeout=timeout)
+    else:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = dist.PrefixStore(f"geodiloco/{derived_id(secret, 'store', 'world')}/", world_store(rank, timeout))
+        try:
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        except RuntimeError as err:  # DistStoreError on a timeout, DistError when the store went away
+            cause = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+            raise AuthError(f"no world formed within comm.timeout_s ({timeout_s:g} s): the other ranks did not "
+                            f"arrive, or they hold a different shared secret ({SECRET_ENV}) ({cause})") from None
+    verify_world(secret)
+
+
+def world_store(rank: int, timeout: timedelta) -> Any:
+    """The TCP store at MASTER_ADDR:MASTER_PORT: rank 0 serves it, bound to MASTER_ADDR alone
+    (all interfaces only if that address is not on this machine, with a notice)."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if rank != 0:
+        return dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError:
+        print(f"[geodiloco] MASTER_ADDR {host} is not an address of this machine; the store listens on all "
+              "interfaces (runs are still authenticated by their secret)", flush=True)
+        listener.bind(("", port))
+    listener.listen(128)
+    return dist.TCPStore(host, port, is_master=True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=listener.detach(), use_libuv=True)
 
 
 def present_nodes(reports: list[str], config_node_names: list[str], min_nodes: int) -> dict[str, list[int]]:
@@ -78,7 +121,8 @@ def present_nodes(reports: list[str], config_node_names: list[str], min_nodes: i
     return ranks_by_node
 
 
-def build_topology(node_name: str, config_node_names: list[str], min_nodes: Optional[int] = None) -> Topology:
+def build_topology(node_name: str, config_node_names: list[str], min_nodes: Optional[int] = None,
+                   secret: Optional[bytes] = None) -> Topology:
     """Agree on which ranks form which node, and create the node and leader groups.
 
     Ranks are grouped by the node name each one reports (``--node-name`` / GEODILOCO_NODE);
@@ -86,8 +130,7 @@ def build_topology(node_name: str, config_node_names: list[str], min_nodes: Opti
     the fewest nodes that may train (None = every config node must be present).
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    reports: list = [None] * world_size
-    dist.all_gather_object(reports, node_name)
+    reports = all_gather_values(node_name)
     ranks_by_node = present_nodes(reports, config_node_names,
                                   len(config_node_names) if min_nodes is None else min_nodes)
     node_group = None
@@ -106,7 +149,7 @@ def build_topology(node_name: str, config_node_names: list[str], min_nodes: Opti
                     local_rank=node_ranks.index(rank), local_world_size=len(node_ranks),
                     node_ranks=node_ranks, leader_ranks=leader_ranks,
                     node_group=node_group, leaders_group=leaders_group,
-                    present_names=list(ranks_by_node), config_node_names=list(config_node_names))
+                    present_names=list(ranks_by_node), config_node_names=list(config_node_names), secret=secret)
 
 
 def node_name_from_env(cli_node: Optional[str], config_node_names: list[str]) -> str:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.auth import launch_env, load_secret, rendezvous_id
 from geodiloco.runtime.preflight import preflight
 from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
@@ -91,6 +92,7 @@ class NodeLauncher:
         self.rendezvous_endpoint = rendezvous_endpoint
         self.peers_file = Path(train_args[train_args.index("--run-dir") + 1]) / PEERS_FILE
         self.hivemind = config.comm.backend == "hivemind"
+        self.secret_env = launch_env()
         self._job: Optional[str] = None
 
     def address(self, index: int) -> str:
@@ -98,7 +100,7 @@ class NodeLauncher:
 
     def start(self, index: int, first: Optional[subprocess.Popen] = None) -> subprocess.Popen:
         config = self.config
-        env = node_env(config, index, self.master_addr, self.port)
+        env = {**node_env(config, index, self.master_addr, self.port), **self.secret_env}
         command = [sys.executable, "-m", "geodiloco.runtime.train", *self.train_args]
         if self.rendezvous_endpoint is not None:
             from geodiloco.runtime.elastic_launch import agent_command, agent_env
@@ -123,7 +125,8 @@ class NodeLauncher:
         """The rendezvous id: one per launch, so a new launch never takes an old one's checkpoints
         for its own (it resumes only with --resume)."""
         if self._job is None:
-            self._job = f"geodiloco-{self.peers_file.parent.resolve().name}-{uuid.uuid4().hex[:8]}"
+            name = f"geodiloco-{self.peers_file.parent.resolve().name}-{uuid.uuid4().hex[:8]}"
+            self._job = rendezvous_id(load_secret(environ={**os.environ, **self.secret_env}), name)
         return self._job
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 from datetime import timedelta
@@ -23,8 +24,12 @@ def serve(host: str, port: int, ready_file: Optional[Path] = None) -> int:
     import torch.distributed as dist
 
     try:
-        store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=60), use_libuv=True)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))  # only the address sites reach (torch's own store binds every interface)
+        listener.listen(512)
+        store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60),
+                              master_listen_fd=listener.detach(), use_libuv=True)
     except Exception as err:  # port taken, address not on this machine
         print(f"geodiloco rendezvous: error: cannot listen on {host}:{port}: {err}", file=sys.stderr)
         return 1
@@ -45,7 +50,8 @@ def register(subparsers) -> None:
         description="Host the TCP store in which every site's torchrun agent meets (c10d rendezvous). "
                     "Run it on the machine most likely to stay up, then start every site with "
                     "scripts/launch_site.sh --rdzv-endpoint HOST:PORT (no site passes --is-host).")
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    parser.add_argument("--host", default="0.0.0.0", help="the one address to listen on: the one sites reach "
+                                                           "(default: all interfaces)")
     parser.add_argument("--port", type=int, default=29400, help="TCP port (default: 29400)")
     parser.add_argument("--ready-file", type=Path, help="write HOST:PORT here once listening")
     parser.set_defaults(func=lambda args: serve(args.host, args.port, args.ready_file))

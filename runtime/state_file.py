@@ -74,6 +74,29 @@ def content_hash(structure: str, tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def to_bytes(state: Any) -> bytes:
+    """``state`` as bytes for the wire (JSON structure + safetensors; no pickle, so a peer's
+    bytes can at worst be malformed, never run code). The reverse is ``from_bytes``."""
+    from safetensors.torch import save
+
+    tensors: dict[str, torch.Tensor] = {}
+    structure = json.dumps(_encode(state, tensors), allow_nan=False).encode()
+    return len(structure).to_bytes(8, "little") + structure + save(tensors)
+
+
+def from_bytes(data: bytes) -> Any:
+    """The state ``to_bytes`` wrote; ``CorruptStateFile`` for anything else."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    size = int.from_bytes(data[:8], "little")
+    try:
+        structure = json.loads(data[8:8 + size].decode())
+        return _decode(structure, load(data[8 + size:]))
+    except (SafetensorError, UnicodeDecodeError, json.JSONDecodeError, KeyError, ValueError) as err:
+        raise CorruptStateFile(f"malformed state from a peer ({err})") from None
+
+
 def save_state(state: Any, path: Path) -> None:
     """Write ``state`` to ``path`` (not atomic by itself; see runtime/checkpoint.py)."""
     from safetensors.torch import save_file

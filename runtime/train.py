@@ -25,6 +25,7 @@ import torch
 
 from geodiloco.balancer.plan import Plan, RoundMeasurement
 from geodiloco.balancer.records import IdleRecord
+from geodiloco.runtime.auth import AuthError, require_secret
 from geodiloco.runtime.comm import node_name_from_env
 from geodiloco.runtime.config import RunConfig, load_config
 from geodiloco.runtime.preflight import preflight
@@ -94,13 +95,14 @@ class RoundStats:
     """Whether this node's parameters (so its pseudo-gradient) are finite; see runtime/finite_guard.py."""
 
 
-def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume: bool) -> int:
+def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume: bool,
+             secret: Optional[bytes] = None) -> int:
     """Train this process's node for all rounds; returns an exit code."""
     install_stop_handlers()
     config_names = [node.name for node in config.nodes]
     node_name = node_name_from_env(node_name, config_names)
     use_cuda = torch.cuda.is_available() and os.environ.get("GEODILOCO_DEVICE", "auto") != "cpu"
-    topology = join_world(config, node_name, use_cuda)
+    topology = join_world(config, node_name, use_cuda, secret)
     if config.run.deterministic:
         torch.use_deterministic_algorithms(True)
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
@@ -295,6 +297,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set diloco.rounds=3 (repeatable)")
+    parser.add_argument("--secret-file", help="file holding the run's shared secret (default: GEODILOCO_SECRET_FILE, "
+                                              "else GEODILOCO_SECRET); every site uses the same one (docs/security.md)")
 
 
 def train_from_args(args: argparse.Namespace) -> int:
@@ -302,12 +306,20 @@ def train_from_args(args: argparse.Namespace) -> int:
     preflight(config, data=False)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config)
     try:
-        return run_node(config, args.node, run_dir, args.resume)
+        secret = require_secret(args.secret_file, len(config.nodes))
+    except AuthError as err:
+        from geodiloco.predictor.schema import ConfigError
+        raise ConfigError(str(err)) from None
+    try:
+        return run_node(config, args.node, run_dir, args.resume, secret)
     except NonFiniteModel as err:
         latest = latest_round(run_dir)
         kept = f"the last good checkpoint (after round {latest + 1}) stays in {run_dir}" if latest is not None else \
             "no round was saved"
         print(f"[geodiloco] stopping: {err}; {kept}", file=sys.stderr, flush=True)
+        return 1
+    except AuthError as err:
+        print(f"[geodiloco] cannot join the run: {err}", file=sys.stderr, flush=True)
         return 1
     except StopRequested as stop:
         print(f"[geodiloco] node stopped by {stop}; the last complete checkpoint is kept in {run_dir}",

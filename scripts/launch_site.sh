@@ -3,8 +3,12 @@
 #
 #   scripts/launch_site.sh --config run.yaml --node-name NAME --nnodes N --nproc-per-node G \
 #       --rdzv-endpoint HOST:PORT [--is-host] [--min-nodes M] [--max-restarts R] [--fixed] \
-#       [--local-addr ADDR] [--ifname IFACE] [--run-id ID] [--entry MODULE] [--dry-run] [-- entry args]
+#       [--local-addr ADDR] [--ifname IFACE] [--run-id ID] [--secret-file FILE] [--entry MODULE]
+#       [--dry-run] [-- entry args]
 #
+# Every site needs the run's shared secret: GEODILOCO_SECRET, GEODILOCO_SECRET_FILE or --secret-file
+# (the same value everywhere; docs/security.md). The torchrun rendezvous id is derived from it and
+# --run-id, so an agent without the secret never meets the run's agents.
 # Runs on every site with the same --rdzv-endpoint and --run-id. The rendezvous store runs
 # either in `geodiloco rendezvous` on a reliable machine (recommended: then any site may fail)
 # or in the one site that passes --is-host (HOST is its address; if it fails, the run stops).
@@ -25,11 +29,11 @@
 # (default geodiloco.runtime.train). --dry-run prints the command and exits.
 set -euo pipefail
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "launch_site.sh: error: $*" >&2; exit 2; }
 
 config="" node="" nnodes="" nproc="" endpoint="" is_host=false local_addr="" ifname=""
-run_id="geodiloco" entry="geodiloco.runtime.train" dry_run=false extra=() min_nodes=1 max_restarts=10 fixed=false
+run_id="geodiloco" secret_file="" entry="geodiloco.runtime.train" dry_run=false extra=() min_nodes=1 max_restarts=10 fixed=false
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --config) config="${2:-}"; shift 2 ;;
@@ -44,6 +48,7 @@ while [[ $# -gt 0 ]]; do
         --local-addr) local_addr="${2:-}"; shift 2 ;;
         --ifname) ifname="${2:-}"; shift 2 ;;
         --run-id) run_id="${2:-}"; shift 2 ;;
+        --secret-file) secret_file="${2:-}"; shift 2 ;;
         --entry) entry="${2:-}"; shift 2 ;;
         --dry-run) dry_run=true; shift ;;
         --) shift; extra=("$@"); break ;;
@@ -90,14 +95,25 @@ fi
 [[ -n "$local_addr" ]] || die "cannot find this site's address; pass --local-addr ADDR (the address other sites reach)"
 [[ -n "$ifname" && "$ifname" != "lo" ]] || die "cannot find the WAN interface for $local_addr; pass --ifname IFACE"
 
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${PYTHON:-}" && -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; fi
 if [[ -n "${TORCHRUN:-}" ]]; then
     read -r -a launcher <<<"$TORCHRUN"
 elif command -v torchrun >/dev/null 2>&1; then
     launcher=(torchrun)
 else
-    repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-    if [[ -z "${PYTHON:-}" && -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; fi
     launcher=("${PYTHON:-python3}" -m torch.distributed.run)
+fi
+
+if [[ -n "$secret_file" ]]; then
+    [[ -r "$secret_file" ]] || die "--secret-file $secret_file is not a readable file"
+    export GEODILOCO_SECRET_FILE="$secret_file"
+fi
+if [[ -n "${GEODILOCO_SECRET:-}${GEODILOCO_SECRET_FILE:-}" ]]; then
+    run_id="$("${PYTHON:-python3}" -m geodiloco.runtime.auth rendezvous-id "$run_id")" \
+        || die "cannot derive the rendezvous id from the run's secret (see the error above)"
+elif [[ "$entry" == "geodiloco.runtime.train" ]]; then
+    die "no shared secret: set GEODILOCO_SECRET (the same value at every site) or pass --secret-file FILE"
 fi
 
 # The rendezvous timeouts are comm.elastic's defaults (tests/test_sites_unit.py keeps them equal).

@@ -208,6 +208,15 @@ def test_a_fixed_run_names_the_node_that_failed_and_why(capsys):
 
 # ----- the rendezvous store and the report ----------------------------------------------
 
+def reachable(host: str, port: int) -> bool:
+    import socket
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
 def test_rendezvous_command_serves_a_store_and_stops_on_sigterm(tmp_path):
     import signal
     import subprocess
@@ -225,6 +234,7 @@ def test_rendezvous_command_serves_a_store_and_stops_on_sigterm(tmp_path):
         client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
         client.set("agent", "here")
         assert client.get("agent") == b"here"
+        assert not reachable("127.0.0.2", port), "the store listens beyond the address it was given"
         taken = subprocess.run([sys.executable, "-m", "geodiloco.runtime.rendezvous", "--host", "127.0.0.1", "--port",
                                 str(port)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
         assert taken.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in taken.stderr

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import importlib.util
 import os
 import shlex
@@ -115,9 +117,20 @@ def test_delay_line_holds_frames_until_due():
     assert parse_endpoint("gdl-1x0-s0:wan0") == ("gdl-1x0-s0", "wan0")
 
 
-def run_launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(LAUNCH), *args], capture_output=True, text=True, timeout=30,
-                          env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "TORCHRUN": "torchrun"})
+SITE_SECRET = "launch-site-test-secret-0123456789"
+
+
+def expected_rdzv_id(run_id: str) -> str:
+    """HMAC-SHA256(secret, "rendezvous:" + run id), first 16 hex digits, after the run id."""
+    digest = hmac.new(SITE_SECRET.encode(), f"rendezvous:{run_id}".encode(), hashlib.sha256).hexdigest()
+    return f"{run_id}-{digest[:16]}"
+
+
+def run_launch(*args: str, secret: str = SITE_SECRET) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "TORCHRUN": "torchrun", "PYTHON": sys.executable}
+    if secret:
+        env["GEODILOCO_SECRET"] = secret
+    return subprocess.run(["bash", str(LAUNCH), *args], capture_output=True, text=True, timeout=30, env=env)
 
 
 def test_launch_site_dry_run_composes_torchrun_command():
@@ -129,7 +142,7 @@ def test_launch_site_dry_run_composes_torchrun_command():
         "GEODILOCO_NODE=seoul", "GLOO_SOCKET_IFNAME=eth1", "TP_SOCKET_IFNAME=eth1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "torchrun",
         "--nnodes=1:4", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.1.0.1:29400",
-        "--rdzv-id=geodiloco", f"--rdzv-conf=is_host=true,{DEFAULT_RDZV_TIMEOUTS}", "--local-addr=10.1.0.1",
+        f"--rdzv-id={expected_rdzv_id('geodiloco')}", f"--rdzv-conf=is_host=true,{DEFAULT_RDZV_TIMEOUTS}", "--local-addr=10.1.0.1",
         "--max-restarts=10", "--monitor-interval=0.5", "-m", "geodiloco.runtime.train", "--config", "run.yaml", "--resume"]
 
 
@@ -176,9 +189,24 @@ def test_launch_site_not_host_by_default():
                         "--run-id", "exp7", "--dry-run")
     assert result.returncode == 0, result.stderr
     words = shlex.split(result.stdout)
-    assert f"--rdzv-conf=is_host=false,{DEFAULT_RDZV_TIMEOUTS}" in words and "--rdzv-id=exp7" in words
+    assert f"--rdzv-conf=is_host=false,{DEFAULT_RDZV_TIMEOUTS}" in words  and f"--rdzv-id={expected_rdzv_id('exp7')}" in words
     assert "GEODILOCO_NODE=busan" in words
     assert not any(word.startswith("--node") for word in words)
+    assert not any(SITE_SECRET in word for word in words)
+
+
+def test_launch_site_needs_a_secret(tmp_path):
+    common = ["--config", "run.yaml", "--node", "a", "--nnodes", "2", "--nproc-per-node", "1",
+              "--rdzv-endpoint", "10.1.0.1:29400", "--local-addr", "10.1.0.2", "--ifname", "eth1", "--dry-run"]
+    missing = run_launch(*common, secret="")
+    assert missing.returncode == 2 and "no shared secret: set GEODILOCO_SECRET" in missing.stderr
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SITE_SECRET + "\n")
+    from_file = run_launch(*common, "--secret-file", str(secret_file), secret="")
+    assert from_file.returncode == 0, from_file.stderr
+    assert f"--rdzv-id={expected_rdzv_id('geodiloco')}" in shlex.split(from_file.stdout)
+    short = run_launch(*common, secret="short")
+    assert short.returncode == 2 and "holds 5 bytes; use at least 16" in short.stderr
 
 
 @pytest.mark.parametrize("args, message", [

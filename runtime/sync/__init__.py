@@ -1,6 +1,8 @@
 """Outer-sync backends behind one seam (``protocol.OuterSync``): torch.distributed and hivemind."""
 from __future__ import annotations
 
+from typing import Optional
+
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import RunConfig
 from geodiloco.runtime.sync.protocol import OuterSync, OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
@@ -18,13 +20,13 @@ def build_outer_sync(config: RunConfig, topology: Topology, num_params: int) -> 
                              num_params, config.diloco.compression, config.comm.init_timeout_s)
 
 
-def join_world(config: RunConfig, node_name: str, use_cuda: bool) -> Topology:
+def join_world(config: RunConfig, node_name: str, use_cuda: bool, secret: Optional[bytes] = None) -> Topology:
     """This process's place in the run: a torch.distributed world of every rank (torch), or only
     its own node's ranks (hivemind: nodes meet through the DHT)."""
     config_names = [node.name for node in config.nodes]
     if config.comm.backend == "hivemind":
         from geodiloco.runtime.sync.hivemind_backend import node_topology
-        return node_topology(node_name, config_names, config.comm.timeout_s, use_cuda)
+        return node_topology(node_name, config_names, config.comm.timeout_s, use_cuda, secret)
     from geodiloco.runtime.comm import build_topology, init_process_group
-    init_process_group(config.comm.timeout_s, use_cuda)
-    return build_topology(node_name, config_names, config.comm.min_nodes)
+    init_process_group(config.comm.timeout_s, use_cuda, secret)
+    return build_topology(node_name, config_names, config.comm.min_nodes, secret)

@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+import typing
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +35,11 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from geodiloco.runtime.auth import SECRET_ENV, AuthError
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import HivemindSection
 from geodiloco.runtime.diloco import group_average_scale, group_average_terms
+from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
 from geodiloco.runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
 
 POLL_S = 0.1
@@ -147,8 +150,11 @@ def make_averager_class():
     """DecentralizedAverager that shares a published outer state and resizes its groups."""
     _, DecentralizedAverager = _import_hivemind()
 
+    from hivemind.averaging.allreduce import AllreduceException
+
     class StateSharingAverager(DecentralizedAverager):
-        def __init__(self, *args, **kwargs) -> None:
+        def __init__(self, *args, members_key: Optional[str] = None, **kwargs) -> None:
+            self._members_key = members_key
             self._published: tuple[Any, list[torch.Tensor]] = (None, [])
             self._published_lock = threading.Lock()
             super().__init__(*args, **kwargs)
@@ -164,10 +170,35 @@ def make_averager_class():
                 metadata, tensors = self._published
             return metadata, tensors, None
 
+        async def _members(self) -> Optional[set[str]]:
+            """Peer ids of the run's members, from their DHT member records (only holders of the
+            run's secret can write those: runtime/sync/hivemind_auth.py); None = anyone (no secret)."""
+            if self._members_key is None:
+                return None
+            found = await self.dht.get(self._members_key, latest=True, return_future=True)
+            entries = found.value if found is not None and isinstance(found.value, dict) else {}
+            return {str(self.peer_id)} | {item.value["peer"] for item in entries.values()
+                                          if isinstance(item.value, dict) and item.value.get("peer")}
+
+        async def rpc_download_state(self, _request, _context):
+            """State only for members: a peer without a member record gets nothing."""
+            members = await self._members()
+            if members is not None and str(_context.remote_id) not in members:
+                return
+            async for part in super().rpc_download_state(_request, _context):
+                yield part
+
         async def _aggregate_with_group(self, group_info, min_vector_size: int, **kwargs):
-            """hivemind only logs an all-reduce in which a peer's part of the results never came
+            """No tensor goes to a group with a peer that is not a member (see ``_members``).
+
+            hivemind only logs an all-reduce in which a peer's part of the results never came
             (that part keeps this node's own values); tell the caller the missing share in the
             gathered data, so the node keeps the round's starting state instead of a half average."""
+            members = await self._members()
+            strangers = [str(peer) for peer in group_info.peer_ids if members is not None and str(peer) not in members]
+            if strangers:
+                raise AllreduceException(f"refused an averaging group with peers that are not members of this "
+                                         f"run (no authenticated member record): {', '.join(strangers)}")
             gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
             running = self._running_groups.get(group_info.group_id)
             runner = running.result() if running is not None and running.done() else None
@@ -176,6 +207,9 @@ def make_averager_class():
             if failed_size and total_size:
                 gathered = {**gathered, MISSING_SHARE_KEY: failed_size / total_size}
             return gathered
+
+        # hivemind reads a handler's protobuf types from its annotations (strings in this module)
+        rpc_download_state.__annotations__ = typing.get_type_hints(DecentralizedAverager.rpc_download_state)
 
         def set_target_group_size(self, size: int) -> None:
             from hivemind.utils import MPFuture
@@ -206,7 +240,8 @@ class Member:
     joined: Optional[int]
 
 
-def node_topology(node_name: str, config_node_names: list[str], timeout_s: float, use_cuda: bool) -> Topology:
+def node_topology(node_name: str, config_node_names: list[str], timeout_s: float, use_cuda: bool,
+                  secret: Optional[bytes] = None) -> Topology:
     """This node's ranks only: under torchrun with several GPUs they form their own
     torch.distributed world (DDP inside the node); across nodes there is no world."""
     if node_name not in config_node_names:
@@ -216,12 +251,12 @@ def node_topology(node_name: str, config_node_names: list[str], timeout_s: float
     rank = 0
     if local_world_size > 1:
         from geodiloco.runtime.comm import init_process_group
-        init_process_group(timeout_s, use_cuda)
+        init_process_group(timeout_s, use_cuda, secret)
         rank = dist.get_rank()
     return Topology(rank=rank, world_size=local_world_size, node_name=node_name,
                     node_index=config_node_names.index(node_name), local_rank=rank,
                     local_world_size=local_world_size, node_ranks=list(range(local_world_size)),
-                    leader_ranks=list(range(len(config_node_names))))
+                    leader_ranks=list(range(len(config_node_names))), secret=secret)
 
 
 class HivemindOuterSync:
@@ -252,6 +287,7 @@ class HivemindOuterSync:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self.dht = None
+        self.peer_id: Optional[str] = None
         self.averager = None
         self._heartbeat: Optional[threading.Thread] = None
         if topology.is_leader:
@@ -265,11 +301,14 @@ class HivemindOuterSync:
         peers = initial_peers(options)
         try:
             self.dht = hivemind.DHT(start=True, host_maddrs=host_maddrs(options),
-                                    announce_maddrs=list(options.announce_maddrs) or None, initial_peers=peers)
+                                    announce_maddrs=list(options.announce_maddrs) or None, initial_peers=peers,
+                                    **self._auth_options())
         except Exception as err:
-            raise RuntimeError(f"node {self.topology.node_name}: the hivemind peer did not start ({err}); "
-                               f"initial peers: {', '.join(peers) or 'none'} (are they running and reachable?)") from None
+            raise AuthError(f"node {self.topology.node_name}: the hivemind peer did not start ({err}); initial "
+                            f"peers: {', '.join(peers) or 'none'} (are they running and reachable, and do they "
+                            f"use the same {SECRET_ENV}? peers answer only requests signed with it)") from None
         self.maddrs = [str(addr) for addr in self.dht.get_visible_maddrs()]
+        self.peer_id = str(self.dht.peer_id)
         print(f"[geodiloco] node {self.topology.node_name}: hivemind peer up; other nodes can join with "
               f"--set comm.hivemind.initial_peers='[{', '.join(self.maddrs)}]'", flush=True)
         maddrs_file = os.environ.get(MADDRS_FILE_ENV)
@@ -286,10 +325,18 @@ class HivemindOuterSync:
             min_matchmaking_time=options.matchmaking_time_s, request_timeout=options.request_timeout_s,
             allreduce_timeout=options.allreduce_timeout_s, next_chunk_timeout=options.chunk_timeout_s,
             compression=codec(codec_name), declare_state_period=STATE_DECLARE_PERIOD_S,
-            allow_state_sharing=True)
+            allow_state_sharing=True,
+            members_key=f"{self.prefix}.members" if self.topology.secret is not None else None)
         self._beat()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="geodiloco-heartbeat", daemon=True)
         self._heartbeat.start()
+
+    def _auth_options(self) -> dict:
+        """hivemind's authorization hook, keyed by the run's secret (none without one)."""
+        if self.topology.secret is None:
+            return {}
+        from geodiloco.runtime.sync.hivemind_auth import make_authorizer
+        return {"authorizer": make_authorizer(self.topology.secret)}
 
     # ----- DHT helpers -------------------------------------------------------------------
 
@@ -310,7 +357,7 @@ class HivemindOuterSync:
         return {subkey: item.value for subkey, item in found.value.items() if item.value is not None}
 
     def _beat(self, left: bool = False) -> None:
-        value = {"round": self.current_round, "joined": self.joined_round, "left": left}
+        value = {"round": self.current_round, "joined": self.joined_round, "left": left, "peer": self.peer_id}
         self._store("members", self.topology.node_name, value, self.options.heartbeat_ttl_s)
 
     def _heartbeat_loop(self) -> None:
@@ -348,9 +395,7 @@ class HivemindOuterSync:
         """The leader's ``value`` on every rank of this node."""
         if not self._in_node():
             return value
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return broadcast_value(value, src=0)
 
     def planning_nodes(self, round_idx: int) -> list[str]:
         """Nodes to plan round ``round_idx`` for: live members that take part by then, and this node."""
@@ -517,9 +562,7 @@ class HivemindOuterSync:
     def _gather_in_node(self, stats: Any) -> list[Any]:
         if not self._in_node():
             return [stats]
-        gathered: list = [None] * self.topology.local_world_size
-        dist.all_gather_object(gathered, stats)
-        return gathered
+        return all_gather_values(stats)
 
     def _round_barrier(self, round_idx: int, my_stats: dict) -> list[dict]:
         """Post this node's stats, wait for the live members of this round (bounded); return the posted."""

@@ -24,6 +24,7 @@ from geodiloco.runtime.heartbeat import Heartbeat, exit_on_peer_failure, open_st
 from geodiloco.runtime.recovery import (ResumePoint, SavedRounds, choose_resume_point, elastic_job, log_membership_event,
                               newest_node_round, saved_rounds)
 from geodiloco.runtime.runlog import RunLog
+from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
 from geodiloco.runtime.sync.overlap import OverlapSchedule, launch_steps, split_fragments
 from geodiloco.runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
 from geodiloco.runtime.sync.wire import ErrorFeedback, reduce_sum, sent_bytes
@@ -116,10 +117,9 @@ class TorchOuterSync:
         node_state = checkpoint.load_node(run_dir, point.round, topology.node_name) if returning else None
         source = topology.leader_ranks[topology.present_names.index(point.source_node)]
         # the global state, and the sender's inner optimizer state for nodes that rejoin
-        box = [(checkpoint.load_global(run_dir, point.round), node_state and node_state["inner_optimizer"])
-               if topology.rank == source else None]
-        dist.broadcast_object_list(box, src=source)
-        global_state, lent_inner_state = box[0]
+        sent = ((checkpoint.load_global(run_dir, point.round), node_state and node_state["inner_optimizer"])
+                if topology.rank == source else None)
+        global_state, lent_inner_state = broadcast_value(sent, src=source)
         if not returning:
             node_state = self._rejoin_state(point, own_report, lent_inner_state)
         run_id, pending = handles.restore(global_state, node_state, same_members)
@@ -286,9 +286,7 @@ class TorchOuterSync:
     # ----- in-node and world helpers -------------------------------------------------------
 
     def exchange(self, stats: Any) -> list[Any]:
-        gathered: list = [None] * self.topology.world_size
-        dist.all_gather_object(gathered, stats)
-        return gathered
+        return all_gather_values(stats)
 
     def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:
         if self.topology.node_group is None:
@@ -299,9 +297,7 @@ class TorchOuterSync:
     def share_in_node(self, value: Any) -> Any:
         if self.topology.node_group is None:
             return value
-        box = [value]
-        dist.broadcast_object_list(box, src=self.topology.node_ranks[0], group=self.topology.node_group)
-        return box[0]
+        return broadcast_value(value, src=self.topology.node_ranks[0], group=self.topology.node_group)
 
     def barrier(self) -> None:
         dist.barrier()
