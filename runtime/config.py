@@ -277,11 +277,19 @@ class CommSection(StrictModel):
     choice over a WAN) or ``cuda`` (nccl). Inner data parallel inside a node uses nccl on GPUs.
     ``hivemind``: options of the hivemind backend (ignored by ``torch``).
     ``elastic``: the torch backend's membership (ignored by ``hivemind``, which is elastic by design).
+    ``timeout_s``: the readiness wait, the longest a node waits for a live but late peer at the outer
+    sync (and for any other exchange outside the transfer). ``transfer_timeout_factor`` /
+    ``transfer_min_timeout_s``: the torch backend's transfer (the pseudo-gradient all-reduce) has its
+    own timeout, ``max(transfer_min_timeout_s, factor x the planned sync time)`` from the bytes
+    and the ``wan:`` bandwidths. A frozen or cut-off site is found sooner by the heartbeats
+    (``comm.elastic.failure_timeout_s``).
     """
 
     backend: Literal["torch", "hivemind"] = "torch"
     outer_device: Literal["cpu", "cuda"] = "cpu"
     timeout_s: float = Field(default=300.0, gt=0)
+    transfer_timeout_factor: float = Field(default=10.0, ge=1.0, le=1000.0)
+    transfer_min_timeout_s: float = Field(default=60.0, gt=0)
     init_timeout_s: float = Field(default=120.0, gt=0)
     min_nodes: int = Field(default=1, ge=1)
     elastic: ElasticSection = Field(default_factory=ElasticSection)

@@ -36,6 +36,7 @@ from typing import Iterator, Optional
 
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.auth import launch_env, load_secret, rendezvous_id
+from geodiloco.runtime.node_output import NodeOutput, log_path
 from geodiloco.runtime.preflight import preflight
 from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
@@ -93,6 +94,7 @@ class NodeLauncher:
         self.peers_file = Path(train_args[train_args.index("--run-dir") + 1]) / PEERS_FILE
         self.hivemind = config.comm.backend == "hivemind"
         self.secret_env = launch_env()
+        self.outputs: dict[str, NodeOutput] = {}
         self._job: Optional[str] = None
 
     def address(self, index: int) -> str:
@@ -119,7 +121,11 @@ class NodeLauncher:
             else:
                 env["GEODILOCO_INITIAL_PEERS"] = ",".join(wait_for_peers(self.peers_file, first,
                                                                          config.comm.init_timeout_s))
-        return subprocess.Popen(command, env=env, start_new_session=self.hivemind)
+        process = subprocess.Popen(command, env=env, start_new_session=self.hivemind, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, errors="replace")
+        name = config.nodes[index].name
+        self.outputs[name] = NodeOutput(process, log_path(self.peers_file.parent, name))
+        return process
 
     def run_name(self) -> str:
         """The rendezvous id: one per launch, so a new launch never takes an old one's checkpoints
@@ -228,19 +234,22 @@ def exit_cause(code: int) -> str:
 
 
 def watch(processes: list[subprocess.Popen], stop_on_failure: bool = True,
-          names: Optional[list[str]] = None) -> int:
+          names: Optional[list[str]] = None, outputs: Optional[dict[str, NodeOutput]] = None) -> int:
     """Wait for all to finish; the first failure stops the rest and is returned (without
     ``stop_on_failure`` the others go on, and the first failure is returned at the end).
-    The failed node is named with its exit cause (``names``: the nodes of ``processes``)."""
+    The failed node is named with its exit cause and the last lines of its output (``names``:
+    the nodes of ``processes``; ``outputs``: their kept output by name)."""
     cleaned: set = set()
     names = names or [f"#{index}" for index in range(len(processes))]
     while True:
         codes = [process.poll() for process in processes]
         failed = [(name, code) for name, code in zip(names, codes) if code not in (None, 0)]
+        failed.sort(key=lambda item: item[1] == PEER_FAILED_EXIT_CODE)  # the cause before those that lost it
         if failed and (stop_on_failure or None not in codes):
             name, code = failed[0]
             others = "; the other nodes were stopped" if stop_on_failure and len(processes) > 1 else ""
             print(f"[geodiloco] node {name} failed ({exit_cause(code)}){others}", file=sys.stderr, flush=True)
+            print_tail(name, (outputs or {}).get(name))
             return code
         if not stop_on_failure:
             for process, code in zip(processes, codes):
@@ -250,6 +259,27 @@ def watch(processes: list[subprocess.Popen], stop_on_failure: bool = True,
         if all(code == 0 for code in codes):
             return 0
         time.sleep(0.2)
+
+
+def say_how_to_resume(run_dir: Path) -> None:
+    """After a failed run: what was kept, and the command that continues it."""
+    from geodiloco.runtime.checkpoint import latest_round
+    latest = latest_round(run_dir)
+    if latest is None:
+        print(f"[geodiloco] no round was saved in {run_dir}", file=sys.stderr, flush=True)
+        return
+    print(f"[geodiloco] the last complete checkpoint (round {latest + 1}) is kept in {run_dir}; continue with: "
+          f"geodiloco run --resume --run-dir {run_dir}", file=sys.stderr, flush=True)
+
+
+def print_tail(name: str, output: Optional[NodeOutput]) -> None:
+    """The last lines a failed node wrote, and where the rest is."""
+    if output is None:
+        return
+    lines = output.tail()
+    shown = "\n".join(f"    {line}" for line in lines) if lines else "    (it wrote nothing)"
+    print(f"[geodiloco] last lines of node {name} (all of it: {output.log_path}):\n{shown}", file=sys.stderr,
+          flush=True)
 
 
 def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, elastic: Optional[bool] = None,
@@ -283,11 +313,14 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
     try:
         with site_processes(config, mode, train_args, elastic) as (processes, launcher):
             if not elastic:
-                return watch(processes, stop_on_failure=config.comm.backend != "hivemind",
-                             names=[node.name for node in config.nodes])
+                code = watch(processes, stop_on_failure=config.comm.backend != "hivemind",
+                             names=[node.name for node in config.nodes], outputs=launcher.outputs)
+                if code not in (0, 2):
+                    say_how_to_resume(run_dir)
+                return code
             with DrillRunner(drill_events, processes, launcher, run_dir):
                 codes = watch_all(processes)
-            return elastic_exit_code(config, codes)
+            return elastic_exit_code(config, codes, launcher.outputs)
     except KeyboardInterrupt:
         print(f"[geodiloco] stopping all nodes; the last complete checkpoint stays in {run_dir} "
               "(continue with --resume)", file=sys.stderr, flush=True)
@@ -306,7 +339,7 @@ def watch_all(processes: list[subprocess.Popen]) -> list[int]:
     return [process.returncode for process in processes]
 
 
-def elastic_exit_code(config: RunConfig, codes: list[int]) -> int:
+def elastic_exit_code(config: RunConfig, codes: list[int], outputs: Optional[dict[str, NodeOutput]] = None) -> int:
     """0 when at least ``comm.min_nodes`` sites finished the run; the others are reported."""
     finished = [node.name for node, code in zip(config.nodes, codes) if code == 0]
     failed = {node.name: code for node, code in zip(config.nodes, codes) if code != 0}
@@ -316,6 +349,9 @@ def elastic_exit_code(config: RunConfig, codes: list[int]) -> int:
         outcome = ("the run went on without them" if enough else
                    f"fewer than comm.min_nodes ({config.comm.min_nodes}) finished: the run failed")
         print(f"[geodiloco] sites that did not finish: {listed}; {outcome}", file=sys.stderr, flush=True)
+        if not enough:
+            for name in failed:
+                print_tail(name, (outputs or {}).get(name))
     if enough:
         return 0
     return next(iter(failed.values()), 1)

@@ -108,7 +108,8 @@ class NodeTrainer:
         self.last_sync_s: Optional[float] = None
         self.saved_round: Optional[int] = None
         self.commits_saved_round = False
-        self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()))
+        self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()),
+                                     self.planner.sync.sync_s())
         self.gpu_sampler = start_gpu_sampler(config, topology, device)
         self.evaluator: Optional[BackgroundEvaluator] = None
         self._warned_batch_growth: set[tuple[int, int]] = set()

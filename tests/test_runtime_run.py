@@ -1,5 +1,6 @@
 """`geodiloco run` end to end: 4 nodes, emulated GPUs, per-node plans, logs, kill and resume."""
 import os
+from pathlib import Path
 import re
 import signal
 import subprocess
@@ -146,10 +147,14 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     launcher = start_run(config_path, resumed_dir, "--sites", "local")
     _wait_for_checkpoint(resumed_dir, 1, launcher)
     children = _children_of(launcher.pid)
-    launcher.send_signal(signal.SIGTERM)
+    node_b = next(pid for pid in children if b"GEODILOCO_NODE=b\0" in Path(f"/proc/{pid}/environ").read_bytes())
+    os.kill(node_b, signal.SIGKILL)  # mid-round, no chance to clean up
     _, stderr = launcher.communicate(timeout=60)
     assert launcher.returncode != 0
-    assert "--resume" in stderr
+    assert "node b failed (killed by SIGKILL); the other nodes were stopped" in stderr
+    assert f"last lines of node b (all of it: {resumed_dir / 'logs' / 'b.log'})" in stderr
+    assert "continue with: geodiloco run --resume" in stderr and "Traceback" not in stderr
+    assert "round" in (resumed_dir / "logs" / "a.log").read_text()
     _assert_all_gone(children)
     interrupted_at = checkpoint.latest_round(resumed_dir)
     assert interrupted_at is not None and interrupted_at < 4

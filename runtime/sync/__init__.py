@@ -10,11 +10,20 @@ from geodiloco.runtime.sync.protocol import OuterSync, OutOfSync, RoundSync, Sta
 __all__ = ["OuterSync", "OutOfSync", "RoundSync", "StartPoint", "SyncHandles", "SyncOutcome", "build_outer_sync"]
 
 
-def build_outer_sync(config: RunConfig, topology: Topology, num_params: int) -> OuterSync:
-    """The configured backend (hivemind is imported only when chosen)."""
+def transfer_timeout_s(config: RunConfig, planned_sync_s: float) -> float:
+    """How long one outer transfer may take before its peers are given up on (seconds): a multiple
+    of the planned sync time (bytes over the ``wan:`` bandwidths), never below the floor."""
+    comm = config.comm
+    return max(comm.transfer_min_timeout_s, comm.transfer_timeout_factor * planned_sync_s)
+
+
+def build_outer_sync(config: RunConfig, topology: Topology, num_params: int, planned_sync_s: float = 0.0) -> OuterSync:
+    """The configured backend (hivemind is imported only when chosen). ``planned_sync_s``: the
+    planner's time for one whole-model sync (sizes the torch backend's transfer timeout)."""
     if config.comm.backend != "hivemind":
         from geodiloco.runtime.sync.torch_backend import TorchOuterSync
-        return TorchOuterSync(topology, config.diloco, config.comm.elastic)
+        return TorchOuterSync(topology, config.diloco, config.comm.elastic,
+                              transfer_timeout_s(config, planned_sync_s))
     from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync
     return HivemindOuterSync(topology, config.comm.hivemind, config.run.name, [node.name for node in config.nodes],
                              num_params, config.diloco.compression, config.comm.init_timeout_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import asdict
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -57,14 +58,18 @@ class TorchOuterSync:
     writes_round = True
     logs_own_idle_only = False
 
-    def __init__(self, topology: Topology, diloco: DilocoSection, elastic: Optional[ElasticSection] = None) -> None:
+    def __init__(self, topology: Topology, diloco: DilocoSection, elastic: Optional[ElasticSection] = None,
+                 transfer_timeout_s: Optional[float] = None) -> None:
         self.topology = topology
         self.elastic = elastic
         self.heartbeat: Optional[Heartbeat] = None
         self.mode = diloco.overlap
         self.codec = diloco.compression
         self.fragment_count = diloco.fragments if diloco.overlap == "streaming" else 1
-        self.sync_group = dist.new_group(topology.leader_ranks) if topology.num_nodes > 1 else None
+        # the transfer has its own timeout; the readiness exchange keeps the world's (comm.timeout_s)
+        self.transfer_timeout_s = transfer_timeout_s
+        timeout = timedelta(seconds=transfer_timeout_s) if transfer_timeout_s is not None else None
+        self.sync_group = dist.new_group(topology.leader_ranks, timeout=timeout) if topology.num_nodes > 1 else None
         self.handles: Optional[SyncHandles] = None
         self.schedule: Optional[OverlapSchedule] = None
         self.fragments: list[list[int]] = []
