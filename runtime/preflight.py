@@ -121,12 +121,36 @@ def check_byte_corpus(config: RunConfig) -> None:
         raise ConfigError(message if message.startswith("data.") else f"data.source: {message}") from None
 
 
+def check_model_fits(config: RunConfig) -> None:
+    """Every node's GPUs hold the model's weights, gradients and optimizer state and one sample's
+    activations (per the predictor's memory model). A larger batch than fits runs in micro-batches,
+    which the planner times; a model that does not fit at batch 1 cannot train at all."""
+    from geodiloco.predictor.model import node_step_model
+    from geodiloco.predictor.workload import parameter_count
+
+    dims, model = config.model.dims(), config.model
+    for index, node in enumerate(config.nodes):
+        if not node.gpus:
+            continue
+        step_model = node_step_model(list(node.gpus), dims, model.seq_len, precision=model.precision)
+        for device in step_model.devices:
+            if step_model.max_micro_batch_size(device) >= 1:
+                continue
+            need_gib = step_model.memory_bytes(1) / 2**30
+            raise ConfigError(
+                f"nodes[{index}].gpus: the model ({parameter_count(dims) / 1e6:.0f} M parameters, seq_len "
+                f"{model.seq_len}) needs about {need_gib:.1f} GiB per GPU at batch 1 for training, more than "
+                f"{device.name} holds ({device.memory_gb:g} GiB); give node {node.name} larger GPUs, or use a "
+                "smaller model or model.seq_len")
+
+
 def preflight(config: RunConfig, data: bool = True) -> None:
     """Every check above; the first problem raises ConfigError. ``data`` False skips reading the byte
     corpus (a training process reads it next anyway, and reports the same errors)."""
     check_extras(config)
     config.model.dims()
     check_gpu_names(config)
+    check_model_fits(config)
     check_model_files(config)
     check_data_files(config)
     if data:

@@ -130,3 +130,18 @@ def test_the_launcher_answers_bad_input_with_exit_2_and_no_traceback(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("geodiloco run: error: nodes[0] (node1).gpus: unknown GPU 'Z9000'")
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_model_too_large_for_a_nodes_gpus_is_refused_before_any_node_starts(tmp_path):
+    """About 13 B parameters with AdamW state (16 bytes each, ~200 GiB) cannot train on an 11 GiB
+    RTX 2080 Ti at any batch size; the demo's nodes have those."""
+    from geodiloco.runtime.preflight import preflight
+    dims = tmp_path / "big.yaml"
+    dims.write_text("hidden_size: 5120\nintermediate_size: 13824\nnum_layers: 40\nnum_heads: 40\n"
+                    "vocab_size: 32000\nmax_seq_len: 2048\n")
+    with pytest.raises(ConfigError) as err:
+        preflight(load_config(None, [f"model.file={dims}", "model.preset=null", "model.seq_len=128"]), data=False)
+    message = str(err.value)
+    assert message.startswith("nodes[0].gpus: the model (13016 M parameters, seq_len 128) needs about"), message
+    assert "more than RTX 2080 Ti holds (11 GiB)" in message and "\n" not in message
+    preflight(load_config(None, ["model.preset=llama-150m"]), data=False)  # 150 M fits everywhere
