@@ -212,6 +212,7 @@ def test_an_all_reduce_missing_part_of_its_results_is_reported(monkeypatch, fail
                 pass
 
         averager = object.__new__(Unstarted)
+        averager._members_key = None  # no secret: any peer
         runner = asyncio.get_running_loop().create_future()
         runner.set_result(SimpleNamespace(tensor_part_container=parts))
         averager._running_groups = {b"group": runner}
@@ -252,3 +253,32 @@ def test_codecs_round_trip_within_their_rounding(name, max_error):
         wire = codec(name).compress(original, CompressionInfo.from_tensor(original))
         restored = deserialize_torch_tensor(wire)
         assert float((restored - original).abs().mean()) <= max_error
+
+
+def test_an_averaging_group_with_a_stranger_is_refused_before_any_tensor_moves(monkeypatch):
+    """With a secret, only peers that wrote a member record (which needs the secret) may be in a group."""
+    from hivemind.averaging import DecentralizedAverager
+    from hivemind.averaging.allreduce import AllreduceException
+
+    aggregated = []
+
+    async def hivemind_aggregate(self, group_info, min_vector_size, **kwargs):
+        aggregated.append(group_info.peer_ids)
+        return {}
+
+    monkeypatch.setattr(DecentralizedAverager, "_aggregate_with_group", hivemind_aggregate)
+
+    class Unstarted(make_averager_class()):
+        def __del__(self):
+            pass
+
+        async def _members(self):
+            return {"peer-a", "peer-b"}
+
+    averager = object.__new__(Unstarted)
+    averager._running_groups = {}
+    with pytest.raises(AllreduceException, match="not members of this run .*: peer-x"):
+        asyncio.run(averager._aggregate_with_group(SimpleNamespace(group_id=b"g", peer_ids=["peer-a", "peer-x"]), 0))
+    assert aggregated == []
+    asyncio.run(averager._aggregate_with_group(SimpleNamespace(group_id=b"g", peer_ids=["peer-a", "peer-b"]), 0))
+    assert aggregated == [["peer-a", "peer-b"]]

@@ -195,7 +195,8 @@ def make_averager_class():
             (that part keeps this node's own values); tell the caller the missing share in the
             gathered data, so the node keeps the round's starting state instead of a half average."""
             members = await self._members()
-            strangers = [str(peer) for peer in group_info.peer_ids if members is not None and str(peer) not in members]
+            strangers = [] if members is None else [str(peer) for peer in group_info.peer_ids
+                                                    if str(peer) not in members]
             if strangers:
                 raise AllreduceException(f"refused an averaging group with peers that are not members of this "
                                          f"run (no authenticated member record): {', '.join(strangers)}")
