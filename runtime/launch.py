@@ -250,7 +250,7 @@ def watch(processes: list[subprocess.Popen], stop_on_failure: bool = True,
             others = "; the other nodes were stopped" if stop_on_failure and len(processes) > 1 else ""
             print(f"[geodiloco] node {name} failed ({exit_cause(code)}){others}", file=sys.stderr, flush=True)
             print_tail(name, (outputs or {}).get(name))
-            return code
+            return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell reports it
         if not stop_on_failure:
             for process, code in zip(processes, codes):
                 if code is not None and process.pid not in cleaned:

@@ -31,6 +31,7 @@ from typing import IO, Callable, Optional
 
 import yaml
 
+from geodiloco.runtime.auth import launch_env
 from geodiloco.runtime.launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -223,12 +224,13 @@ class Agent:
 def start_agents(layouts: list[NodeLayout], config_path: Path, run_dir: Path, device: str, split: bool) -> list[Agent]:
     """One agent per node, each in its own session so that stopping it stops its workers too."""
     port = free_port()
+    base_env = {**os.environ, **launch_env()}  # the run's shared secret, as `geodiloco run` makes one
     agents = []
     for index, layout in enumerate(layouts):
         log_path = run_dir.parent / f"{run_dir.name}-{layout.name}.log"
         handle = open(log_path, "w")
         process = subprocess.Popen(torchrun_command(config_path, run_dir, layout, port, index == 0), cwd=REPO,
-                                   env=node_env(layout, device, dict(os.environ), split), stdout=handle,
+                                   env=node_env(layout, device, dict(base_env), split), stdout=handle,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         agents.append(Agent(layout.name, process, log_path, handle))
     return agents

@@ -104,9 +104,9 @@ def nan_site(tmp: Path) -> dict:
                  for rank, name in enumerate("abc")]
     outputs = [(process.wait(timeout=300), process.stdout.read()) for process in processes]
     events = [event for event in read_membership_events(run_dir) if event["event"] == "non_finite"]
-    detect = min(event["time"] for event in events) - (time.time() - (time.monotonic() - started)) if events else None
-    return row(max(code for code, _ in outputs), detect, any("Traceback" in out for _, out in outputs),
-               kept_rounds(run_dir), f"c left out in rounds {sorted({e['round'] + 1 for e in events})}")
+    return row(max(code for code, _ in outputs), time.monotonic() - started, any("Traceback" in out for _, out in outputs),
+               kept_rounds(run_dir), f"c left out in rounds {sorted({e['round'] + 1 for e in events})} "
+               "(found in the round it went NaN); a and b finished")
 
 
 def all_nan(tmp: Path) -> dict:
@@ -176,8 +176,9 @@ def foreign_hivemind(tmp: Path) -> dict:
 def path_traversal(tmp: Path) -> dict:
     code, out, took = cli("run", "--sites", "local", "--config", str(config(tmp, "trav")), "--run-dir",
                           str(tmp / "trav"), "--set", "nodes.0.name=x/../../../pwn")
+    message = out.strip().splitlines()[-1].split(".yaml: ")[-1] if out.strip() else ""
     return row(code, took, "Traceback" in out, "nothing written" if not (tmp / "trav").exists() else "run dir created",
-               out.strip().splitlines()[-1][:90] if out.strip() else "")
+               message[:110])
 
 
 def kill(tmp: Path) -> dict:
@@ -270,7 +271,8 @@ def main() -> int:
     unknown = [name for name in chosen if name not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
-    results = {}
+    previous = RESULTS / "replay.json"
+    results = json.loads(previous.read_text()) if args.only and previous.is_file() else {}
     with tempfile.TemporaryDirectory(prefix="geodiloco-replay-") as tmp:
         for name in chosen:
             print(f"[replay] {name} ...", flush=True)
@@ -279,12 +281,13 @@ def main() -> int:
             print(f"[replay] {name}: {results[name]['note'] or results[name]['exit']} "
                   f"({time.monotonic() - started:.0f} s)", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    results = {name: results[name] for name in SCENARIOS if name in results}
     (RESULTS / "replay.json").write_text(json.dumps(results, indent=1) + "\n")
     table = write_table(results)
     (RESULTS / "replay.md").write_text(
         "# Reliability replays\n\nMeasured by `experiments/reliability/replay.py` on loopback (tiny model, virtual "
-        "GPUs, real processes, real damage). 'handled after' is seconds from the damage (or the command's start "
-        "for inputs) to the refusal, detection or report; 'before' is what the issue that asked for these guards "
+        "GPUs, real processes, real damage). 'handled after' is seconds from the damage to the refusal, detection or "
+        "report (for inputs, a NaN learning rate and a damaged checkpoint: the whole command's wall time); 'before' is what the issue that asked for these guards "
         "reported, not re-measured.\n\n" + table + "\n")
     print(table)
     return 0
