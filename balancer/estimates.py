@@ -2,8 +2,10 @@
 
 Nodes with the same GPUs share one prior step-time model (a ``StepTimeModel``
 from the predictor), so ten thousand nodes of a few kinds cost a few model
-calls. Each node then has its own calibration factor (measured / prior step
-time) learned from the rounds it finished; estimates are ``prior x factor``.
+calls. Each node then has its own calibration, two corrections of its prior
+(the part of a step that does not grow with the batch, and the part that does),
+learned from the rounds it finished; estimates are ``w_fixed x fixed_s +
+w_scaling x scaling_s``.
 """
 from __future__ import annotations
 
@@ -16,6 +18,12 @@ import numpy as np
 from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.step_time import UNLIMITED_BATCH, LinearStepModel, ScaledStepModel, declared_key, declared_step_model
 from geodiloco.predictor.base import StepTimeModel
+from geodiloco.predictor.online import PRIOR_COVARIANCE, CorrectionFit, fit_corrections, prior_features
+
+CALIBRATION_HISTORY = 32
+"""Rounds of each node kept for its calibration (older ones weigh ~nothing at the default half-life)."""
+ROUND_NOISE = 0.01
+"""Relative noise assumed of one round's median step time before three rounds give residuals."""
 
 ModelFactory = Callable[[list, Optional[int]], StepTimeModel]
 """(gpu names of one node, micro_batch_size or None) -> that node's step-time model."""
@@ -135,6 +143,27 @@ class StepTimeBank:
             group.cache[key] = float(self.model(group_id, micro).predict(int(batch_size)))
         return group.cache[key]
 
+    def group_features(self, group_id: int, batch_size: int, micro_batch_size: int) -> tuple[float, float]:
+        """Prior (fixed_s, scaling_s) of one group at (batch, micro-batch), cached; they sum to the prior."""
+        group = self.groups[group_id]
+        key = ("split", int(batch_size), int(micro_batch_size))
+        if key not in group.cache:
+            micro = None if micro_batch_size >= batch_size else int(micro_batch_size)
+            group.cache[key] = prior_features(self.model(group_id, micro), int(batch_size))
+        return group.cache[key]
+
+    def prior_features(self, batch_size: np.ndarray, micro_batch_size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prior (fixed_s, scaling_s) of every node at its (batch, micro-batch)."""
+        batch_size = np.broadcast_to(np.asarray(batch_size, dtype=np.int64), self.group_index.shape)
+        micro_batch_size = np.broadcast_to(np.asarray(micro_batch_size, dtype=np.int64), self.group_index.shape)
+        features = np.empty(self.group_index.shape + (2,), dtype=float)
+        pair_key = (batch_size << 32) | micro_batch_size
+        for group_id, members in enumerate(self.members):
+            unique_keys, inverse = np.unique(pair_key[members], return_inverse=True)
+            values = np.array([self.group_features(group_id, key >> 32, key & 0xFFFFFFFF) for key in unique_keys])
+            features[members] = values[inverse]
+        return features[:, 0], features[:, 1]
+
     def prior_step_s(self, batch_size: np.ndarray, micro_batch_size: np.ndarray) -> np.ndarray:
         """Prior seconds per step of every node at its (batch, micro-batch)."""
         batch_size = np.broadcast_to(np.asarray(batch_size, dtype=np.int64), self.group_index.shape)
@@ -153,24 +182,74 @@ class StepTimeBank:
 
 
 class Calibration:
-    """Per-node factor measured / prior step time, smoothed across rounds.
+    """Per-node corrections (w_fixed, w_scaling) of the prior, learned from measured rounds.
 
-    A new measurement that differs from the current factor by more than
-    ``change_threshold`` (relative) replaces it (a node really changed speed);
-    smaller differences are blended with weight ``alpha`` (noise).
+    The fit is :func:`predictor.online.fit_corrections`, the same online model the
+    predictor publishes its warm accuracy for: a node that ran at two batch sizes
+    has the shape of its t(B) learned, not only its scale. Rounds weigh less with
+    age (``alpha`` = weight of the newest round, as an exponential average:
+    half-life ln 0.5 / ln(1 - alpha) rounds). A node whose step time at an
+    unchanged (batch, micro-batch) moved by more than ``change_threshold``
+    (relative) really changed speed: its older rounds are dropped.
     """
 
-    def __init__(self, num_nodes: int, alpha: float = 0.5, change_threshold: float = 0.1) -> None:
-        self.factor = np.ones(num_nodes)
-        self.seen = np.zeros(num_nodes, dtype=bool)
+    def __init__(self, num_nodes: int, alpha: float = 0.5, change_threshold: float = 0.1,
+                 history: int = CALIBRATION_HISTORY) -> None:
         self.alpha = alpha
         self.change_threshold = change_threshold
+        self.half_life_rounds = math.log(0.5) / math.log(1.0 - alpha) if alpha < 1.0 else 1e-3
+        shape = (num_nodes, history)
+        self.fixed_s, self.scaling_s, self.step_s = np.zeros(shape), np.zeros(shape), np.ones(shape)
+        self.order = np.zeros(shape)
+        self.valid = np.zeros(shape, dtype=bool)
+        self.count = np.zeros(num_nodes, dtype=np.int64)
+        self.weights = np.ones((num_nodes, 2))
+        self.covariance = np.broadcast_to(PRIOR_COVARIANCE, (num_nodes, 2, 2)).copy()
+        self.noise = np.full(num_nodes, ROUND_NOISE)
 
-    def update(self, node_index: np.ndarray, measured_step_s: np.ndarray, prior_step_s: np.ndarray) -> None:
+    @property
+    def seen(self) -> np.ndarray:
+        return self.valid.any(axis=1)
+
+    def update(self, node_index: np.ndarray, measured_step_s: np.ndarray, fixed_s: np.ndarray,
+               scaling_s: np.ndarray) -> None:
+        """Add one measured round (seconds per step) per listed node, with the prior's split at its batch."""
         node_index = np.asarray(node_index, dtype=np.int64)
-        ratio = np.asarray(measured_step_s, dtype=float) / np.asarray(prior_step_s, dtype=float)
-        current = self.factor[node_index]
-        jumped = ~self.seen[node_index] | (np.abs(ratio / current - 1.0) > self.change_threshold)
-        blended = self.alpha * ratio + (1.0 - self.alpha) * current
-        self.factor[node_index] = np.where(jumped, ratio, blended)
-        self.seen[node_index] = True
+        measured = np.asarray(measured_step_s, dtype=float)
+        fixed_s, scaling_s = np.asarray(fixed_s, dtype=float), np.asarray(scaling_s, dtype=float)
+        changed = self._changed_speed(node_index, measured, fixed_s, scaling_s)
+        self.valid[node_index[changed]] = False
+        slot = self.count[node_index] % self.valid.shape[1]
+        for column, values in ((self.fixed_s, fixed_s), (self.scaling_s, scaling_s), (self.step_s, measured),
+                               (self.order, self.count[node_index].astype(float))):
+            column[node_index, slot] = values
+        self.valid[node_index, slot] = True
+        self.count[node_index] += 1
+        self._refit(node_index)
+
+    def _changed_speed(self, node_index: np.ndarray, measured: np.ndarray, fixed_s: np.ndarray,
+                       scaling_s: np.ndarray) -> np.ndarray:
+        """Nodes whose newest round at the same prior split differs from ``measured`` by > the threshold."""
+        same = (self.valid[node_index] & np.isclose(self.fixed_s[node_index], fixed_s[:, None], rtol=1e-9)
+                & np.isclose(self.scaling_s[node_index], scaling_s[:, None], rtol=1e-9))
+        newest = np.argmax(np.where(same, self.order[node_index], -1.0), axis=1)
+        previous = self.step_s[node_index, newest]
+        return same.any(axis=1) & (np.abs(measured / previous - 1.0) > self.change_threshold)
+
+    def _refit(self, node_index: np.ndarray) -> None:
+        newest = (self.count[node_index] - 1).astype(float)[:, None]
+        recency = 0.5 ** ((newest - self.order[node_index]) / self.half_life_rounds)
+        fit = fit_corrections(self.fixed_s[node_index], self.scaling_s[node_index], self.step_s[node_index],
+                              recency, self.valid[node_index], default_noise=ROUND_NOISE)
+        self.weights[node_index], self.covariance[node_index], self.noise[node_index] = (
+            fit.weights, fit.covariance, fit.noise)
+
+    def fitted(self, rows: Optional[np.ndarray] = None) -> CorrectionFit:
+        """The current fit of every node (or of ``rows``)."""
+        rows = slice(None) if rows is None else rows
+        return CorrectionFit(self.weights[rows], self.covariance[rows], self.noise[rows])
+
+    def take(self, other: "Calibration", positions: np.ndarray) -> None:
+        """Copy ``other``'s state of the nodes at ``positions`` into this (smaller) calibration."""
+        for name in ("fixed_s", "scaling_s", "step_s", "order", "valid", "count", "weights", "covariance", "noise"):
+            getattr(self, name)[:] = getattr(other, name)[positions]

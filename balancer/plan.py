@@ -34,6 +34,8 @@ class NodePlan:
     predicted_idle_s: float = 0.0
     deadline_s: Optional[float] = None
     predicted_wait_s: float = 0.0
+    step_uncertainty: float = 0.0
+    """Relative one-sigma uncertainty of ``predicted_step_s`` (0.1 = +-10 %), from the node's calibration."""
 
     def __post_init__(self) -> None:
         if self.local_steps < 1:

@@ -56,6 +56,7 @@ class RoundPlan:
     deadline_s: Optional[float] = None
     sync_s: float = 0.0
     sync_advice: Optional[str] = None
+    step_uncertainty: Optional[np.ndarray] = None
 
     @property
     def idle_s(self) -> np.ndarray:
@@ -164,11 +165,11 @@ class Planner:
         return self._tflops
 
     def _inputs(self, calibrated: bool) -> PolicyInputs:
-        factor = self.calibration.factor.copy() if calibrated else np.ones(len(self.nodes))
+        fit = self.calibration.fitted() if calibrated else Calibration(len(self.nodes)).fitted()
         blocking = self.sync.settings.overlap == "none"
         return PolicyInputs(config=self.balancing, names=self.names, base_steps=self.base_steps,
                             base_batch=self.base_batch, seq_len=self.seq_len,
-                            comm_s=self.sync.sync_s() if blocking else 0.0, bank=self.bank, factor=factor,
+                            comm_s=self.sync.sync_s() if blocking else 0.0, bank=self.bank, calibration=fit,
                             nominal_tflops=self.nominal_tflops, hide_phase_s=self.sync.hide_phase_s())
 
     # ---------------------------------------------------------------- planning
@@ -208,7 +209,9 @@ class Planner:
     def plan_arrays(self, round_idx: int) -> RoundPlan:
         """This round's plan as arrays, with predictions from the best current estimates."""
         assignment = self._assign(round_idx)
-        step_s = self.bank.prior_step_s(assignment.batch_size, assignment.micro_batch_size) * self.calibration.factor
+        features = self.bank.prior_features(assignment.batch_size, assignment.micro_batch_size)
+        fit = self.calibration.fitted()
+        step_s = fit.predict_s(*features)
         local_steps = assignment.local_steps
         compute_s = local_steps * step_s
         phase_s = float(np.max(compute_s))
@@ -224,7 +227,8 @@ class Planner:
                          micro_batch_size=assignment.micro_batch_size, step_s=step_s, compute_s=compute_s,
                          wait_s=phase_s - compute_s, comm_s=comm_s, phase_s=phase_s, deadline_s=deadline_s,
                          sync_s=self.sync.settings.sync_count * self.sync.one_sync_s(),
-                         sync_advice=self.sync_advice(phase_s, float(np.max(self.base_steps * step_s))))
+                         sync_advice=self.sync_advice(phase_s, float(np.max(self.base_steps * step_s))),
+                         step_uncertainty=fit.uncertainty(*features))
         self._issued[round_idx] = plan
         self._issued.pop(round_idx - 2, None)
         return plan
@@ -256,8 +260,7 @@ class Planner:
                                          model_factory=self._model_factory_arg, tflops_lookup=self.tflops_lookup,
                                          sync_settings=self.sync_settings)
         subset = self._subsets[key]
-        subset.calibration.factor[:] = self.calibration.factor[positions]
-        subset.calibration.seen[:] = self.calibration.seen[positions]
+        subset.calibration.take(self.calibration, positions)
         subset.rounds_observed = self.rounds_observed
         return subset
 
@@ -268,7 +271,8 @@ class Planner:
                      micro_batch_size=int(arrays.micro_batch_size[i]),
                      predicted_step_s=float(arrays.step_s[i]), predicted_compute_s=float(arrays.compute_s[i]),
                      predicted_comm_s=float(arrays.comm_s[i]), predicted_idle_s=float(arrays.idle_s[i]),
-                     predicted_wait_s=float(arrays.wait_s[i]), deadline_s=arrays.deadline_s)
+                     predicted_wait_s=float(arrays.wait_s[i]), deadline_s=arrays.deadline_s,
+                     step_uncertainty=0.0 if arrays.step_uncertainty is None else float(arrays.step_uncertainty[i]))
             for i, name in enumerate(self.names)
         ]
         return Plan(policy=self.balancing.policy, round=arrays.round, nodes=node_plans, weighting=self.weighting,
@@ -338,6 +342,6 @@ class Planner:
         full_batch[:] = self.base_batch
         full_micro[:] = micro_batches(self.base_batch, self.bank.max_micro)
         full_batch[node_index], full_micro[node_index] = batch_size, micro
-        prior_s = self.bank.prior_step_s(full_batch, full_micro)[node_index]
-        self.calibration.update(node_index, step_s, prior_s)
+        fixed_s, scaling_s = self.bank.prior_features(full_batch, full_micro)
+        self.calibration.update(node_index, step_s, fixed_s[node_index], scaling_s[node_index])
         self.rounds_observed.add(round_idx)

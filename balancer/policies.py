@@ -14,6 +14,7 @@ import numpy as np
 
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.estimates import StepTimeBank, UNLIMITED_BATCH, micro_batches
+from geodiloco.predictor.online import CorrectionFit
 from geodiloco.predictor.schema import ConfigError
 
 # Outer-average weighting each policy recommends (the runtime uses it under ``weighting: auto``):
@@ -43,14 +44,14 @@ class PolicyInputs:
     seq_len: int
     comm_s: float
     bank: StepTimeBank
-    factor: np.ndarray
+    calibration: CorrectionFit
     nominal_tflops: Callable[[], np.ndarray]
     hide_phase_s: float = 0.0
     """Shortest local phase that hides an overlapped sync (0 when the sync blocks)."""
 
     def step_s(self, batch_size: np.ndarray, micro_batch_size: np.ndarray) -> np.ndarray:
-        """Estimated seconds per step of every node (prior x calibration factor)."""
-        return self.bank.prior_step_s(batch_size, micro_batch_size) * self.factor
+        """Estimated seconds per step of every node (its prior's two parts, each calibrated)."""
+        return self.calibration.predict_s(*self.bank.prior_features(batch_size, micro_batch_size))
 
     def batch_cap(self) -> np.ndarray:
         """Largest batch per node: memory x gradient accumulation, and ``max_batch_size``."""
@@ -231,13 +232,13 @@ def _group_candidates(inputs: PolicyInputs, group_id: int, cap: int, base_batch:
     cap = min(cap, max(config.min_batch_size, int(math.floor(base_batch * config.max_batch_factor))))
     batches = np.arange(config.min_batch_size, cap + 1, dtype=np.int64)
     micros = np.minimum(batches, max_micro)
-    step_s = np.array([bank.group_step_s(group_id, b, m) for b, m in zip(batches, micros)])
-    throughput = batches / step_s
+    features = np.array([bank.group_features(group_id, b, m) for b, m in zip(batches, micros)])
+    throughput = batches / features.sum(axis=1)
     efficient = throughput >= (1.0 - config.throughput_tolerance) * throughput.max()
     distance = np.abs(np.log(batches / base_batch))
     preferred = int(batches[efficient][np.argmin(distance[efficient])])
     keep = efficient & (batches * 2 >= preferred) & (batches <= 2 * preferred)
-    return batches[keep], micros[keep], step_s[keep], preferred
+    return batches[keep], micros[keep], features[keep], preferred
 
 
 def _candidates(inputs: PolicyInputs) -> _Candidates:
@@ -250,17 +251,19 @@ def _candidates(inputs: PolicyInputs) -> _Candidates:
     n = len(inputs.names)
     batch = np.ones((n, width), dtype=np.int64)
     micro = np.ones((n, width), dtype=np.int64)
-    step_s = np.full((n, width), np.inf)
+    fixed_s = np.zeros((n, width))
+    scaling_s = np.full((n, width), np.inf)
     valid = np.zeros((n, width), dtype=bool)
     preferred = np.empty(n, dtype=np.int64)
     group_of = inputs.bank.group_index
     for (group_id, group_cap, group_base), (b, m, t, pref) in rows.items():
         members = np.flatnonzero((group_of == group_id) & (cap == group_cap) & (inputs.base_batch == group_base))
         k = len(b)
-        batch[members, :k], micro[members, :k], step_s[members, :k] = b, m, t
+        batch[members, :k], micro[members, :k] = b, m
+        fixed_s[members, :k], scaling_s[members, :k] = t[:, 0], t[:, 1]
         valid[members, :k] = True
         preferred[members] = pref
-    step_s = step_s * inputs.factor[:, None]
+    step_s = inputs.calibration.predict_s(fixed_s, scaling_s)
     return _Candidates(batch, micro, step_s, valid, preferred)
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from geodiloco.balancer.cluster import EmulateSpec, MeasuredSpec, NodeSpec
 from geodiloco.predictor.base import StepTimeModel
+from geodiloco.predictor.online import prior_features
 
 UNLIMITED_BATCH = sys.maxsize
 
@@ -53,6 +54,11 @@ class LinearStepModel:
     def predict(self, batch_size: int) -> float:
         share = self.fixed_fraction + (1.0 - self.fixed_fraction) * batch_size / self.batch_size
         return self.step_time_s * share
+
+    def fixed_and_scaling_s(self, batch_size: int) -> tuple[float, float]:
+        """(seconds that do not grow with the batch, seconds that do) of ``predict``."""
+        fixed_s = self.step_time_s * self.fixed_fraction
+        return fixed_s, self.predict(batch_size) - fixed_s
 
     def update(self, batch_size: int, step_time_s: float) -> None:
         """Rescale to the measured time at ``batch_size`` (keeps the fixed share)."""
@@ -107,6 +113,11 @@ class ScaledStepModel:
 
     def predict(self, batch_size: int) -> float:
         return self.inner.predict(batch_size) * self.time_scale
+
+    def fixed_and_scaling_s(self, batch_size: int) -> tuple[float, float]:
+        """The inner model's split, scaled like ``predict``."""
+        fixed_s, scaling_s = prior_features(self.inner, batch_size)
+        return fixed_s * self.time_scale, scaling_s * self.time_scale
 
     def update(self, batch_size: int, step_time_s: float) -> None:
         self.inner.update(batch_size, step_time_s / self.time_scale)

@@ -17,6 +17,7 @@ def plan_summary(plan: Plan) -> dict:
         "nodes": [{
             "name": node.name, "local_steps": node.local_steps, "batch_size": node.batch_size,
             "micro_batch_size": node.micro_batch_size, "predicted_step_s": node.predicted_step_s,
+            "step_uncertainty": node.step_uncertainty,
             "predicted_compute_s": node.predicted_compute_s, "predicted_wait_s": node.predicted_wait_s,
             "predicted_comm_s": node.predicted_comm_s, "predicted_idle_s": node.predicted_idle_s,
             "deadline_s": node.deadline_s,
@@ -33,11 +34,11 @@ def print_plan(plan: Plan, setup, console: Console | None = None) -> None:
     gpus = {node.name: node.gpus for node in setup.cluster.nodes}
     table = Table(title=f"plan, policy {plan.policy}, round {plan.round} ({setup.model}, seq {setup.seq_len}, "
                         f"baseline H={setup.local_steps} B={setup.batch_size})")
-    for column in ("node", "GPUs", "H", "B", "micro", "step s", "compute s", "wait s", "sync s", "deadline s"):
+    for column in ("node", "GPUs", "H", "B", "micro", "step s", "+-", "compute s", "wait s", "sync s", "deadline s"):
         table.add_column(column, justify="left" if column in ("node", "GPUs") else "right")
     for node in plan.nodes:
         table.add_row(node.name, _gpu_text(gpus.get(node.name, [])), str(node.local_steps), str(node.batch_size),
-                      str(node.micro_batch_size), f"{node.predicted_step_s:.3f}", f"{node.predicted_compute_s:.2f}",
+                      str(node.micro_batch_size), f"{node.predicted_step_s:.3f}", f"{node.step_uncertainty:.0%}", f"{node.predicted_compute_s:.2f}",
                       f"{node.predicted_wait_s:.2f}", f"{node.predicted_comm_s:.2f}",
                       "-" if node.deadline_s is None else f"{node.deadline_s:.2f}")
     console.print(table)

@@ -7,14 +7,21 @@ The prior splits its estimate into a part that does not grow with the batch
     t(B) = w_fixed * fixed_s(B) + w_scaling * scaling_s(B)
 
 and the two weights are fitted by ridge regression towards (1, 1) on relative
-errors, with recent steps weighing more (half-life in steps), the first
+errors (the prior lets both move together far more easily than apart, so one
+batch size rescales t(B) and only steps at several batch sizes change its shape), with recent steps weighing more (half-life in steps), the first
 ``warmup_steps`` updates ignored and outliers down-weighted (Huber weights on
-the robust residual scale). The weights are corrections of the prior, so they
-carry over to another sequence length or batch through ``with_prior``.
+the robust residual scale). Steps at two or more batch sizes fix both weights,
+i.e. the shape of t(B), not just its scale. The weights are corrections of the
+prior, so they carry over to another sequence length or batch through ``with_prior``.
+
+``fit_corrections`` is the fit itself, for many histories at once: the
+balancer's planner calibrates every node with it, so the plan and the
+published warm-accuracy figure use one model.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,7 +29,10 @@ import numpy as np
 
 from geodiloco.predictor.base import StepTimeModel
 
-PRIOR_SIGMA = 0.5          # prior std of each weight (the cold model is ~30 % off)
+PRIOR_SCALE_SIGMA = 0.5    # prior std of a common factor on both weights (the cold model is ~30 % off)
+PRIOR_SHAPE_SIGMA = 0.5    # prior std of each weight on its own (correlation 0.5: scale errors are the common case)
+PRIOR_COVARIANCE = PRIOR_SCALE_SIGMA**2 * np.ones((2, 2)) + PRIOR_SHAPE_SIGMA**2 * np.eye(2)
+PRIOR_PRECISION = np.linalg.inv(PRIOR_COVARIANCE)
 DEFAULT_NOISE = 0.05       # relative step-time noise assumed before there are residuals
 MIN_NOISE = 0.01
 HUBER_K = 2.0
@@ -56,10 +66,11 @@ class OnlineStepTimeModel:
     """
 
     def __init__(self, prior: StepTimeModel, warmup_steps: int = 1, half_life_steps: float = 200.0,
-                 max_history: int = 1000) -> None:
+                 max_history: int = 1000, default_noise: float = DEFAULT_NOISE) -> None:
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         self.prior = prior
+        self.default_noise = default_noise
         self.warmup_steps = warmup_steps
         self.half_life_steps = half_life_steps
         self.max_history = max_history
@@ -113,7 +124,8 @@ class OnlineStepTimeModel:
 
     def with_prior(self, prior: StepTimeModel) -> "OnlineStepTimeModel":
         """Same measurements and corrections applied to another prior (e.g. another seq_len)."""
-        twin = OnlineStepTimeModel(prior, self.warmup_steps, self.half_life_steps, self.max_history)
+        twin = OnlineStepTimeModel(prior, self.warmup_steps, self.half_life_steps, self.max_history,
+                                   self.default_noise)
         twin.measurements = list(self.measurements)
         twin.updates_seen = self.updates_seen
         return twin
@@ -141,35 +153,80 @@ class OnlineStepTimeModel:
         return self._fit
 
     def _solve(self) -> tuple[np.ndarray, np.ndarray, float]:
-        prior_weights = np.ones(2)
         if not self.measurements:
-            return prior_weights, np.eye(2) * PRIOR_SIGMA**2, DEFAULT_NOISE
-        times = np.array([m.step_time_s for m in self.measurements])
-        design = np.array([[m.fixed_s, m.scaling_s] for m in self.measurements]) / times[:, None]
-        target = np.ones(len(times))
+            return np.ones(2), PRIOR_COVARIANCE.copy(), self.default_noise
         newest = self.measurements[-1].index
-        recency = 0.5 ** (np.array([newest - m.index for m in self.measurements]) / self.half_life_steps)
-        robust = np.ones(len(times))
-        noise = DEFAULT_NOISE
-        for _ in range(4):
-            weights, covariance = self._ridge(design, target, recency * robust, noise)
-            residuals = target - design @ weights
-            noise = self._noise(residuals)
-            robust = np.minimum(1.0, HUBER_K * noise / np.maximum(np.abs(residuals), 1e-12))
-        return np.maximum(weights, MIN_WEIGHT), covariance, noise
+        fit = fit_corrections(
+            fixed_s=np.array([[m.fixed_s for m in self.measurements]]),
+            scaling_s=np.array([[m.scaling_s for m in self.measurements]]),
+            step_time_s=np.array([[m.step_time_s for m in self.measurements]]),
+            recency=np.array([[0.5 ** ((newest - m.index) / self.half_life_steps) for m in self.measurements]]),
+            valid=np.ones((1, len(self.measurements)), dtype=bool), default_noise=self.default_noise)
+        return fit.weights[0], fit.covariance[0], float(fit.noise[0])
 
-    @staticmethod
-    def _ridge(design: np.ndarray, target: np.ndarray, sample_weights: np.ndarray,
-               noise: float) -> tuple[np.ndarray, np.ndarray]:
-        precision_prior = np.eye(2) / PRIOR_SIGMA**2
-        weighted = design * (sample_weights / noise**2)[:, None]
-        precision = design.T @ weighted + precision_prior
-        rhs = weighted.T @ target + precision_prior @ np.ones(2)
-        covariance = np.linalg.inv(precision)
-        return covariance @ rhs, covariance
 
-    def _noise(self, residuals: np.ndarray) -> float:
-        if len(residuals) < 3:
-            return DEFAULT_NOISE
-        mad = float(np.median(np.abs(residuals - np.median(residuals)))) * 1.4826
-        return max(MIN_NOISE, mad)
+@dataclass(frozen=True)
+class CorrectionFit:
+    """Fitted (w_fixed, w_scaling) per row, their covariance and the relative noise of the residuals."""
+
+    weights: np.ndarray
+    covariance: np.ndarray
+    noise: np.ndarray
+
+    def predict_s(self, fixed_s: np.ndarray, scaling_s: np.ndarray) -> np.ndarray:
+        """Calibrated seconds; ``fixed_s``/``scaling_s`` shaped like the rows (or rows x k)."""
+        fixed_s, scaling_s = np.asarray(fixed_s, dtype=float), np.asarray(scaling_s, dtype=float)
+        extra = (None,) * (fixed_s.ndim - 1)
+        return self.weights[(slice(None), 0) + extra] * fixed_s + self.weights[(slice(None), 1) + extra] * scaling_s
+
+    def uncertainty(self, fixed_s: np.ndarray, scaling_s: np.ndarray) -> np.ndarray:
+        """Relative one-sigma uncertainty of ``predict_s`` per row (weight uncertainty + noise)."""
+        features = np.stack([np.asarray(fixed_s, dtype=float), np.asarray(scaling_s, dtype=float)], axis=-1)
+        predicted = np.maximum(np.einsum("ni,ni->n", features, self.weights), 1e-30)
+        weight_var = np.einsum("ni,nij,nj->n", features, self.covariance, features) / predicted**2
+        return np.sqrt(weight_var + self.noise**2)
+
+
+def fit_corrections(fixed_s: np.ndarray, scaling_s: np.ndarray, step_time_s: np.ndarray, recency: np.ndarray,
+                    valid: np.ndarray, default_noise: float = DEFAULT_NOISE) -> CorrectionFit:
+    """Ridge fit of ``t = w_fixed * fixed_s + w_scaling * scaling_s`` towards (1, 1), many rows at once.
+
+    Every argument is shaped (rows, measurements): row r is one node's (or one
+    model's) history, ``valid`` marks the filled slots, ``recency`` weighs them
+    (1 = newest). Errors are relative; outliers are down-weighted with Huber
+    weights on the robust (MAD) residual scale, which needs 3 measurements
+    (before that the noise is ``default_noise``). A row with no valid slot
+    keeps the prior (1, 1).
+    """
+    valid = np.asarray(valid, dtype=bool)
+    times = np.where(valid, step_time_s, 1.0)
+    design = np.stack([np.where(valid, fixed_s, 0.0), np.where(valid, scaling_s, 0.0)], axis=-1) / times[..., None]
+    rows = valid.shape[0]
+    noise = np.full(rows, float(default_noise))
+    robust = np.ones(valid.shape)
+    for _ in range(4):
+        weights, covariance = _ridge(design, np.where(valid, recency, 0.0) * robust, noise)
+        residuals = 1.0 - np.einsum("nmi,ni->nm", design, weights)
+        noise = _robust_noise(residuals, valid, default_noise)
+        robust = np.minimum(1.0, HUBER_K * noise[:, None] / np.maximum(np.abs(residuals), 1e-12))
+    return CorrectionFit(np.maximum(weights, MIN_WEIGHT), covariance, noise)
+
+
+def _ridge(design: np.ndarray, sample_weights: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    precision_prior = PRIOR_PRECISION
+    weighted = design * (sample_weights / noise[:, None] ** 2)[..., None]
+    precision = np.einsum("nmi,nmj->nij", design, weighted) + precision_prior
+    rhs = weighted.sum(axis=1) + precision_prior @ np.ones(2)
+    covariance = np.linalg.inv(precision)
+    return np.einsum("nij,nj->ni", covariance, rhs), covariance
+
+
+def _robust_noise(residuals: np.ndarray, valid: np.ndarray, default_noise: float) -> np.ndarray:
+    """Relative noise per row: 1.4826 x MAD of the valid residuals (``default_noise`` under 3 of them)."""
+    counts = valid.sum(axis=1)
+    masked = np.where(valid, residuals, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        centre = np.nanmedian(masked, axis=1)
+        mad = np.nanmedian(np.abs(masked - centre[:, None]), axis=1) * 1.4826
+    return np.where(counts >= 3, np.maximum(MIN_NOISE, np.nan_to_num(mad, nan=default_noise)), default_noise)

@@ -7,6 +7,7 @@ peaks in TFLOPS (1e12 FLOP/s), bandwidth in GB/s (1e9 B/s), memory in GiB.
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -14,12 +15,14 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
+from geodiloco.predictor.gpu_names import NameIndex, NameMatch, UnknownName, normalize_name
 from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
 from geodiloco.predictor.workload import check_precision
 
 DATA_FILE = Path(__file__).parent / "data" / "gpus.yaml"
+log = logging.getLogger("geodiloco.predictor")
 
 # One direction of an x16 link, GB/s, by PCIe generation (PCI-SIG figures).
 PCIE_X16_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
@@ -44,7 +47,13 @@ class GpuSpec:
     aliases: tuple[str, ...] = ()
     boost_clock_mhz: Optional[float] = None
     pcie_gen: Optional[int] = None
-    nvlink_gbps: Optional[float] = None
+    peer_link_gbps: Optional[float] = None
+    peer_link: Optional[str] = None
+    fp8_tflops: Optional[float] = None
+    vendor: str = "nvidia"
+    model: Optional[str] = None
+    form_factor: Optional[str] = None
+    default_for_model: bool = False
     kind: str = "gpu"
     host_op_us: Optional[float] = None
     host_optimizer_tensor_us: Optional[float] = None
@@ -97,14 +106,23 @@ class GpuSpec:
         return PCIE_X16_GBPS.get(self.pcie_gen or 3, PCIE_X16_GBPS[3])
 
     def link_gbps(self) -> float:
-        """One-direction bandwidth (GB/s) of this GPU's best link to identical peers."""
-        return self.nvlink_gbps / 2 if self.nvlink_gbps else self.pcie_gbps()
+        """One-direction bandwidth (GB/s) of this GPU's best link to identical peers (NVLink, Infinity Fabric, PCIe)."""
+        return self.peer_link_gbps / 2 if self.peer_link_gbps else self.pcie_gbps()
 
 
 class GpuRow(StrictModel):
-    """One row of a GPU YAML file; units as in ``GpuSpec``."""
+    """One row of a GPU YAML file; units as in ``GpuSpec``.
+
+    ``model`` (the product without form factor or memory, "A100"), ``form_factor``
+    and ``memory_gb`` let names like "A100 80GB SXM4" resolve; ``default_for_model``
+    marks the row a bare model name means. ``nvlink_gbps`` is read as ``peer_link_gbps``.
+    """
 
     name: str = Field(min_length=1)
+    vendor: Literal["nvidia", "amd", "other"] = "nvidia"
+    model: Optional[str] = None
+    form_factor: Optional[str] = None
+    default_for_model: bool = False
     aliases: list[str] = Field(default_factory=list)
     architecture: str
     sm_count: int = Field(ge=1)
@@ -116,9 +134,12 @@ class GpuRow(StrictModel):
     fp16_tflops: Optional[float] = Field(default=None, gt=0)
     fp16_fp32acc_tflops: Optional[float] = Field(default=None, gt=0)
     bf16_tflops: Optional[float] = Field(default=None, gt=0)
+    fp8_tflops: Optional[float] = Field(default=None, gt=0)
     consumer: bool = False
     pcie_gen: Optional[int] = Field(default=None, ge=1, le=6)
-    nvlink_gbps: Optional[float] = Field(default=None, gt=0)
+    peer_link: Optional[str] = None
+    peer_link_gbps: Optional[float] = Field(default=None, gt=0,
+                                            validation_alias=AliasChoices("peer_link_gbps", "nvlink_gbps"))
     kind: Literal["gpu", "cpu"] = "gpu"
     source: str = Field(min_length=1)
 
@@ -132,38 +153,42 @@ class GpuFile(StrictModel):
     gpus: list[GpuRow] = Field(min_length=1)
 
 
-def normalize_name(name: str) -> str:
-    """Lower case, vendor words and punctuation removed: 'NVIDIA GeForce RTX 2080 Ti' -> 'rtx2080ti'."""
-    text = name.lower()
-    text = re.sub(r"\b(nvidia|geforce|tesla|graphics|gpu)\b", " ", text)
-    return re.sub(r"[^a-z0-9]", "", text)
-
-
 class GpuRegistry:
-    """Known GPUs by normalized name and alias; later additions override earlier ones."""
+    """Known GPUs by name, alias and model parts; later additions override earlier ones."""
 
     def __init__(self) -> None:
         self.by_name: dict[str, GpuSpec] = {}
-        self.by_key: dict[str, str] = {}
+        self.names = NameIndex()
+        self._noticed: set = set()
 
     def add(self, spec: GpuSpec) -> None:
         self.by_name[spec.name] = spec
-        for spelling in (spec.name, *spec.aliases):
-            self.by_key[normalize_name(spelling)] = spec.name
+        self.names.add(spec)
+
+    def resolve(self, name: str) -> tuple[GpuSpec, Optional[str]]:
+        """(row, notice): the notice says when an ambiguous name got the model's default row."""
+        try:
+            match: NameMatch = self.names.resolve(name)
+        except UnknownName as err:
+            detail = err.detail or self.suggestion(normalize_name(name))
+            raise ConfigError(f"unknown GPU {name!r}; {detail}; "
+                              "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file") from None
+        return self.by_name[match.row_name], match.notice
 
     def lookup(self, name: str) -> GpuSpec:
-        key = normalize_name(name)
-        if key in self.by_key:
-            return self.by_name[self.by_key[key]]
-        raise ConfigError(f"unknown GPU {name!r}; {self.suggestion(key)}; "
-                          "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file")
+        spec, notice = self.resolve(name)
+        if notice and name not in self._noticed:
+            self._noticed.add(name)
+            log.warning(notice)
+        return spec
 
     def suggestion(self, key: str) -> str:
-        close_keys = difflib.get_close_matches(key, list(self.by_key), n=6, cutoff=0.5)
-        close = list(dict.fromkeys(self.by_key[k] for k in close_keys))[:3]
+        keys = list(self.names.exact)
+        close_keys = difflib.get_close_matches(key, keys, n=6, cutoff=0.5)
+        close = list(dict.fromkeys(self.names.exact[k] for k in close_keys))[:3]
         if close:
             return "closest known: " + ", ".join(close)
-        return "known GPUs: " + ", ".join(sorted(self.by_name))
+        return f"{len(self.by_name)} GPUs known (list them: geodiloco predict --list-gpus)"
 
 
 def read_gpu_file(path: str | Path) -> list[GpuSpec]:
@@ -188,6 +213,11 @@ def registry() -> GpuRegistry:
 def lookup_gpu(name: str) -> GpuSpec:
     """The datasheet row of ``name`` (vendor spellings accepted); ConfigError names the closest GPUs."""
     return registry().lookup(name)
+
+
+def resolve_gpu(name: str) -> tuple[GpuSpec, Optional[str]]:
+    """(row, notice or None) for ``name``; the notice says which default an ambiguous name got."""
+    return registry().resolve(name)
 
 
 def load_user_gpus(path: str | Path) -> list[GpuSpec]:

@@ -25,6 +25,9 @@ class LinearModel:
     def predict(self, batch_size: int) -> float:
         return self.fixed_s + self.per_sample_s * batch_size
 
+    def fixed_and_scaling_s(self, batch_size: int) -> tuple[float, float]:
+        return self.fixed_s, self.per_sample_s * batch_size
+
     def update(self, batch_size: int, step_time_s: float) -> None:
         self.per_sample_s = (step_time_s - self.fixed_s) / batch_size
 

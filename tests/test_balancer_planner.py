@@ -23,7 +23,8 @@ def test_adaptive_replans_from_measured_step_times():
     feed(balancer, first, {"n1": 0.3, "n2": 0.2}, 0)
     second = balancer.plan(1)
     assert [n.local_steps for n in second.nodes] == [100, 150]
-    assert second.nodes[1].predicted_step_s == pytest.approx(0.2)
+    # one measured round moves the calibration to within its assumed round noise of the measurement
+    assert second.nodes[1].predicted_step_s == pytest.approx(0.2, rel=2e-3)
 
 
 def test_adaptive_keeps_its_plan_for_small_deviations():
@@ -58,8 +59,8 @@ def test_static_policy_predictions_use_measurements_but_plans_do_not():
     feed(balancer, first, {"n1": 0.6, "n2": 0.1}, 0)
     second = balancer.plan(1)
     assert [n.local_steps for n in second.nodes] == [100, 100]
-    assert second.nodes[0].predicted_compute_s == pytest.approx(60.0)
-    assert second.nodes[1].predicted_wait_s == pytest.approx(50.0)
+    assert second.nodes[0].predicted_compute_s == pytest.approx(60.0, rel=2e-3)
+    assert second.nodes[1].predicted_wait_s == pytest.approx(50.0, rel=2e-3)
 
 
 def test_measurement_without_step_list_uses_compute_over_steps():

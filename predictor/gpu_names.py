@@ -1,0 +1,153 @@
+"""GPU names as drivers print them and as people write them, resolved to one table row.
+
+NVML, ``nvidia-smi``, ``rocm-smi`` and ``torch.cuda.get_device_name`` each spell
+a part their own way ("Tesla V100-SXM2-16GB", "NVIDIA A100 80GB PCIe",
+"AMD Instinct MI250X / MI250"), and configs add more ("A100 80GB SXM4",
+"H100 SXM5 80GB"). A name is resolved in two passes:
+
+1. exact: the name, with vendor words and punctuation dropped, equals a row's
+   name or one of its aliases;
+2. by parts: the memory size ("80GB") and form factor ("SXM4", "PCIe", "NVL")
+   are taken out wherever they appear, the rest must equal a row's ``model``,
+   and the parts narrow the model's rows down. A model with several rows left
+   (plain "A100") resolves to its ``default_for_model`` row, and the match
+   carries a notice that says so.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional, Protocol
+
+VENDOR_WORDS = ("nvidia", "geforce", "tesla", "quadro", "amd", "instinct", "radeon", "graphics", "gpu",
+                "generation", "accelerator", "edition")
+MEMORY_TYPE_WORDS = ("hbm2e", "hbm2", "hbm3e", "hbm3", "gddr6x", "gddr6", "gddr7", "gddr5")
+_MEMORY = re.compile(r"\b(\d+(?:\.\d+)?)\s*(?:gb|gib|g)\b")
+_FORM_FACTOR = re.compile(r"\b(sxm[2-6]?|pci\s*e(?:\s*gen\s*\d)?|pcie|nvl|oam)\b")
+MEMORY_TOLERANCE_GB = 2.5
+
+
+class NamedRow(Protocol):
+    name: str
+    aliases: tuple
+    model: Optional[str]
+    form_factor: Optional[str]
+    memory_gb: float
+    default_for_model: bool
+
+
+def normalize_name(name: str) -> str:
+    """Lower case, vendor words and punctuation removed: 'NVIDIA GeForce RTX 2080 Ti' -> 'rtx2080ti'."""
+    text = name.lower()
+    text = re.sub(r"\b(" + "|".join(VENDOR_WORDS) + r")\b", " ", text)
+    return re.sub(r"[^a-z0-9]", "", text)
+
+
+def form_factor_family(form_factor: Optional[str]) -> Optional[str]:
+    """'SXM4' -> 'sxm', 'PCIE' / 'PCI-e' -> 'pcie', 'NVL' -> 'nvl'; None stays None."""
+    if not form_factor:
+        return None
+    key = re.sub(r"[^a-z0-9]", "", form_factor.lower())
+    if key.startswith("sxm"):
+        return "sxm"
+    if key.startswith("pcie") or key.startswith("pci"):
+        return "pcie"
+    return key
+
+
+@dataclass(frozen=True)
+class NameParts:
+    """A name split into model key, memory size (GB) and form factor, each None when absent."""
+
+    model_key: str
+    memory_gb: Optional[float]
+    form_factor: Optional[str]
+
+
+def split_name(name: str) -> NameParts:
+    """Take the memory size and form factor out of ``name`` wherever they appear."""
+    text = re.sub(r"[-_/,()+]", " ", name.lower())
+    memory_gb = None
+    memory = _MEMORY.search(text)
+    if memory:
+        memory_gb = float(memory.group(1))
+        text = text[:memory.start()] + " " + text[memory.end():]
+    form_factor = None
+    found = _FORM_FACTOR.search(text)
+    if found:
+        form_factor = re.sub(r"\s+", "", found.group(1))
+        form_factor = re.sub(r"gen\d", "", form_factor)
+        text = text[:found.start()] + " " + text[found.end():]
+    text = re.sub(r"\b(" + "|".join(MEMORY_TYPE_WORDS) + r")\b", " ", text)
+    return NameParts(model_key=normalize_name(text), memory_gb=memory_gb, form_factor=form_factor)
+
+
+@dataclass(frozen=True)
+class NameMatch:
+    """The row a name resolved to; ``notice`` says when a default was chosen among several rows."""
+
+    row_name: str
+    notice: Optional[str] = None
+
+
+class UnknownName(LookupError):
+    """No row matches; ``detail`` says what was close (a model with other sizes, say)."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class NameIndex:
+    """Exact spellings and model keys of a table's rows; later rows override earlier ones."""
+
+    def __init__(self) -> None:
+        self.exact: dict[str, str] = {}
+        self.by_model: dict[str, dict[str, NamedRow]] = {}
+
+    def add(self, row: NamedRow) -> None:
+        for spelling in (row.name, *row.aliases):
+            self.exact[normalize_name(spelling)] = row.name
+        for models in self.by_model.values():
+            models.pop(row.name, None)
+        if row.model:
+            self.by_model.setdefault(normalize_name(row.model), {})[row.name] = row
+
+    def keys(self) -> Iterable[str]:
+        return list(self.exact) + list(self.by_model)
+
+    def resolve(self, name: str) -> NameMatch:
+        """The row ``name`` means; UnknownName when none does."""
+        key = normalize_name(name)
+        if key in self.exact:
+            return NameMatch(self.exact[key])
+        parts = split_name(name)
+        rows = list(self.by_model.get(parts.model_key, {}).values())
+        if not rows:
+            raise UnknownName()
+        narrowed = [row for row in rows if self._fits(row, parts)]
+        if not narrowed:
+            raise UnknownName(self._no_such_part(name, parts, rows))
+        if len(narrowed) == 1:
+            return NameMatch(narrowed[0].name)
+        chosen = next((row for row in narrowed if row.default_for_model), narrowed[0])
+        others = ", ".join(row.name for row in narrowed if row is not chosen)
+        notice = (f"GPU {name!r} could be several parts ({chosen.name}, {others}); planned as {chosen.name}, "
+                  f"the default; write its memory size and form factor (e.g. \"{chosen.name}\") to choose")
+        return NameMatch(chosen.name, notice)
+
+    @staticmethod
+    def _fits(row: NamedRow, parts: NameParts) -> bool:
+        if parts.memory_gb is not None and abs(row.memory_gb - parts.memory_gb) > MEMORY_TOLERANCE_GB:
+            return False
+        if parts.form_factor is not None:
+            return form_factor_family(row.form_factor) == form_factor_family(parts.form_factor)
+        return True
+
+    @staticmethod
+    def _no_such_part(name: str, parts: NameParts, rows: list) -> str:
+        asked = " ".join(filter(None, [f"{parts.memory_gb:g} GB" if parts.memory_gb else "",
+                                       parts.form_factor or ""]))
+        known = ", ".join(f"{row.name} ({row.memory_gb:g} GB, {row.form_factor or 'one form factor'})"
+                          for row in rows)
+        return f"{rows[0].model} comes as {known}; none matches {asked!r} in {name!r}"
