@@ -196,12 +196,24 @@ class NodeSpec(StrictModel):
 
 
 class ClusterSpec(StrictModel):
+    gpu_files: list[str] = Field(default_factory=list)
     nodes: list[NodeSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _unique_names(self) -> "ClusterSpec":
+        load_gpu_files(self.gpu_files, "gpu_files")
         check_unique_names(self.nodes)
         return self
+
+
+def load_gpu_files(paths: list[str], field: str) -> None:
+    """Add the GPU rows of ``paths`` to the predictor's table; a bad file fails naming ``field``."""
+    from geodiloco.predictor.specs import load_user_gpus
+    for index, path in enumerate(paths):
+        try:
+            load_user_gpus(path)
+        except ConfigError as err:
+            raise ValueError(f"{field}[{index}]: {err}") from None
 
 
 def check_unique_names(nodes: list[NodeSpec]) -> None:
@@ -217,4 +229,6 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     data = load_yaml_mapping(path)
     if "nodes" not in data:
         raise ConfigError(f"{path}: no 'nodes:' list; a cluster file lists nodes with name, site and gpus")
-    return validate(ClusterSpec, {"nodes": data["nodes"]}, str(path))
+    base = Path(path).parent
+    gpu_files = [str(base / file) for file in data.get("gpu_files", []) or []]
+    return validate(ClusterSpec, {"nodes": data["nodes"], "gpu_files": gpu_files}, str(path))

@@ -81,9 +81,9 @@ def predictor_tflops_lookup(flops_field: str) -> TflopsLookup:
     """Nominal TFLOPS of a GPU from the predictor's datasheet table."""
 
     def lookup(gpu_name: str) -> float:
-        from geodiloco.predictor.specs import lookup_gpu
+        from geodiloco.predictor.unknown_gpus import device_spec
         try:
-            return float(getattr(lookup_gpu(gpu_name), flops_field))
+            return float(getattr(device_spec(gpu_name), flops_field))
         except (KeyError, ValueError) as err:
             raise ConfigError(f"GPU {gpu_name!r}: {err}") from None
 

@@ -14,6 +14,11 @@ examples:
   geodiloco predict --model small --batch-size 8 --seq-len 128 --precision fp32   (no --gpu: this CPU)
   geodiloco predict --detect
   geodiloco predict --list-gpus
+  geodiloco predict --resolve "NVIDIA A100 80GB PCIe" --resolve "H100 SXM5 80GB" --resolve A100
+  geodiloco predict --probe --write-row my_gpu.yaml   (measure this machine's GPU; load with --gpu-file)
+
+A GPU the table does not know is planned from a probe (when it is on this machine) or like an
+L4 until measured, with a notice; add a row with --gpu-file (or gpu_files: in a config) to plan it well.
 """
 
 
@@ -47,6 +52,12 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--detect", action="store_true", help="describe this machine's GPUs or CPU")
     parser.add_argument("--list-gpus", action="store_true", help="print the known GPUs and their rates")
+    parser.add_argument("--resolve", action="append", default=[], metavar="NAME",
+                        help="print the table row a GPU name resolves to (driver strings, any spelling)")
+    parser.add_argument("--probe", action="store_true",
+                        help="measure this machine's GPU (matmul TFLOPS per precision, copy GB/s; a few seconds)")
+    parser.add_argument("--write-row", metavar="YAML",
+                        help="with --probe: write the measurement as a GPU row file for --gpu-file / gpu_files:")
     parser.add_argument("--remeasure", action="store_true",
                         help="measure this CPU again instead of using the cached peaks")
     parser.set_defaults(func=run_predict)
@@ -64,7 +75,49 @@ def run_predict(args: argparse.Namespace) -> int:
         return print_detect(args.json)
     if args.list_gpus:
         return print_gpus(args.json)
+    if args.resolve:
+        return print_resolved(args.resolve, args.json)
+    if args.probe:
+        return print_probe(args.write_row, args.json)
+    if args.write_row:
+        raise ConfigError("--write-row needs --probe (it writes what the probe measured)")
     return print_prediction(args)
+
+
+def print_resolved(names: list, as_json: bool) -> int:
+    from geodiloco.predictor.specs import resolve_gpu
+
+    answers = []
+    for name in names:
+        spec, notice = resolve_gpu(name)
+        answers.append({"name": name, "row": spec.name, "notice": notice, "source": spec.source})
+    if as_json:
+        print(json.dumps(answers, indent=2))
+    else:
+        for answer in answers:
+            print(f"{answer['name']!r} -> {answer['row']}" + (f"  ({answer['notice']})" if answer["notice"] else ""))
+    return 0
+
+
+def print_probe(write_row: str | None, as_json: bool) -> int:
+    import yaml
+
+    from geodiloco.predictor.probe import measure_device, probe_row
+
+    try:
+        import torch
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        raise ConfigError("--probe needs torch installed") from None
+    row = probe_row(measure_device(device))
+    if write_row:
+        with open(write_row, "w", encoding="utf-8") as handle:
+            handle.write("# Written by `geodiloco predict --probe`; load with --gpu-file or gpu_files: in a config.\n")
+            yaml.safe_dump({"gpus": [row]}, handle, sort_keys=False)
+    print(json.dumps(row, indent=2) if as_json else yaml.safe_dump({"gpus": [row]}, sort_keys=False).rstrip())
+    if write_row:
+        print(f"wrote {write_row}")
+    return 0
 
 
 def print_prediction(args: argparse.Namespace) -> int:

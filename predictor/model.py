@@ -18,7 +18,7 @@ from typing import Literal, Optional
 
 from geodiloco.predictor.kernels import efficiency_for, host_op_s, micro_batch_time, optimizer_time
 from geodiloco.predictor.schema import ConfigError
-from geodiloco.predictor.specs import GpuSpec, lookup_gpu
+from geodiloco.predictor.specs import GpuSpec
 from geodiloco.predictor.workload import ModelDims, check_precision, gradient_bytes, training_memory_bytes
 
 Split = Literal["equal", "by_speed"]
@@ -251,11 +251,13 @@ class NodeStepModel:
 
 
 def resolve_devices(gpus: list[str]) -> list[GpuSpec]:
-    """Datasheet rows for GPU names; an empty list means this machine's CPU (measured)."""
+    """Datasheet rows for GPU names (unknown ones probed or stood in for, with a notice);
+    an empty list means this machine's CPU (measured)."""
     if not gpus:
         from geodiloco.predictor.detect import cpu_spec
         return [cpu_spec()]
-    return [lookup_gpu(name) for name in gpus]
+    from geodiloco.predictor.unknown_gpus import device_spec
+    return [device_spec(name) for name in gpus]
 
 
 def node_step_model(gpus: list[str], dims: ModelDims, seq_len: int, precision: str = "bf16",

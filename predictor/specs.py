@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import logging
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,12 +202,19 @@ def read_gpu_file(path: str | Path) -> list[GpuSpec]:
 _registry: Optional[GpuRegistry] = None
 
 
+GPU_FILES_ENV = "GEODILOCO_GPU_FILES"
+"""Extra GPU row files, separated like PATH (os.pathsep), loaded over the shipped table."""
+
+
 def registry() -> GpuRegistry:
     global _registry
     if _registry is None:
         _registry = GpuRegistry()
         for spec in read_gpu_file(DATA_FILE):
             _registry.add(spec)
+        for path in filter(None, os.environ.get(GPU_FILES_ENV, "").split(os.pathsep)):
+            for spec in read_gpu_file(path):
+                _registry.add(spec)
     return _registry
 
 

@@ -12,7 +12,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names
+from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names, load_gpu_files
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
 from geodiloco.predictor.workload import ModelDims, dims_from_mapping, hf_config_json, preset_dims, resolve_dims
@@ -328,10 +328,14 @@ class RunConfig(StrictModel):
     comm: CommSection = Field(default_factory=CommSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    gpu_files: list[str] = Field(default_factory=list)
+    """Extra GPU datasheet rows (predictor/data/gpus.yaml shape) for GPUs the table lacks; relative
+    paths are taken from the working directory, and every site needs the same files."""
     nodes: list[NodeSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
+        load_gpu_files(self.gpu_files, "gpu_files")
         check_unique_names(self.nodes)
         if self.comm.backend == "hivemind":
             check_hivemind_sync(self.diloco)

@@ -29,10 +29,12 @@ def test_human_output_explains_the_pace(capsys):
     assert "bound by" in out and "slowest GPU" in out
 
 
-def test_unknown_gpu_exits_2_with_one_line(capsys):
-    code, _, err = run(capsys, "--gpu", "RTX 2080", "--model", "tiny")
-    assert code == 2
-    assert "unknown GPU 'RTX 2080'" in err and "RTX 2080 Ti" in err and err.count("\n") == 1
+def test_unknown_gpu_is_predicted_as_a_stand_in_with_one_notice(capsys, caplog):
+    with caplog.at_level("WARNING", logger="geodiloco.predictor"):
+        code, out, _ = run(capsys, "--gpu", "RTX 2080 Tii", "--model", "tiny")
+    assert code == 0 and "node: 1 x RTX 2080 Tii" in out
+    [notice] = [record.getMessage() for record in caplog.records]
+    assert "'RTX 2080 Tii' is not in the table" in notice and "closest known: RTX 2080 Ti" in notice
 
 
 def test_model_file_and_seq_len_check(capsys, tmp_path):

@@ -3,6 +3,8 @@ import json
 
 import pytest
 
+from geodiloco.predictor.specs import lookup_gpu
+
 from geodiloco.predictor import detect
 from geodiloco.predictor.base import StepTimeModel
 from geodiloco.predictor.model import GPU_RESERVED_GB, ALLOCATOR_HEADROOM, node_step_model
@@ -111,5 +113,6 @@ def test_bad_inputs_are_config_errors():
         node_step_model(["A30"], LLAMA, 1024, "int8")
     with pytest.raises(ConfigError, match="batch_size"):
         node_step_model(["A30"], LLAMA, 1024).predict(0)
-    with pytest.raises(ConfigError, match="unknown GPU"):
-        node_step_model(["A31"], LLAMA, 1024)
+    stood_in = node_step_model(["A31"], LLAMA, 1024).devices[0]  # unknown: planned like an L4, not refused
+    assert stood_in.name == "A31" and stood_in.bf16_tflops == lookup_gpu("L4").bf16_tflops
+    assert stood_in.source.startswith("stand-in: planned like L4")

@@ -103,7 +103,6 @@ BAD_INPUTS = [
     (["--set", "diloco.rounds.x=1"], "--set diloco.rounds.x: diloco.rounds is a value, not a section"),
     (["--set", "data.source=DIR/missing"], "data.source: DIR/missing is neither 'stdlib' nor an existing file"),
     (["--set", "data.source=DIR/five.txt"], "eval windows of 129 tokens leave no training data"),
-    (["--set", "nodes.0.gpus=[Z9000]"], "nodes[0] (node1).gpus: unknown GPU 'Z9000'"),
     (["--set", "nodes.0.gpus=['0 x A30']"], "'0 x A30': a GPU count must be at least 1"),
     (["--set", "diloco.batch_size=1000000000"], "diloco.batch_size: Input should be less than or equal to 1000000"),
     (["--config", "DIR/binary.yaml"], "binary.yaml: not a text file (not UTF-8); pass a YAML config"),
@@ -126,10 +125,19 @@ def test_bad_input_is_one_line_before_any_node_starts(tmp_path, args, message):
 
 
 def test_the_launcher_answers_bad_input_with_exit_2_and_no_traceback(tmp_path):
-    result = geodiloco("run", "--sites", "local", "--set", "nodes.0.gpus=[Z9000]", "--run-dir", str(tmp_path / "run"))
+    result = geodiloco("run", "--sites", "local", "--set", "nodes.0.gpus=['0 x A30']", "--run-dir",
+                       str(tmp_path / "run"))
     assert result.returncode == 2
-    assert result.stderr.startswith("geodiloco run: error: nodes[0] (node1).gpus: unknown GPU 'Z9000'")
+    assert result.stderr.startswith("geodiloco run: error: ") and "a GPU count must be at least 1" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_gpu_the_table_lacks_is_planned_with_a_notice_not_refused(caplog):
+    from geodiloco.runtime.preflight import preflight
+    with caplog.at_level("WARNING", logger="geodiloco.predictor"):
+        preflight(load_config(None, ["nodes.0.gpus=[Z9000]"]))
+    notices = [record.getMessage() for record in caplog.records if "'Z9000'" in record.getMessage()]
+    assert len(notices) == 1 and "is not in the table" in notices[0] and "planned like an L4" in notices[0]
 
 
 def test_a_model_too_large_for_a_nodes_gpus_is_refused_before_any_node_starts(tmp_path):

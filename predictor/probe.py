@@ -1,0 +1,158 @@
+"""A short measured probe of this machine's GPU, for a GPU the datasheet table does not know.
+
+It times large matmuls at fp32, tf32, fp16 and bf16 and a device-to-device
+copy (a few seconds in all) and returns a ``GpuSpec`` whose rates are those
+measured peaks, so the step-time model plans the node like any known GPU.
+Results are cached as JSON next to the CPU measurements (see detect.py), keyed
+by device name and torch version. ``probe_row`` turns the result into a YAML
+row for a GPU file, so the measurement can be kept and shared.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Callable, Optional
+
+from geodiloco.predictor.detect import cache_dir
+from geodiloco.predictor.specs import GpuSpec
+
+log = logging.getLogger("geodiloco.predictor")
+
+CACHE_FILE_NAME = "gpu_probe.json"
+MATMUL_SIZE = 4096
+COPY_BYTES = 512 * 2**20
+CPU_MATMUL_SIZE = 1024
+CPU_COPY_BYTES = 64 * 2**20
+"""A CPU probe (no GPU here) stays at sizes a CPU times in about a second; half precision is skipped."""
+PROBE_VERSION = 1
+
+
+def _best_s(action: Callable[[], object], synchronize: Callable[[], None], repeats: int) -> float:
+    """Fastest of ``repeats`` timed runs after one warm-up, in seconds."""
+    action()
+    synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _matmul_tflops(torch, device, dtype, size: int, repeats: int, tf32: bool = False) -> Optional[float]:
+    """Measured TFLOPS of a size^3 matmul in ``dtype``; None if the device refuses that dtype."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        left = torch.randn(size, size, device=device, dtype=dtype)
+        right = torch.randn(size, size, device=device, dtype=dtype)
+        seconds = _best_s(lambda: torch.mm(left, right), lambda: _sync(torch, device), repeats)
+    except (RuntimeError, TypeError) as err:
+        log.info("probe: %s matmul unavailable on %s: %s", dtype, device, err)
+        return None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return 2.0 * size**3 / seconds / 1e12
+
+
+def _sync(torch, device) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def _copy_gbps(torch, device, copy_bytes: int, repeats: int) -> float:
+    """Read + write bandwidth of a device-to-device copy, GB/s."""
+    elements = copy_bytes // 4
+    source = torch.ones(elements, device=device)
+    target = torch.empty(elements, device=device)
+    seconds = _best_s(lambda: target.copy_(source), lambda: _sync(torch, device), repeats)
+    return 2.0 * elements * 4 / seconds / 1e9
+
+
+def measure_device(device: str = "cuda:0", size: int = MATMUL_SIZE, copy_bytes: int = COPY_BYTES,
+                   repeats: int = 5) -> dict:
+    """Measured peaks of one torch device (TFLOPS per precision, copy GB/s, memory GiB)."""
+    import torch
+
+    on_gpu = device.startswith("cuda")
+    if not on_gpu:
+        size, copy_bytes = min(size, CPU_MATMUL_SIZE), min(copy_bytes, CPU_COPY_BYTES)
+    if on_gpu:
+        props = torch.cuda.get_device_properties(device)
+        name, memory_gb, units = props.name, props.total_memory / 2**30, props.multi_processor_count
+    else:
+        from geodiloco.predictor.detect import cpu_model_name, memory_total_gb
+        name, memory_gb, units = cpu_model_name(), memory_total_gb(), torch.get_num_threads()
+    rates = {
+        "fp32_tflops": _matmul_tflops(torch, device, torch.float32, size, repeats),
+        "tf32_tflops": _matmul_tflops(torch, device, torch.float32, size, repeats, tf32=True) if on_gpu else None,
+        "fp16_tflops": _matmul_tflops(torch, device, torch.float16, size, repeats) if on_gpu else None,
+        "bf16_tflops": _matmul_tflops(torch, device, torch.bfloat16, size, repeats) if on_gpu else None,
+    }
+    return {"name": name, "device": device, "memory_gb": round(memory_gb, 2), "sm_count": int(units), **rates,
+            "memory_bandwidth_gbps": _copy_gbps(torch, device, copy_bytes, repeats),
+            "torch": torch.__version__, "hip": getattr(torch.version, "hip", None),
+            "matmul_size": size, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def probe_spec(measured: dict) -> GpuSpec:
+    """A device row from ``measure_device`` output: the measured rates stand in for datasheet peaks."""
+    fp32 = measured["fp32_tflops"]
+    half = measured.get("fp16_tflops")
+    return GpuSpec(
+        name=measured["name"], architecture="measured", sm_count=max(1, int(measured["sm_count"])),
+        memory_gb=float(measured["memory_gb"]), memory_bandwidth_gbps=float(measured["memory_bandwidth_gbps"]),
+        fp32_tflops=fp32, tf32_tflops=measured.get("tf32_tflops"), fp16_tflops=half, fp16_fp32acc_tflops=half,
+        bf16_tflops=measured.get("bf16_tflops"), consumer=False,
+        vendor="amd" if measured.get("hip") else ("nvidia" if measured.get("device", "cuda").startswith("cuda") else "other"),
+        source=(f"measured probe on this machine ({measured['matmul_size']}^3 matmuls, device copy; "
+                f"torch {measured['torch']}, {measured['measured_at']})"))
+
+
+def probe_local_gpu(name: str, refresh: bool = False) -> Optional[GpuSpec]:
+    """The probed row of this machine's GPU called ``name`` (cached), or None if no such GPU is here."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from geodiloco.predictor.gpu_names import normalize_name
+    wanted = normalize_name(name)
+    for index in range(torch.cuda.device_count()):
+        if normalize_name(torch.cuda.get_device_name(index)) == wanted:
+            return probe_spec(_cached_measurement(f"cuda:{index}", torch, refresh))
+    return None
+
+
+def _cached_measurement(device: str, torch, refresh: bool) -> dict:
+    key = f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|v{PROBE_VERSION}"
+    path = cache_dir() / CACHE_FILE_NAME
+    cached: dict = {}
+    if path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            log.info("ignoring unreadable GPU probe cache %s: %s", path, err)
+    if refresh or key not in cached:
+        cached[key] = measure_device(device)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cached, indent=2, sort_keys=True))
+        except OSError as err:
+            log.warning("could not cache the GPU probe in %s: %s", path, err)
+    return cached[key]
+
+
+def probe_row(measured: dict) -> dict:
+    """A ``gpus:`` YAML row (predictor/data/gpus.yaml shape) holding a probe's measurements."""
+    spec = probe_spec(measured)
+    return {"name": spec.name, "vendor": spec.vendor, "architecture": spec.architecture,
+            "sm_count": spec.sm_count, "memory_gb": spec.memory_gb,
+            "memory_bandwidth_gbps": round(spec.memory_bandwidth_gbps, 1),
+            "fp32_tflops": round(spec.fp32_tflops, 2),
+            **{column: None if getattr(spec, column) is None else round(getattr(spec, column), 2)
+               for column in ("tf32_tflops", "fp16_tflops", "fp16_fp32acc_tflops", "bf16_tflops")},
+            "source": spec.source}
