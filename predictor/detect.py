@@ -1,4 +1,4 @@
-"""Describe this machine: GPUs through NVML (or torch.cuda), else the CPU with
+"""Describe this machine: GPUs through NVML, rocm-smi (AMD) or torch.cuda (CUDA or ROCm builds), else the CPU with
 its measured matmul rate, memory bandwidth and per-op overhead.
 
 CPU measurements take about a second, so they are cached as JSON under
@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -86,6 +87,34 @@ def _nvml_device(pynvml, index: int) -> dict:
     return info
 
 
+ROCM_SMI_ARGS = ("rocm-smi", "--showproductname", "--showmeminfo", "vram", "--json")
+
+
+def rocm_smi_gpus(run: Optional[Callable[..., "subprocess.CompletedProcess"]] = None) -> tuple[list[dict], str]:
+    """AMD GPUs seen by ``rocm-smi`` (ROCm machines have no NVML), and '' or why it could not be used."""
+    run = run or subprocess.run
+    try:
+        result = run(list(ROCM_SMI_ARGS), capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        return [], f"rocm-smi unavailable: {err}"
+    if result.returncode != 0:
+        return [], f"rocm-smi failed (exit {result.returncode}): {result.stderr.strip()[:200]}"
+    try:
+        cards = json.loads(result.stdout)
+    except json.JSONDecodeError as err:
+        return [], f"rocm-smi printed no JSON: {err}"
+    gpus = []
+    for key in sorted((k for k in cards if k.lower().startswith("card")), key=lambda k: int("".join(
+            filter(str.isdigit, k)) or 0)):
+        fields = {name.lower(): value for name, value in cards[key].items()}
+        name = fields.get("card series") or fields.get("card model") or fields.get("device name") or key
+        vram = fields.get("vram total memory (b)")
+        gpus.append({"index": len(gpus), "name": str(name).strip(),
+                     "memory_gb": round(int(vram) / 2**30, 2) if vram and str(vram).isdigit() else None,
+                     "datasheet": _datasheet_name(str(name))})
+    return gpus, "" if gpus else "rocm-smi lists no GPU"
+
+
 def torch_cuda_gpus() -> tuple[list[dict], str]:
     """GPUs seen by torch.cuda, and '' or the reason it could not be used."""
     try:
@@ -98,7 +127,8 @@ def torch_cuda_gpus() -> tuple[list[dict], str]:
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
         gpus.append({"index": index, "name": props.name, "memory_gb": round(props.total_memory / 2**30, 2),
-                     "sm_count": props.multi_processor_count, "datasheet": _datasheet_name(props.name)})
+                     "sm_count": props.multi_processor_count, "datasheet": _datasheet_name(props.name),
+                     "runtime": "rocm" if getattr(torch.version, "hip", None) else "cuda"})
     return gpus, ""
 
 
@@ -267,23 +297,20 @@ def cpu_spec(refresh: bool = False) -> GpuSpec:
 
 
 def describe_this_machine(measure: bool = True) -> dict:
-    """GPUs (NVML, else torch.cuda) or, without any, the CPU with measured peaks.
+    """GPUs (NVML, else rocm-smi, else torch.cuda) or, without any, the CPU with measured peaks.
 
     Keys: ``kind`` ('gpu' or 'cpu'), ``source``, ``gpus`` (list), ``cpu``
     (dict), ``fallback_reasons`` (why NVML / torch.cuda were not used).
     """
     reasons: list[str] = []
-    gpus, reason = nvml_gpus()
-    source = "nvml"
-    if not gpus:
+    gpus, source = [], "cpu"
+    for source_name, detector in (("nvml", nvml_gpus), ("rocm-smi", rocm_smi_gpus), ("torch.cuda", torch_cuda_gpus)):
+        gpus, reason = detector()
+        if gpus:
+            source = source_name
+            break
         reasons.append(reason)
-        log.info("GPU detection: %s; trying torch.cuda", reason)
-        gpus, reason = torch_cuda_gpus()
-        source = "torch.cuda"
-        if not gpus:
-            reasons.append(reason)
-            log.info("GPU detection: %s; describing the CPU", reason)
-            source = "cpu"
+        log.info("GPU detection: %s; trying the next source", reason)
     cpu = {"model": cpu_model_name(), "logical_cores": os.cpu_count() or 1,
            "memory_gb": round(memory_total_gb(), 2), "threads": compute_threads()}
     if not gpus and measure:

@@ -96,3 +96,35 @@ def test_measure_cpu_returns_positive_rates():
     measured = detect.measure_cpu(size=128, copy_sizes_mb=(0.25, 1.0), repeats=1)
     assert measured["matmul_tflops"] > 0 and measured["memory_bandwidth_gbps"] > 0 and measured["host_op_us"] > 0
     assert [size for size, _ in measured["bandwidth_curve"]] == [0.25 * 2**20, 2**20]
+
+
+class FakeRocmSmi:
+    """What ``rocm-smi --showproductname --showmeminfo vram --json`` prints on a two-GPU MI250X box."""
+
+    def __init__(self, stdout: str, returncode: int = 0) -> None:
+        self.stdout, self.returncode = stdout, returncode
+
+    def __call__(self, args, **kwargs):
+        import subprocess
+        assert args[0] == "rocm-smi" and "--json" in args
+        return subprocess.CompletedProcess(args, self.returncode, stdout=self.stdout, stderr="rocm-smi: boom")
+
+
+ROCM_JSON = ('{"card0": {"Card Series": "AMD Instinct MI250X / MI250", "Card Model": "0x740c", '
+             '"VRAM Total Memory (B)": "68702699520"}, "card1": {"card series": "AMD Instinct MI300X", '
+             '"VRAM Total Memory (B)": "205822885888"}, "system": {"Driver version": "6.8.5"}}')
+
+
+def test_rocm_smi_gpus_are_read_and_matched_to_datasheet_rows():
+    gpus, reason = detect.rocm_smi_gpus(run=FakeRocmSmi(ROCM_JSON))
+    assert reason == ""
+    assert [gpu["name"] for gpu in gpus] == ["AMD Instinct MI250X / MI250", "AMD Instinct MI300X"]
+    assert [gpu["memory_gb"] for gpu in gpus] == [63.98, 191.69]
+    assert [gpu["datasheet"] for gpu in gpus] == ["MI250X", "MI300X"]
+
+
+def test_rocm_smi_failure_is_a_reason_not_an_error():
+    gpus, reason = detect.rocm_smi_gpus(run=FakeRocmSmi("", returncode=2))
+    assert gpus == [] and "rocm-smi failed (exit 2): rocm-smi: boom" == reason
+    gpus, reason = detect.rocm_smi_gpus(run=FakeRocmSmi("not json"))
+    assert gpus == [] and reason.startswith("rocm-smi printed no JSON")

@@ -1,0 +1,165 @@
+"""Cold accuracy of the step-time predictor on published measurements nobody here made.
+
+Truth: single-GPU training throughput published by others (NVIDIA
+DeepLearningExamples tables, the NeuSight artifact, Lambda's benchmark results,
+papers), each row citing its source in
+experiments/predictor/data/published_training_steps.yaml.
+
+Prediction: the predictor's cold model (GPU datasheet row + the workload's
+shape; no measurement of any kind) at the row's GPU, batch, micro-batch,
+sequence length and precision. A plain roofline (training FLOPs / the GPU's
+dense peak at that precision) is reported beside it for scale.
+
+Held-out split: a row is held out unless ``sha256(id) mod 3 == 0``; the
+predictor's constants are not fitted to anything in this file, and the dev third
+is reported apart so that any later tuning can be confined to it. The headline
+is the held-out part: median and worst absolute error per GPU and per workload.
+
+Run:  .venv/bin/python experiments/predictor/bench_published.py
+Writes experiments/results/predictor/published.{md,json}.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+from geodiloco.predictor.model import node_step_model
+from geodiloco.predictor.specs import resolve_gpu
+from geodiloco.predictor.workload import ModelDims, training_flops
+
+HERE = Path(__file__).resolve().parent
+DATA_FILE = HERE / "data" / "published_training_steps.yaml"
+RESULTS = HERE.parents[0] / "results" / "predictor"
+GOAL_MEDIAN = 0.08
+
+
+def workload_dims(spec: dict, seq_len: int) -> ModelDims:
+    """ModelDims of a published workload. A GELU MLP (two matrices of hidden x ffn) is given the
+    SwiGLU width with the same parameters and FLOPs (2/3 of ffn), which is all the cost model sees."""
+    ffn = spec["ffn_size"] if spec.get("ffn_kind", "gelu") == "swiglu" else round(spec["ffn_size"] * 2 / 3)
+    return ModelDims(hidden_size=spec["hidden_size"], intermediate_size=ffn, num_layers=spec["num_layers"],
+                     num_heads=spec["num_heads"], vocab_size=spec["vocab_size"], max_seq_len=max(seq_len, 1),
+                     tie_embeddings=bool(spec.get("tied_embeddings", False)))
+
+
+def measured_step_s(row: dict) -> float:
+    """Seconds per optimizer step of the published figure."""
+    value, unit = float(row["value"]), row["unit"]
+    if unit == "sequences_per_s":
+        return row["batch_size"] / value
+    if unit == "tokens_per_s":
+        return row["batch_size"] * row["seq_len"] / value
+    if unit == "step_s":
+        return value
+    if unit == "ms_per_step":
+        return value / 1e3
+    raise ValueError(f"{row['id']}: unknown unit {unit!r}")
+
+
+def held_out(row_id: str) -> bool:
+    return int(hashlib.sha256(row_id.encode()).hexdigest(), 16) % 3 != 0
+
+
+def evaluate(row: dict, workloads: dict) -> dict:
+    spec, notice = resolve_gpu(row["gpu"])
+    dims = workload_dims(workloads[row["workload"]], row["seq_len"])
+    precision = row["precision"]
+    micro = row.get("micro_batch_size") or row["batch_size"]
+    model = node_step_model([spec.name], dims, row["seq_len"], precision,
+                            micro_batch_size=micro if micro < row["batch_size"] else None)
+    predicted_s = model.predict(row["batch_size"])
+    truth_s = measured_step_s(row)
+    rate_tflops = spec.matmul_rate(precision)[0]
+    roofline_s = training_flops(dims, row["batch_size"], row["seq_len"]) / (rate_tflops * 1e12)
+    return {"id": row["id"], "gpu": spec.name, "gpu_as_published": row["gpu"], "gpu_notice": notice,
+            "workload": row["workload"], "seq_len": row["seq_len"], "batch_size": row["batch_size"],
+            "precision": precision, "measured_s": truth_s, "predicted_s": predicted_s,
+            "error": predicted_s / truth_s - 1.0, "roofline_error": roofline_s / truth_s - 1.0,
+            "held_out": held_out(row["id"]), "source": row["source"]}
+
+
+def summary(results: list, key: str) -> list:
+    groups: dict = defaultdict(list)
+    for result in results:
+        groups[result[key]].append(result)
+    lines = []
+    for name in sorted(groups):
+        errors = [abs(result["error"]) for result in groups[name]]
+        roofline = [abs(result["roofline_error"]) for result in groups[name]]
+        lines.append({key: name, "rows": len(errors), "median": statistics.median(errors), "worst": max(errors),
+                      "roofline_median": statistics.median(roofline)})
+    return lines
+
+
+def overall(results: list) -> dict:
+    errors = [abs(result["error"]) for result in results]
+    signed = [result["error"] for result in results]
+    return {"rows": len(errors), "median": statistics.median(errors), "worst": max(errors),
+            "median_signed": statistics.median(signed),
+            "roofline_median": statistics.median(abs(result["roofline_error"]) for result in results)}
+
+
+def markdown(held: list, dev: list, skipped: list, sources: int) -> str:
+    head = overall(held)
+    lines = [
+        "# Cold step-time accuracy on published measurements",
+        "",
+        f"Truth: {len(held) + len(dev)} published single-GPU training measurements from {sources} sources "
+        "(experiments/predictor/data/published_training_steps.yaml cites each). Prediction: the cold model "
+        "(datasheet row + workload shape, nothing measured). Command: "
+        "`python experiments/predictor/bench_published.py`.",
+        "",
+        f"**Held-out ({head['rows']} rows): median error {head['median']:.1%}, worst {head['worst']:.1%}** "
+        f"(goal: median <= {GOAL_MEDIAN:.0%}; median signed error {head['median_signed']:+.1%}; "
+        f"a plain roofline, FLOPs / dense peak: median {head['roofline_median']:.1%}).",
+    ]
+    if dev:
+        dev_head = overall(dev)
+        lines.append(f"Dev third ({dev_head['rows']} rows, reported apart): median {dev_head['median']:.1%}, "
+                     f"worst {dev_head['worst']:.1%}.")
+    for key, title in (("workload", "Per workload (held-out)"), ("gpu", "Per GPU (held-out)")):
+        lines += ["", f"## {title}", "", f"| {key} | rows | median | worst | roofline median |", "|---|---|---|---|---|"]
+        lines += [f"| {row[key]} | {row['rows']} | {row['median']:.1%} | {row['worst']:.1%} | "
+                  f"{row['roofline_median']:.1%} |" for row in summary(held, key)]
+    lines += ["", "## Every held-out row", "",
+              "| id | GPU | workload | seq | batch | precision | measured ms | predicted ms | error |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['id']} | {r['gpu']} | {r['workload']} | {r['seq_len']} | {r['batch_size']} | {r['precision']} | "
+              f"{r['measured_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | {r['error']:+.1%} |" for r in held]
+    if skipped:
+        lines += ["", "## Rows not evaluated", ""] + [f"- {item}" for item in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    data = yaml.safe_load(DATA_FILE.read_text(encoding="utf-8"))
+    workloads, rows = data["workloads"], data["measurements"]
+    results, skipped = [], []
+    for row in rows:
+        try:
+            results.append(evaluate(row, workloads))
+        except Exception as err:  # a row the predictor cannot place is listed, never dropped silently
+            skipped.append(f"{row.get('id')}: {err}")
+    held = [result for result in results if result["held_out"]]
+    dev = [result for result in results if not result["held_out"]]
+    sources = len({row["source"].split(",")[0] for row in rows})
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "published.md").write_text(markdown(held, dev, skipped, sources), encoding="utf-8")
+    (RESULTS / "published.json").write_text(json.dumps(
+        {"held_out": overall(held), "dev": overall(dev) if dev else None,
+         "per_workload": summary(held, "workload"), "per_gpu": summary(held, "gpu"),
+         "rows": results, "skipped": skipped}, indent=2), encoding="utf-8")
+    head = overall(held)
+    print(f"held-out: {head['rows']} rows, median {head['median']:.1%}, worst {head['worst']:.1%} "
+          f"(roofline median {head['roofline_median']:.1%}); skipped {len(skipped)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""GPU names as drivers print them and people write them resolve to the right table row."""
+from dataclasses import dataclass
+
+import pytest
+
+from geodiloco.predictor.gpu_names import NameIndex, UnknownName, split_name
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    model: str
+    form_factor: str | None
+    memory_gb: float
+    default_for_model: bool = False
+    aliases: tuple = ()
+
+
+def a100_index() -> NameIndex:
+    index = NameIndex()
+    for row in (Row("A100-PCIE-40GB", "A100", "PCIe", 40), Row("A100-PCIE-80GB", "A100", "PCIe", 80),
+                Row("A100-SXM4-40GB", "A100", "SXM4", 40), Row("A100-SXM4-80GB", "A100", "SXM4", 80, True),
+                Row("RTX 6000 Ada", "RTX 6000 Ada", None, 48, aliases=("NVIDIA RTX 6000 Ada Generation",)),
+                Row("Quadro RTX 6000", "Quadro RTX 6000", None, 24)):
+        index.add(row)
+    return index
+
+
+@pytest.mark.parametrize("name, parts", [
+    ("NVIDIA A100-SXM4-80GB", ("a100", 80.0, "sxm4")),
+    ("A100 80GB SXM4", ("a100", 80.0, "sxm4")),
+    ("H100 SXM5 80GB", ("h100", 80.0, "sxm5")),
+    ("NVIDIA A100 80GB PCIe", ("a100", 80.0, "pcie")),
+    ("a100-pcie-40gb", ("a100", 40.0, "pcie")),
+    ("Tesla V100-PCI-E-32GB", ("v100", 32.0, "pcie")),
+    ("NVIDIA H100 NVL", ("h100", None, "nvl")),
+    ("NVIDIA H100 80GB HBM3", ("h100", 80.0, None)),
+    ("RTX 4060 Ti 16 GB", ("rtx4060ti", 16.0, None)),
+    ("AMD Instinct MI300X", ("mi300x", None, None)),
+])
+def test_memory_and_form_factor_are_taken_out_wherever_they_stand(name, parts):
+    split = split_name(name)
+    assert (split.model_key, split.memory_gb, split.form_factor) == parts
+
+
+@pytest.mark.parametrize("name, row", [
+    ("A100 80GB SXM4", "A100-SXM4-80GB"),
+    ("SXM4 A100 40 GB", "A100-SXM4-40GB"),
+    ("nvidia a100 pcie 80gb", "A100-PCIE-80GB"),
+    ("A100 SXM 40GB", "A100-SXM4-40GB"),
+    ("A100-PCIE-40GB", "A100-PCIE-40GB"),
+    ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
+    ("Quadro RTX 6000", "Quadro RTX 6000"),
+])
+def test_any_order_of_model_form_factor_and_memory_resolves(name, row):
+    match = a100_index().resolve(name)
+    assert (match.row_name, match.notice) == (row, None)
+
+
+def test_an_ambiguous_name_takes_the_default_and_says_so():
+    match = a100_index().resolve("A100")
+    assert match.row_name == "A100-SXM4-80GB"
+    assert "could be several parts" in match.notice and "A100-PCIE-40GB" in match.notice
+    pcie = a100_index().resolve("A100 PCIe")  # two PCIe parts left, neither the default: the first, with a notice
+    assert pcie.row_name == "A100-PCIE-40GB" and "A100-PCIE-80GB" in pcie.notice
+
+
+def test_a_size_the_model_does_not_come_in_names_the_sizes_it_does():
+    with pytest.raises(UnknownName) as err:
+        a100_index().resolve("A100 48GB")
+    assert "A100 comes as A100-PCIE-40GB (40 GB, PCIe)" in err.value.detail and "'48 GB'" in err.value.detail
+
+
+def test_a_model_not_in_the_index_is_unknown():
+    with pytest.raises(UnknownName):
+        a100_index().resolve("Z9000")
