@@ -82,7 +82,7 @@ def test_verdicts_compare_with_uniform_within_a_tolerance():
 def quick_results(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("paper4")
     results = base / "results"
-    completed = subprocess.run([sys.executable, str(PAPER4 / "reproduce.py"), "--quick", "--results", str(results),
+    completed = subprocess.run([sys.executable, str(PAPER4 / "reproduce.py"), "--quick", "--rounds", "2", "--results", str(results),
                                 "--runs-dir", str(base / "runs")], cwd=ROOT, capture_output=True, text=True,
                                timeout=280)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
