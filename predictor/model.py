@@ -164,11 +164,13 @@ class NodeStepModel:
         return shares
 
     def allreduce_s(self) -> float:
-        """Ring all-reduce of the fp32 gradients (seconds): NVLink between identical NVLink GPUs, else the slowest PCIe link."""
+        """Ring all-reduce of the fp32 gradients (seconds): NVLink / Infinity Fabric between identical GPUs (a
+        bridge joins only pairs, so more than two bridged cards ring over PCIe), else the slowest PCIe link."""
         count = len(self.devices)
         if count == 1:
             return 0.0
-        if len({device.name for device in self.devices}) == 1:
+        bridged_pairs_only = self.devices[0].peer_link == "NVLink bridge" and count > 2
+        if len({device.name for device in self.devices}) == 1 and not bridged_pairs_only:
             link_gbps = self.devices[0].link_gbps()
         else:
             link_gbps = min(device.pcie_gbps() for device in self.devices)

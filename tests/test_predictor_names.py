@@ -1,9 +1,12 @@
 """GPU names as drivers print them and people write them resolve to the right table row."""
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import yaml
 
 from geodiloco.predictor.gpu_names import NameIndex, UnknownName, split_name
+from geodiloco.predictor.specs import known_gpus, resolve_gpu
 
 
 @dataclass(frozen=True)
@@ -74,3 +77,36 @@ def test_a_size_the_model_does_not_come_in_names_the_sizes_it_does():
 def test_a_model_not_in_the_index_is_unknown():
     with pytest.raises(UnknownName):
         a100_index().resolve("Z9000")
+
+
+DRIVER_STRINGS = yaml.safe_load((Path(__file__).parent / "data" / "gpu_driver_strings.yaml").read_text())
+
+
+@pytest.mark.parametrize("entry", DRIVER_STRINGS, ids=[entry["string"] for entry in DRIVER_STRINGS])
+def test_driver_strings_and_config_spellings_resolve_to_their_row(entry):
+    spec, notice = resolve_gpu(entry["string"])
+    assert spec.name == entry["row"]
+    assert notice is None or entry.get("ambiguous"), notice
+
+
+def test_every_table_row_has_a_source_and_training_rates():
+    specs = known_gpus()
+    assert len(specs) >= 90
+    for spec in specs:
+        assert spec.source and spec.memory_gb > 0 and spec.memory_bandwidth_gbps > 0 and spec.fp32_tflops > 0
+        if spec.architecture not in ("volta", "turing") and not spec.name.startswith("GTX"):
+            assert spec.bf16_tflops, spec.name
+    geforce = [spec for spec in specs if spec.consumer and spec.fp16_tflops and spec.fp16_fp32acc_tflops
+               and "TITAN" not in spec.name.upper()]
+    assert geforce and all(spec.fp16_fp32acc_tflops == pytest.approx(spec.fp16_tflops / 2, rel=0.02)
+                           for spec in geforce)
+
+
+def test_each_model_with_several_rows_has_exactly_one_default():
+    by_model: dict = {}
+    for spec in known_gpus():
+        if spec.model:
+            by_model.setdefault(spec.model, []).append(spec)
+    for model, rows in by_model.items():
+        if len(rows) > 1:
+            assert sum(row.default_for_model for row in rows) == 1, model

@@ -30,7 +30,7 @@ def test_required_gpus_have_rows_with_sources():
 
 def test_unknown_gpu_names_closest_rows():
     with pytest.raises(ConfigError) as err:
-        lookup_gpu("RTX 2080")
+        lookup_gpu("RTX 2080 Tii")
     assert "RTX 2080 Ti" in str(err.value) and "closest known" in str(err.value)
 
 

@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 DATA_FILE = HERE / "data" / "published_training_steps.yaml"
 RESULTS = HERE.parents[0] / "results" / "predictor"
 GOAL_MEDIAN = 0.08
+MAX_PLAIN_BATCH = 1024
 
 
 def workload_dims(spec: dict, seq_len: int) -> ModelDims:
@@ -67,7 +68,9 @@ def held_out(row_id: str) -> bool:
 
 
 def evaluate(row: dict, workloads: dict) -> dict:
-    spec, notice = resolve_gpu(row["gpu"])
+    if row.get("micro_batch_size") is None and row["batch_size"] > MAX_PLAIN_BATCH:
+        raise ValueError(f"batch {row['batch_size']} with no micro-batch stated (a global batch); not placed")
+    spec, notice = resolve_gpu(row.get("gpu_canonical") or row["gpu"])
     dims = workload_dims(workloads[row["workload"]], row["seq_len"])
     precision = row["precision"]
     micro = row.get("micro_batch_size") or row["batch_size"]
