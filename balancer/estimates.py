@@ -134,15 +134,6 @@ class StepTimeBank:
                 per_group.append(max(1, int(math.floor(fits * (1.0 - memory_headroom)))))
         return np.asarray(per_group, dtype=np.int64)[self.group_index]
 
-    def group_step_s(self, group_id: int, batch_size: int, micro_batch_size: int) -> float:
-        """Prior seconds per step of one group at (batch, micro-batch), cached."""
-        group = self.groups[group_id]
-        key = (int(batch_size), int(micro_batch_size))
-        if key not in group.cache:
-            micro = None if micro_batch_size >= batch_size else int(micro_batch_size)
-            group.cache[key] = float(self.model(group_id, micro).predict(int(batch_size)))
-        return group.cache[key]
-
     def group_features(self, group_id: int, batch_size: int, micro_batch_size: int) -> tuple[float, float]:
         """Prior (fixed_s, scaling_s) of one group at (batch, micro-batch), cached; they sum to the prior."""
         group = self.groups[group_id]
@@ -166,19 +157,8 @@ class StepTimeBank:
 
     def prior_step_s(self, batch_size: np.ndarray, micro_batch_size: np.ndarray) -> np.ndarray:
         """Prior seconds per step of every node at its (batch, micro-batch)."""
-        batch_size = np.broadcast_to(np.asarray(batch_size, dtype=np.int64), self.group_index.shape)
-        micro_batch_size = np.broadcast_to(np.asarray(micro_batch_size, dtype=np.int64), self.group_index.shape)
-        step_s = np.empty(self.group_index.shape, dtype=float)
-        pair_key = (batch_size << 32) | micro_batch_size
-        for group_id, members in enumerate(self.members):
-            keys = pair_key[members]
-            if keys.min() == keys.max():
-                step_s[members] = self.group_step_s(group_id, batch_size[members[0]], micro_batch_size[members[0]])
-                continue
-            unique_keys, inverse = np.unique(keys, return_inverse=True)
-            values = np.array([self.group_step_s(group_id, key >> 32, key & 0xFFFFFFFF) for key in unique_keys])
-            step_s[members] = values[inverse]
-        return step_s
+        fixed_s, scaling_s = self.prior_features(batch_size, micro_batch_size)
+        return fixed_s + scaling_s
 
 
 class Calibration:

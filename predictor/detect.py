@@ -258,28 +258,32 @@ def _cache_key(threads: int) -> str:
     return f"{cpu_model_name()}|threads={threads}|{library}|v{CACHE_VERSION}"
 
 
-def cpu_peak(refresh: bool = False) -> dict:
-    """This CPU's measured peaks at the current thread count, cached on disk."""
-    threads = compute_threads()
-    key = _cache_key(threads)
-    path = cache_dir() / CACHE_FILE_NAME
+def cached_measurement(file_name: str, key: str, measure: Callable[[], dict], refresh: bool = False) -> dict:
+    """``measure()``'s result under ``key`` in the JSON file ``file_name`` of the cache directory;
+    measured (and stored) when absent or when ``refresh``. An unreadable or unwritable cache only logs."""
+    path = cache_dir() / file_name
     cached: dict = {}
     if path.is_file():
         try:
             cached = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
-            log.info("ignoring unreadable CPU cache %s: %s", path, err)
+            log.info("ignoring unreadable measurement cache %s: %s", path, err)
     if not refresh and key in cached:
         return cached[key]
-    measured = measure_cpu()
-    measured["threads"] = threads
-    cached[key] = measured
+    cached[key] = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(cached, indent=2, sort_keys=True))
     except OSError as err:
-        log.warning("could not cache CPU measurements in %s: %s", path, err)
-    return measured
+        log.warning("could not cache measurements in %s: %s", path, err)
+    return cached[key]
+
+
+def cpu_peak(refresh: bool = False) -> dict:
+    """This CPU's measured peaks at the current thread count, cached on disk."""
+    threads = compute_threads()
+    return cached_measurement(CACHE_FILE_NAME, _cache_key(threads), lambda: {**measure_cpu(), "threads": threads},
+                              refresh)
 
 
 def cpu_spec(refresh: bool = False) -> GpuSpec:

@@ -9,12 +9,11 @@ row for a GPU file, so the measurement can be kept and shared.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Callable, Optional
 
-from geodiloco.predictor.detect import cache_dir
+from geodiloco.predictor.detect import cached_measurement
 from geodiloco.predictor.specs import GpuSpec
 
 log = logging.getLogger("geodiloco.predictor")
@@ -129,21 +128,7 @@ def probe_local_gpu(name: str, refresh: bool = False) -> Optional[GpuSpec]:
 
 def _cached_measurement(device: str, torch, refresh: bool) -> dict:
     key = f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|v{PROBE_VERSION}"
-    path = cache_dir() / CACHE_FILE_NAME
-    cached: dict = {}
-    if path.is_file():
-        try:
-            cached = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            log.info("ignoring unreadable GPU probe cache %s: %s", path, err)
-    if refresh or key not in cached:
-        cached[key] = measure_device(device)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cached, indent=2, sort_keys=True))
-        except OSError as err:
-            log.warning("could not cache the GPU probe in %s: %s", path, err)
-    return cached[key]
+    return cached_measurement(CACHE_FILE_NAME, key, lambda: measure_device(device), refresh)
 
 
 def probe_row(measured: dict) -> dict:
