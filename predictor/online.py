@@ -6,9 +6,11 @@ The prior splits its estimate into a part that does not grow with the batch
 
     t(B) = w_fixed * fixed_s(B) + w_scaling * scaling_s(B)
 
-and the two weights are fitted by ridge regression towards (1, 1) on relative
-errors (the prior lets both move together far more easily than apart, so one
-batch size rescales t(B) and only steps at several batch sizes change its shape), with recent steps weighing more (half-life in steps), the first
+and the two weights are fitted by ridge regression on relative errors, towards
+(r, r) where r is the median measured / prior ratio (a common scale error of
+any size costs nothing; the prior also lets both weights move together more
+easily than apart), so one batch size rescales t(B) and only steps at several
+batch sizes change its shape, with recent steps weighing more (half-life in steps), the first
 ``warmup_steps`` updates ignored and outliers down-weighted (Huber weights on
 the robust residual scale). Steps at two or more batch sizes fix both weights,
 i.e. the shape of t(B), not just its scale. The weights are corrections of the
@@ -204,19 +206,32 @@ def fit_corrections(fixed_s: np.ndarray, scaling_s: np.ndarray, step_time_s: np.
     rows = valid.shape[0]
     noise = np.full(rows, float(default_noise))
     robust = np.ones(valid.shape)
+    scale = _measured_scale(design, valid)
     for _ in range(4):
-        weights, covariance = _ridge(design, np.where(valid, recency, 0.0) * robust, noise)
+        weights, covariance = _ridge(design, np.where(valid, recency, 0.0) * robust, noise, scale)
         residuals = 1.0 - np.einsum("nmi,ni->nm", design, weights)
         noise = _robust_noise(residuals, valid, default_noise)
         robust = np.minimum(1.0, HUBER_K * noise[:, None] / np.maximum(np.abs(residuals), 1e-12))
     return CorrectionFit(np.maximum(weights, MIN_WEIGHT), covariance, noise)
 
 
-def _ridge(design: np.ndarray, sample_weights: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    precision_prior = PRIOR_PRECISION
+def _measured_scale(design: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Per row, the median of measured / prior time (1 without measurements): the prior's plain scale error."""
+    prior_over_measured = np.where(valid, design.sum(axis=-1), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ratio = 1.0 / np.nanmedian(prior_over_measured, axis=1)
+    return np.where(np.isfinite(ratio) & (ratio > 0), ratio, 1.0)
+
+
+def _ridge(design: np.ndarray, sample_weights: np.ndarray, noise: np.ndarray,
+           scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ridge towards ``scale`` x (1, 1) with the prior's spread scaled alike, so a prior that is off
+    by any common factor (an emulated or throttled node, a CPU) costs nothing and only shape is shrunk."""
+    precision_prior = PRIOR_PRECISION[None] / scale[:, None, None] ** 2
     weighted = design * (sample_weights / noise[:, None] ** 2)[..., None]
     precision = np.einsum("nmi,nmj->nij", design, weighted) + precision_prior
-    rhs = weighted.sum(axis=1) + precision_prior @ np.ones(2)
+    rhs = weighted.sum(axis=1) + np.einsum("nij,j->ni", precision_prior, np.ones(2)) * scale[:, None]
     covariance = np.linalg.inv(precision)
     return np.einsum("nij,nj->ni", covariance, rhs), covariance
 

@@ -64,3 +64,10 @@ def test_uncertainty_shrinks_with_measurements_and_is_reported():
     warm = calibration.fitted().uncertainty(*features)
     assert warm[0] < cold[0] / 5
     assert warm[1] == pytest.approx(cold[1])
+
+
+def test_a_prior_a_hundred_times_off_is_rescaled_by_one_round():
+    """An emulated or throttled node can be far off its prior: the scale is taken as measured, at once."""
+    calibration = Calibration(1)
+    calibration.update(np.array([0]), np.array([0.25]), np.array([0.002]), np.array([0.0004]))
+    assert calibration.fitted().predict_s(np.array([0.002]), np.array([0.0004]))[0] == pytest.approx(0.25, rel=0.005)
