@@ -87,7 +87,9 @@ WORLD_SCRIPT = textwrap.dedent("""
     except auth.AuthError as err:
         print("REFUSED", err)
         sys.exit(3)
-    print("VERIFIED")
+    print("VERIFIED", flush=True)
+    dist.barrier()  # leave together: a rank exiting with the group alive can abort its peers' gloo threads
+    dist.destroy_process_group()
 """)
 
 
