@@ -110,7 +110,8 @@ def failed_ranks(secret: bytes, nonces: list[bytes], proofs: list[bytes]) -> lis
 
 def verify_world(secret: Optional[bytes], group=None) -> None:
     """Every rank of ``group`` (default: the world) proves the secret to every other; raises
-    ``AuthError`` naming the ranks that could not. Runs before any state is exchanged."""
+    ``AuthError`` naming the ranks that could not, after every rank has left ``group``.
+    Runs before any state is exchanged."""
     if secret is None:
         return
     import torch
@@ -130,6 +131,10 @@ def verify_world(secret: Optional[bytes], group=None) -> None:
     proofs = gather(proof(secret, rank, b"".join(nonces)))
     failed = failed_ranks(secret, nonces, proofs)
     if failed:
+        # every rank reaches this same verdict: leave the group together, so no rank exits while its
+        # peers' gloo threads still run (that aborts them with SIGABRT instead of a clear exit)
+        dist.barrier(group=group)
+        dist.destroy_process_group(group)
         raise AuthError(f"rank(s) {', '.join(map(str, failed))} of this world did not prove the run's shared "
                         f"secret; nothing was exchanged with them. Every site must use the same {SECRET_ENV} "
                         "(or --secret-file); a process you did not start reached the rendezvous")
