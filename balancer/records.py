@@ -8,7 +8,8 @@ waits on communication). ``comm_hidden_s`` is sync time overlapped with compute
 in the outer sync this round. Compute utilization = compute_s / node time.
 ``lost_s`` (part of ``overhead_s``): work thrown away and the restart before this round when a
 site failed or rejoined (torch backend) or the node fell behind (hivemind). ``present_nodes``:
-the nodes that took part in the round.
+the nodes that took part in the round. ``staleness`` (``diloco.mode: async`` only): global versions
+applied between the node's pull and its update; ``mode``: sync | async.
 """
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ class IdleRecord:
     gpu_util: Optional[float] = None
     power_w: Optional[float] = None
     energy_j: Optional[float] = None
+    staleness: Optional[int] = None
+    mode: str = "sync"
 
     @property
     def idle_s(self) -> float:

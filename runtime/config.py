@@ -29,6 +29,9 @@ class RunSection(StrictModel):
     seed: int = 0
     deterministic: bool = False
     gpu_sample_interval_s: float = Field(default=1.0, ge=0)
+    max_wall_s: Optional[float] = Field(default=None, gt=0)
+    """Stop cleanly at the first outer boundary after this many seconds of training (wall clock, from
+    the moment every node is ready); None = run every round. Compares modes at equal wall-clock."""
 
     @field_validator("name")
     @classmethod
@@ -187,6 +190,14 @@ class DilocoSection(StrictModel):
     overlap: Literal["none", "delayed", "streaming"] = "streaming"
     fragments: int = Field(default=4, ge=1, le=1024)
     compression: Literal["none", "fp16", "bf16", "int8", "int4"] = "int8"
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: every round ends at a barrier and one outer step (DiLoCo). ``async``: a node that ends
+    its local phase pushes its pseudo-gradient, pulls the newest global model and goes on without
+    waiting (delayed Nesterov + dynamic local updates; docs/async.md). ``rounds`` then counts each
+    node's own phases."""
+    momentum_every: Optional[int] = Field(default=None, ge=1, le=1_000_000)
+    """``async`` only: the outer momentum is applied once every this many received pseudo-gradients
+    (delayed Nesterov's N; plain outer-lr steps in between). None = the number of nodes."""
 
 
 class HivemindSection(StrictModel):
@@ -339,6 +350,10 @@ class RunConfig(StrictModel):
         check_unique_names(self.nodes)
         if self.comm.backend == "hivemind":
             check_hivemind_sync(self.diloco)
+        if self.diloco.mode == "async":
+            check_async_sync(self.diloco, self.comm.backend)
+            if "policy" not in self.balancing.model_fields_set:
+                self.balancing.policy = "time"  # dynamic local updates: equal phase seconds
         if self.comm.min_nodes > len(self.nodes):
             raise ValueError(f"comm.min_nodes: {self.comm.min_nodes} is more than the {len(self.nodes)} nodes the "
                              "config lists; lower it or add nodes")
@@ -375,6 +390,26 @@ def check_hivemind_sync(diloco: DilocoSection) -> None:
     if diloco.compression not in HIVEMIND_CODECS:
         raise ValueError(f"diloco.compression: {diloco.compression} has no hivemind codec; use one of "
                          f"{', '.join(HIVEMIND_CODECS)} with comm.backend: hivemind, or comm.backend: torch")
+
+
+def check_async_sync(diloco: DilocoSection, backend: str) -> None:
+    """Asynchronous DiLoCo pushes each node's whole pseudo-gradient and pulls the whole global model
+    at its own phase end, in fp32, through the torch backend: unset ``overlap``/``compression``
+    become ``none``; set ones it cannot do are errors, as is the hivemind backend."""
+    if backend != "torch":
+        raise ValueError("diloco.mode: async needs comm.backend: torch (the global model lives on the first "
+                         "node's leader and nodes push and pull over torch.distributed point-to-point); "
+                         "use comm.backend: torch, or diloco.mode: sync with hivemind")
+    if "overlap" not in diloco.model_fields_set:
+        diloco.overlap = "none"
+    if "compression" not in diloco.model_fields_set:
+        diloco.compression = "none"
+    if diloco.overlap != "none":
+        raise ValueError(f"diloco.overlap: {diloco.overlap} does not apply to diloco.mode: async (there is no "
+                         "round barrier to hide: each node's push and pull is its own); use diloco.overlap: none")
+    if diloco.compression != "none":
+        raise ValueError(f"diloco.compression: {diloco.compression} is not supported by diloco.mode: async yet "
+                         "(pushes and pulls are fp32); use diloco.compression: none")
 
 
 def parse_config(data: dict, source: str) -> RunConfig:

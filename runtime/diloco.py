@@ -135,6 +135,65 @@ class OuterState:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
+class DelayedNesterov:
+    """The outer optimizer of asynchronous DiLoCo: delayed Nesterov momentum (Liu et al. 2024).
+
+    Every received pseudo-gradient ``g`` (already weighted: one node's share of an outer average)
+    moves the global copy by a plain step ``-lr * g`` and is added to a buffer. Every ``period``-th
+    one, the momentum takes the buffer (the sum of the last ``period`` pseudo-gradients, about one
+    average over the nodes): ``m = momentum * m + buffer``, and the global copy takes the momentum
+    part of the step, ``-lr * momentum * m`` (Nesterov; heavy ball: the momentum before the update).
+    Over ``period`` updates that were not stale this is exactly synchronous DiLoCo's Nesterov step
+    on their sum, which ``tests/test_runtime_async.py`` checks against ``torch.optim.SGD``; stale
+    ones move the model at once without being amplified by the momentum.
+
+    The momentum buffers live in ``outer.optimizer``'s state (so ``OuterState.state_dict`` holds
+    them); the pending buffer and the count are in ``state_dict``."""
+
+    def __init__(self, outer: OuterState, lr: float, momentum: float, nesterov: bool, period: int) -> None:
+        if period < 1:
+            raise ValueError(f"delayed Nesterov period must be >= 1, got {period}")
+        self.outer = outer
+        self.lr, self.momentum, self.nesterov, self.period = lr, momentum, nesterov, period
+        self.pending = [torch.zeros_like(param) for param in outer.global_params]
+        self.received = 0
+
+    @torch.no_grad()
+    def apply(self, pseudo_gradient: torch.Tensor) -> None:
+        """Take one node's weighted flat pseudo-gradient (fp32, global parameter order)."""
+        offset = 0
+        for param, pending in zip(self.outer.global_params, self.pending):
+            count = param.numel()
+            piece = pseudo_gradient[offset:offset + count].view_as(param).to(param.device, torch.float32)
+            param.sub_(piece, alpha=self.lr)
+            pending.add_(piece)
+            offset += count
+        self.received += 1
+        if self.received % self.period == 0:
+            self._momentum_step()
+
+    def _momentum_step(self) -> None:
+        for param, pending in zip(self.outer.global_params, self.pending):
+            if self.momentum > 0:
+                state = self.outer.optimizer.state[param]
+                buffer = state.get("momentum_buffer")
+                if buffer is None:
+                    buffer = state["momentum_buffer"] = torch.zeros_like(param)
+                before = None if self.nesterov else buffer.clone()
+                buffer.mul_(self.momentum).add_(pending)
+                param.sub_(buffer if self.nesterov else before, alpha=self.lr * self.momentum)
+            pending.zero_()
+
+    def state_dict(self) -> dict:
+        return {"received": self.received, "pending": [tensor.clone() for tensor in self.pending]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        self.received = int(state.get("received", 0))
+        for pending, saved in zip(self.pending, state.get("pending", [])):
+            pending.copy_(saved)
+
+
 def inner_lr(base_lr: float, progress_steps: float, total_steps: float, warmup_steps: int,
              min_lr_ratio: float) -> float:
     """Linear warmup then cosine decay, on a progress axis shared by all nodes.

@@ -19,6 +19,10 @@ A hivemind node left out of a round's averaging group throws that round's work
 away and reloads the peers' state; the time from that round's start until the
 round it rejoins starts (``lost_since``) is added to the rejoined round as
 overhead, so no second of the run goes unrecorded.
+
+Asynchronous mode (``diloco.mode: async``) has no readiness barrier: ``wait_s`` is the time
+the node's push waited behind other nodes' updates at the global model's host (and, after its
+last phase, for the other nodes to finish), ``comm_s`` the rest of its push and pull.
 """
 from __future__ import annotations
 
@@ -33,12 +37,16 @@ class RoundClock:
     marks: dict[str, float] = field(default_factory=dict)
     blocked_in_phase_s: float = 0.0
     comm_hidden_s: float = 0.0
+    waited_in_sync_s: float = 0.0
 
     def mark(self, phase_end: str) -> None:
         self.marks[phase_end] = time.time()
 
-    def record_sync(self, intervals: list[tuple[float, float]], blocked_in_phase_s: float) -> None:
-        """Syncs landed this round ((start, end) unix seconds) and the local phase's waits on them."""
+    def record_sync(self, intervals: list[tuple[float, float]], blocked_in_phase_s: float,
+                    waited_s: float = 0.0) -> None:
+        """Syncs landed this round ((start, end) unix seconds), the local phase's waits on them, and
+        ``waited_s`` of the outer step spent waiting on peers (async) rather than on the wire."""
+        self.waited_in_sync_s = min(max(0.0, waited_s), self.span_s("ready", "synced"))
         phase_start, phase_end = self.marks["start"], self.marks["local_done"]
         overlap_s = sum(max(0.0, min(end, phase_end) - max(start, phase_start)) for start, end in intervals)
         self.blocked_in_phase_s = min(max(0.0, blocked_in_phase_s), self.span_s("start", "local_done"))
@@ -53,11 +61,11 @@ class RoundClock:
 
     @property
     def wait_s(self) -> float:
-        return self.span_s("local_done", "ready")
+        return self.span_s("local_done", "ready") + self.waited_in_sync_s
 
     @property
     def comm_s(self) -> float:
-        return self.span_s("ready", "synced") + self.blocked_in_phase_s
+        return self.span_s("ready", "synced") - self.waited_in_sync_s + self.blocked_in_phase_s
 
     @property
     def lost_s(self) -> float:

@@ -93,6 +93,8 @@ class RoundStats:
     saved_round: Optional[int] = None
     finite: bool = True
     """Whether this node's parameters (so its pseudo-gradient) are finite; see runtime/finite_guard.py."""
+    elapsed_s: float = 0.0
+    """Seconds since training started on this node (``run.max_wall_s``)."""
 
 
 def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume: bool,
@@ -131,10 +133,13 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         if start.first_round > 0:
             print(f"[geodiloco] resuming {run_id} after round {start.first_round}", flush=True)
     round_idx, lost_since = start.first_round, start.lost_since
-    while round_idx < config.diloco.rounds:
+    training_started = time.time()
+    last_round = False
+    while round_idx < config.diloco.rounds and not last_round:
         round_started = time.time()
         try:
-            pending_record = _run_round(trainer, log, run_id, round_idx, pending_record, lost_since)
+            pending_record, last_round = _run_round(trainer, log, run_id, round_idx, pending_record, lost_since,
+                                                    training_started)
         except OutOfSync as behind:
             print(f"[geodiloco] node {topology.node_name}: {behind}; reloading the global state from peers",
                   flush=True)
@@ -143,13 +148,19 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
             run_id, round_idx = rejoined.run_id, rejoined.first_round
             continue
         round_idx, lost_since = round_idx + 1, None
-    sync.finish(run_id, config.diloco.rounds - 1)
+    finish_started = time.time()
+    sync.finish(run_id, round_idx - 1)
+    if sync.barrier_free and pending_record:
+        _add_final_wait(pending_record, finish_started)
     final = sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record,
                            "saved_round": trainer.saved_round})
-    trainer.commit_checkpoint(final)
+    if not sync.barrier_free:
+        trainer.commit_checkpoint(final)
     if log is not None:
         log.append("idle.jsonl", [item["previous_record"] for item in final
                                   if item["local_rank"] == 0 and item["previous_record"]])
+        if sync.barrier_free:
+            _log_async_tail(trainer, log, run_id, round_idx - 1)
         last_evaluations = trainer.finished_evaluations(wait=True)
         log.append("metrics.jsonl", last_evaluations)
         for row in last_evaluations:
@@ -162,9 +173,25 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     return 0
 
 
+def _add_final_wait(record: dict, finish_started: float) -> None:
+    """Async: the time a node that ran its last phase spends waiting for the others to finish theirs
+    (every node ends on the final model) is waiting, added to its last record."""
+    now = time.time()
+    record["wait_s"] += max(0.0, now - finish_started)
+    record["round_end"] = max(record["round_end"], now)
+
+
+def wall_budget_spent(config: RunConfig, elapsed_s: float) -> bool:
+    """Whether ``run.max_wall_s`` (seconds of training) has run out at an outer boundary."""
+    return config.run.max_wall_s is not None and elapsed_s >= config.run.max_wall_s
+
+
 def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_idx: int,
-               pending_record: Optional[dict], lost_since: Optional[float] = None) -> dict:
-    """One outer round on this node; returns its idle record (logged with the next round).
+               pending_record: Optional[dict], lost_since: Optional[float] = None,
+               training_started: Optional[float] = None) -> tuple[dict, bool]:
+    """One outer round on this node; returns its idle record (logged with the next round) and
+    whether it was this node's last (``diloco.rounds`` reached, or ``run.max_wall_s`` spent: the
+    nodes decide that together from the readiness exchange; in async mode each node alone).
     ``lost_since``: unix time where discarded rounds before this one began (hivemind rejoin)."""
     config, topology, sync = trainer.config, trainer.topology, trainer.sync
     names = [node.name for node in config.nodes]
@@ -188,35 +215,42 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
                        step_times_s=result.step_times_s if topology.is_leader else [],
                        previous_record=pending_record if topology.is_leader else None,
                        sync_s=trainer.last_sync_s, saved_round=trainer.saved_round,
-                       finite=trainer.local_model_finite())
+                       finite=trainer.local_model_finite(),
+                       elapsed_s=time.time() - training_started if training_started is not None else 0.0)
     gathered = sync.exchange(asdict(stats))
     clock.mark("ready")
-    trainer.commit_checkpoint(gathered)
+    if not sync.barrier_free:
+        trainer.commit_checkpoint(gathered)
     leaders = {item["node"]: item for item in gathered if item["local_rank"] == 0}
     round_sync.stats_by_node = {name: leaders[name] for name in names if name in leaders}
-    check_some_node_finite(round_sync.stats_by_node, round_idx)
+    last_round = round_sync.last_round or wall_budget_spent(config, max(item["elapsed_s"] for item in gathered))
+    round_sync.last_round = last_round
+    if not sync.barrier_free:
+        check_some_node_finite(round_sync.stats_by_node, round_idx)
     outcome = sync.outer_step(round_sync)
     trainer.after_outer_step(round_idx, non_finite_nodes(round_sync.stats_by_node))
     clock.mark("synced")
-    clock.record_sync(outcome.sync_intervals, outcome.blocked_in_phase_s)
+    clock.record_sync(outcome.sync_intervals, outcome.blocked_in_phase_s, outcome.waited_s)
     if outcome.sync_s is not None:
         trainer.last_sync_s = outcome.sync_s
-    stats_by_node = outcome.stats_by_node
-    for name, item in stats_by_node.items():
-        measurement = RoundMeasurement(node=name, round=round_idx, batch_size=item["batch_size"],
+    reported = outcome.reported_stats()
+    for item in reported:
+        measurement = RoundMeasurement(node=item["node"], round=round_idx, batch_size=item["batch_size"],
                                        local_steps=item["steps"], step_times_s=item["step_times_s"],
                                        compute_s=item["compute_s"], sync_s=item.get("sync_s"))
         trainer.measurements.append(measurement)
         trainer.planner.observe(measurement)
     sync.end_round(round_idx, run_id)
     if log is not None:
-        _log_round(trainer, log, run_id, plan, stats_by_node, clock)
-    if (round_idx + 1) % config.checkpoint.every_rounds == 0 or round_idx + 1 == config.diloco.rounds:
+        trainer.sync_staleness = outcome.staleness
+        _log_round(trainer, log, run_id, plan, reported, clock, last_round)
+    members = list(topology.present_names) if sync.barrier_free else list(outcome.stats_by_node)
+    if (round_idx + 1) % config.checkpoint.every_rounds == 0 or last_round:
         clock.mark("end")
         trainer.save_checkpoint(round_idx, run_id, _idle_record(trainer, run_id, plan, result, clock, outcome),
-                                members=list(stats_by_node))
+                                members=members)
     clock.mark("end")
-    return _idle_record(trainer, run_id, plan, result, clock, outcome)
+    return _idle_record(trainer, run_id, plan, result, clock, outcome), last_round
 
 
 def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalResult, clock: RoundClock,
@@ -230,49 +264,71 @@ def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalRes
         compute_s=clock.compute_s, wait_s=clock.wait_s, comm_s=clock.comm_s, comm_hidden_s=clock.comm_hidden_s,
         sync_bytes=outcome.sent_bytes, overhead_s=clock.overhead_s, lost_s=clock.lost_s,
         present_nodes=list(outcome.stats_by_node), round_start=clock.round_start,
-        round_end=clock.marks["end"],
+        round_end=clock.marks["end"], staleness=outcome.staleness, mode=trainer.config.diloco.mode,
         gpus=list(node.gpus), num_gpus=node.num_gpus, source="runtime", **gpu_values)
     return asdict(record)
 
 
-def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, stats_by_node: dict,
-               clock: RoundClock) -> None:
+def _node_rows(run_id: str, reported: list[dict]) -> list[dict]:
+    """metrics.jsonl rows of the node-phases in ``reported`` (each at its own round)."""
+    return [{"run_id": run_id, "round": item["round"], "node": item["node"], "loss": item["loss"], "lr": item["lr"],
+             "tokens": item["tokens"], "local_steps": item["steps"], "batch_size": item["batch_size"],
+             "compute_s": item["compute_s"], "start_checksum": item["start_checksum"]} for item in reported]
+
+
+def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, reported: list[dict],
+               clock: RoundClock, last_round: bool = False) -> None:
     """Coordinator: plan, per-node metrics, global eval loss, previous round's idle records, progress line.
 
+    ``reported``: the node-phase statistics this round brought (sync: one per present node; async:
+    this node's phase and every phase the others reported since its last pull).
     hivemind: every node's leader appends its own previous idle record; the round's first present
     node writes the rest."""
     config = trainer.config
     if trainer.sync.logs_own_idle_only:
-        own = stats_by_node.get(trainer.node.name, {}).get("previous_record")
+        own = next((item.get("previous_record") for item in reported if item["node"] == trainer.node.name), None)
         log.append("idle.jsonl", [own] if own else [])
         if not trainer.sync.writes_round:
             return
-        stats_by_node = {name: {**item, "previous_record": None} for name, item in stats_by_node.items()}
+        reported = [{**item, "previous_record": None} for item in reported]
     log.append("plan.jsonl", [plan.to_dict()])
-    rows = [{"run_id": run_id, "round": plan.round, "node": name, "loss": item["loss"], "lr": item["lr"],
-             "tokens": item["tokens"], "local_steps": item["steps"], "batch_size": item["batch_size"],
-             "compute_s": item["compute_s"], "start_checksum": item["start_checksum"]}
-            for name, item in stats_by_node.items()]
-    total_tokens = sum(item["tokens"] for item in stats_by_node.values())
+    rows = _node_rows(run_id, reported)
     global_row = {"run_id": run_id, "round": plan.round, "node": "global", "eval_loss": None,
-                  "tokens": total_tokens, "wall_s": clock.marks["synced"]}
+                  "tokens": sum(item["tokens"] for item in reported), "wall_s": clock.marks["synced"]}
     evaluated = trainer.finished_evaluations(wait=False)
     every = config.data.eval_every_rounds
-    if trainer.eval_set and every and ((plan.round + 1) % every == 0 or plan.round + 1 == config.diloco.rounds):
+    if trainer.eval_set and every and ((plan.round + 1) % every == 0 or last_round):
         trainer.evaluate_in_background(global_row)
     else:
         evaluated.append(global_row)
     log.append("metrics.jsonl", rows + evaluated)
-    log.append("idle.jsonl", [item["previous_record"] for item in stats_by_node.values()
-                              if item["previous_record"]])
-    steps = " ".join(f"{name}:{item['steps']}x{item['batch_size']}" for name, item in stats_by_node.items())
-    train_loss = sum(item["loss"] for item in stats_by_node.values()) / len(stats_by_node)
+    log.append("idle.jsonl", [item["previous_record"] for item in reported if item["previous_record"]])
+    latest = {item["node"]: item for item in reported}
+    steps = " ".join(f"{name}:{item['steps']}x{item['batch_size']}" for name, item in latest.items())
+    train_loss = sum(item["loss"] for item in reported) / len(reported)
     eval_text = "".join(f" eval@{row['round'] + 1} {row['eval_loss']:.3f}" for row in evaluated
                         if row["eval_loss"] is not None)
+    stale = f" | staleness {trainer.sync_staleness}" if trainer.sync_staleness is not None else ""
     print(f"[geodiloco] round {plan.round + 1}/{config.diloco.rounds} loss {train_loss:.3f}{eval_text} | "
           f"local {clock.compute_s:.2f}s wait {clock.wait_s:.2f}s sync {clock.comm_s:.2f}s"
           f"{f' (+{clock.comm_hidden_s:.2f}s hidden)' if clock.comm_hidden_s > 0 else ''} | "
-          f"steps x batch {steps}", flush=True)
+          f"steps x batch {steps}{stale}", flush=True)
+
+
+def _log_async_tail(trainer: NodeTrainer, log: RunLog, run_id: str, last_round: int) -> None:
+    """Async host, after every node finished: the phases the others reported after the host's own
+    last pull, and one evaluation of the final global model (every node holds it now)."""
+    tail = trainer.sync.drain_reports()
+    tokens = sum(item["tokens"] for item in tail)
+    log.append("metrics.jsonl", _node_rows(run_id, tail))
+    log.append("idle.jsonl", [item["previous_record"] for item in tail if item["previous_record"]])
+    final_row = {"run_id": run_id, "round": last_round, "node": "global", "eval_loss": None,
+                 "tokens": tokens, "wall_s": time.time(), "final": True}
+    if trainer.eval_set:
+        log.append("metrics.jsonl", trainer.finished_evaluations(wait=True))
+        trainer.evaluate_in_background(final_row)
+    else:
+        log.append("metrics.jsonl", [final_row])
 
 
 def default_run_dir(config: RunConfig) -> Path:

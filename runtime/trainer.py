@@ -112,6 +112,8 @@ class NodeTrainer:
                                      self.planner.sync.sync_s())
         self.gpu_sampler = start_gpu_sampler(config, topology, device)
         self.evaluator: Optional[BackgroundEvaluator] = None
+        self.sync_staleness: Optional[int] = None
+        """Staleness of this node's last update (async), for the progress line."""
         self._warned_batch_growth: set[tuple[int, int]] = set()
 
     def new_planner(self) -> Planner:
@@ -238,7 +240,8 @@ class NodeTrainer:
             self.evaluator = BackgroundEvaluator(build_configured_model(self.config.model, self.config.run.seed),
                                                  self.eval_set, self.device)
         params = self.outer.global_params if self.outer is not None else list(self.model.parameters())
-        self.evaluator.start([param.detach() for param in params], row)
+        with self.sync.state_lock():
+            self.evaluator.start([param.detach() for param in params], row)
 
     def finished_evaluations(self, wait: bool = False) -> list[dict]:
         return self.evaluator.finished_rows(wait) if self.evaluator is not None else []
@@ -270,10 +273,11 @@ class NodeTrainer:
         writes_global = self.topology.is_leader and self.sync.writes_round
         if writes_global and not checkpoint.has_global(self.run_dir, round_idx):
             write_members(self.run_dir, round_idx, members)
-            checkpoint.save_global(self.run_dir, round_idx, {
-                "round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
-                "measurements": [asdict(item) for item in self.measurements],
-            })
+            with self.sync.state_lock():
+                global_state = {"round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
+                                "measurements": [asdict(item) for item in self.measurements],
+                                "sync": self.sync.global_state_dict()}
+            checkpoint.save_global(self.run_dir, round_idx, global_state)
         self.saved_round = round_idx
         self.commits_saved_round = writes_global
 
@@ -311,6 +315,7 @@ class NodeTrainer:
             self.outer = OuterState(self.model, 1.0, 0.0, False)
         self.outer.load_state_dict(global_state["outer"])
         self.outer.load_into(self.model)
+        self.sync.load_global_state_dict(global_state.get("sync", {}))
         if not self.topology.is_leader:
             self.outer = None
         if keep_in_flight and "local_params" in node_state:

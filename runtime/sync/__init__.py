@@ -20,6 +20,10 @@ def transfer_timeout_s(config: RunConfig, planned_sync_s: float) -> float:
 def build_outer_sync(config: RunConfig, topology: Topology, num_params: int, planned_sync_s: float = 0.0) -> OuterSync:
     """The configured backend (hivemind is imported only when chosen). ``planned_sync_s``: the
     planner's time for one whole-model sync (sizes the torch backend's transfer timeout)."""
+    if config.diloco.mode == "async":
+        from geodiloco.runtime.sync.async_backend import AsyncOuterSync
+        return AsyncOuterSync(topology, config.diloco, config.optim.outer, config.comm.timeout_s,
+                              config.checkpoint.keep, config.comm.elastic)
     if config.comm.backend != "hivemind":
         from geodiloco.runtime.sync.torch_backend import TorchOuterSync
         return TorchOuterSync(topology, config.diloco, config.comm.elastic,

@@ -268,6 +268,7 @@ class HivemindOuterSync:
     """
 
     logs_own_idle_only = True
+    barrier_free = False
 
     def __init__(self, topology: Topology, options: HivemindSection, run_name: str, node_names: list[str],
                  num_params: int, diloco_compression: str = "none", init_timeout_s: float = 120.0) -> None:
@@ -537,6 +538,16 @@ class HivemindOuterSync:
 
     def load_state_dict(self, state: dict) -> None:
         """See ``state_dict``."""
+
+    def global_state_dict(self) -> dict:
+        return {}
+
+    def load_global_state_dict(self, state: dict) -> None:
+        """Nothing beyond the global parameters and outer optimizer."""
+
+    def state_lock(self) -> typing.Any:
+        import contextlib
+        return contextlib.nullcontext()
 
     # ----- OuterSync ---------------------------------------------------------------------
 

@@ -70,12 +70,23 @@ class SyncOutcome:
     ``sync_intervals``: (start, end) unix seconds of every sync that finished and was applied
     during this round (for the idle tracker's hidden time and the planner's network model).
     ``blocked_in_phase_s``: seconds the local phase waited on a sync (streaming), counted as
-    exposed sync, not compute. ``sent_bytes``: bytes this node put on the wire this round."""
+    exposed sync, not compute. ``sent_bytes``: bytes this node put on the wire this round.
+    ``waited_s``: seconds of the outer step spent waiting on peers rather than on the wire (async:
+    queued behind other nodes' updates at the host), counted as waiting. ``staleness``: global
+    versions applied between this node's pull and its update (async; None in sync mode).
+    ``reported``: every node-phase statistics this outcome brings (async: a node may report several
+    phases between two of this node's pulls); None = the values of ``stats_by_node``."""
 
     stats_by_node: dict[str, dict]
     sync_intervals: list[tuple[float, float]] = field(default_factory=list)
     blocked_in_phase_s: float = 0.0
     sent_bytes: int = 0
+    waited_s: float = 0.0
+    staleness: Optional[int] = None
+    reported: Optional[list[dict]] = None
+
+    def reported_stats(self) -> list[dict]:
+        return list(self.stats_by_node.values()) if self.reported is None else list(self.reported)
 
     @property
     def sync_s(self) -> Optional[float]:
@@ -104,6 +115,10 @@ class OuterSync(Protocol):
 
     logs_own_idle_only: bool
     """True when every node logs its own idle rows (no node sees the others' reliably)."""
+
+    barrier_free: bool
+    """True when nodes do not meet at a round barrier (``diloco.mode: async``): each node's outcome holds
+    its own phase and whatever the others reported since, and each node decides its own last phase."""
 
     def start(self, resume: bool, handles: SyncHandles) -> StartPoint:
         """Found, join or resume the run; the model holds the starting state afterwards."""
@@ -144,6 +159,17 @@ class OuterSync(Protocol):
         ...
 
     def load_state_dict(self, state: dict) -> None:
+        ...
+
+    def global_state_dict(self) -> dict:
+        """The backend's part of the global checkpoint (async: version and outer-optimizer buffer)."""
+        ...
+
+    def load_global_state_dict(self, state: dict) -> None:
+        ...
+
+    def state_lock(self) -> Any:
+        """A context manager held while the global state is copied into a checkpoint."""
         ...
 
     def broadcast_in_node(self, tensors: list[torch.Tensor]) -> None:

@@ -8,6 +8,7 @@ broadcasts the parameters inside its node. ``diloco.overlap`` decides when a syn
 """
 from __future__ import annotations
 
+import contextlib
 import uuid
 from dataclasses import asdict
 from datetime import timedelta
@@ -57,6 +58,7 @@ class TorchOuterSync:
 
     writes_round = True
     logs_own_idle_only = False
+    barrier_free = False
 
     def __init__(self, topology: Topology, diloco: DilocoSection, elastic: Optional[ElasticSection] = None,
                  transfer_timeout_s: Optional[float] = None) -> None:
@@ -287,6 +289,15 @@ class TorchOuterSync:
     def load_state_dict(self, state: dict) -> None:
         if self.schedule is not None:
             self.schedule.load_state_dict(state)
+
+    def global_state_dict(self) -> dict:
+        return {}
+
+    def load_global_state_dict(self, state: dict) -> None:
+        """Nothing beyond the global parameters and outer optimizer."""
+
+    def state_lock(self) -> Any:
+        return contextlib.nullcontext()
 
     # ----- in-node and world helpers -------------------------------------------------------
 

@@ -1,0 +1,238 @@
+"""Asynchronous DiLoCo over torch.distributed point-to-point (``diloco.mode: async``).
+
+Where things live: the global model and its outer optimizer (delayed Nesterov) are kept by the
+first present node's leader (global rank 0, the *host*; runtime/sync/async_server.py). The host
+runs one thread per other node, each on a two-rank process group of its own (gloo for these CPU
+tensors), and trains as a node itself. A node's leader, at the end of each local phase, pushes
+its pseudo-gradient (global model at its last pull - its local model) with its phase statistics,
+and gets back the newest global model, its version, the staleness of its update and the other
+nodes' statistics it has not seen; its next phase starts from that model at once. Nothing waits
+for the slowest node except the end of the run (every node ends on the final global model).
+
+The world is formed and authenticated exactly as in the synchronous mode (the run's secret;
+runtime/auth.py), and start/resume reuse the torch backend's: the host's global checkpoint holds
+the global parameters, outer momentum, pending delayed-Nesterov buffer and version; each node's
+file its inner state. The checkpoint pointer moves to the newest round every node has saved, so
+a run whose host died resumes (``--resume``) exactly from that global state, every node starting
+its next phase from it.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from geodiloco.runtime import checkpoint
+from geodiloco.runtime.comm import Topology
+from geodiloco.runtime.config import DilocoSection, ElasticSection, OuterOptim
+from geodiloco.runtime.diloco import DelayedNesterov
+from geodiloco.runtime.plain_collectives import all_gather_values
+from geodiloco.runtime.sync.async_server import GlobalModelHost, PushResult, serve_node
+from geodiloco.runtime.sync.messages import DONE, PUSH, RECORD, REPLY, Message, receive_message, send_message
+from geodiloco.runtime.sync.protocol import RoundSync, StartPoint, SyncHandles, SyncOutcome
+from geodiloco.runtime.sync.torch_backend import TorchOuterSync
+
+
+class AsyncOuterSync(TorchOuterSync):
+    """OuterSync without a round barrier (see the module docstring)."""
+
+    barrier_free = True
+
+    def __init__(self, topology: Topology, diloco: DilocoSection, outer_optim: OuterOptim, timeout_s: float,
+                 checkpoint_keep: int, elastic: Optional[ElasticSection] = None) -> None:
+        super().__init__(topology, diloco, elastic)
+        self.outer_optim = outer_optim
+        self.period = diloco.momentum_every or topology.num_nodes
+        self.timeout_s = timeout_s
+        self.checkpoint_keep = checkpoint_keep
+        self.host_rank = topology.leader_ranks[0]
+        self.is_host = topology.rank == self.host_rank
+        # every rank creates every pair group, in the same order (torch.distributed requires it)
+        self.pair_groups: dict[str, Any] = {}
+        for name, rank in zip(topology.present_names, topology.leader_ranks):
+            if rank != self.host_rank:
+                group = dist.new_group([self.host_rank, rank])
+                if topology.rank in (self.host_rank, rank):
+                    self.pair_groups[name] = group
+        self.host: Optional[GlobalModelHost] = None
+        self.pulled: list[torch.Tensor] = []
+        self.pulled_version = 0
+        self.stage = "starting"
+        self.weighting = "uniform"
+        self.handles: Optional[SyncHandles] = None
+        self.committed_round: Optional[int] = None
+        self._threads: list[threading.Thread] = []
+        self._host_sent_bytes = 0
+
+    # ----- start ---------------------------------------------------------------------------
+
+    def start(self, resume: bool, handles: SyncHandles) -> StartPoint:
+        if self.topology.is_leader:
+            optim = self.outer_optim
+            self.host = GlobalModelHost(handles.outer, DelayedNesterov(handles.outer, optim.lr, optim.momentum,
+                                                                       optim.nesterov, self.period),
+                                        self.topology.present_names) if self.is_host else None
+        self._pending_global_state: dict = {}
+        point = super().start(resume, handles)
+        if self.topology.is_leader:
+            self.pulled = [param.detach().clone() for param in handles.outer.global_params]
+            self.pulled_version = int(self._pending_global_state.get("version", 0))
+            if self.host is not None:
+                self.host.load_state_dict(self._pending_global_state)
+                self._start_serving()
+        return point
+
+    def _start_serving(self) -> None:
+        for name, group in self.pair_groups.items():
+            rank = self.topology.leader_ranks[self.topology.present_names.index(name)]
+            thread = threading.Thread(target=serve_node, name=f"geodiloco-host-{name}", daemon=True,
+                                      args=(self.host, name, rank, group, self._count_host_bytes))
+            thread.start()
+            self._threads.append(thread)
+
+    def _count_host_bytes(self, count: int) -> None:
+        self._host_sent_bytes += count
+
+    # ----- the phase -----------------------------------------------------------------------
+
+    def begin_round(self, round_idx: int) -> Optional[list[str]]:
+        self.stage = "rounds"
+        return super().begin_round(round_idx)
+
+    def exchange(self, stats: Any) -> list[Any]:
+        """World-wide while starting; afterwards only this node's ranks (no barrier across nodes),
+        and at the end every node's final record on the host (``finish``)."""
+        if self.stage == "starting":
+            return all_gather_values(stats)
+        gathered = all_gather_values(stats, group=self.topology.node_group) if self.topology.node_group else [stats]
+        if self.stage != "final" or not self.topology.is_leader:
+            return gathered
+        own = gathered[0]
+        if self.host is None:
+            send_message(Message(RECORD, own), self.host_rank, self._own_pair_group())
+            return gathered
+        self.host.add_final_item(self.topology.node_name, own)
+        items = self.host.wait_final_items(self.timeout_s)
+        self._commit(self.handles.run_dir)
+        return items + gathered[1:]
+
+    def outer_step(self, round_sync: RoundSync) -> SyncOutcome:
+        """Push this phase's pseudo-gradient, pull the newest global model (the node's ranks all get it)."""
+        self.weighting = round_sync.weighting
+        name = self.topology.node_name
+        own = round_sync.stats_by_node[name]
+        started = time.time()
+        result: Optional[PushResult] = None
+        sent = 0
+        if self.topology.is_leader:
+            pseudo_gradient = self._pseudo_gradient() if own.get("finite", True) else None
+            result, sent = self._push(own, pseudo_gradient)
+            self._take_global(result.version, result.global_flat)
+            if self.host is not None:
+                self._commit(self.handles.run_dir)
+        self.broadcast_in_node([param.data for param in self.handles.params])
+        reply = self.share_in_node(None if result is None else
+                                   {"version": result.version, "staleness": result.staleness,
+                                    "queued_s": result.queued_s, "news": result.news})
+        ended = time.time()
+        news = [item for item in reply["news"] if item["node"] != name]
+        latest = {item["node"]: item for item in news}
+        return SyncOutcome(stats_by_node={name: own, **latest}, sync_intervals=[(started, ended)],
+                           sent_bytes=sent + self._take_host_bytes(), staleness=reply["staleness"],
+                           waited_s=min(reply["queued_s"], ended - started), reported=[own, *news])
+
+    def _pseudo_gradient(self) -> torch.Tensor:
+        return torch.cat([(pulled - local.detach().to(pulled.device, torch.float32)).reshape(-1)
+                          for pulled, local in zip(self.pulled, self.handles.params)]).cpu()
+
+    def _push(self, stats: dict, pseudo_gradient: Optional[torch.Tensor]) -> tuple[PushResult, int]:
+        if self.host is not None:
+            return self.host.push(self.topology.node_name, stats, pseudo_gradient, self.pulled_version,
+                                  self.weighting), 0
+        group = self._own_pair_group()
+        body = {"stats": stats, "pulled_version": self.pulled_version, "weighting": self.weighting}
+        sent = send_message(Message(PUSH, body, pseudo_gradient), self.host_rank, group)
+        reply = receive_message(self.host_rank, group, (REPLY,))
+        body = reply.body
+        return PushResult(body["version"], body["staleness"], body["queued_s"], reply.tensor, body["news"]), sent
+
+    @torch.no_grad()
+    def _take_global(self, version: int, flat: torch.Tensor) -> None:
+        """Load the pulled global model into the local parameters, the pulled copy and (other than on
+        the host, whose copy is the global model itself) the node's OuterState."""
+        offset = 0
+        outer_params = self.handles.outer.global_params if self.host is None else [None] * len(self.pulled)
+        for param, pulled, outer_param in zip(self.handles.params, self.pulled, outer_params):
+            count = param.numel()
+            piece = flat[offset:offset + count].view_as(pulled)
+            pulled.copy_(piece)
+            param.copy_(piece.to(param.device, param.dtype))
+            if outer_param is not None:
+                outer_param.copy_(piece)
+            offset += count
+        self.pulled_version = version
+
+    def _take_host_bytes(self) -> int:
+        count, self._host_sent_bytes = self._host_sent_bytes, 0
+        return count
+
+    def _own_pair_group(self):
+        return self.pair_groups[self.topology.node_name]
+
+    def _commit(self, run_dir) -> None:
+        """Host: point ``latest`` at the newest round every node has saved (its global file is there)."""
+        round_idx = self.host.committable_round()
+        if round_idx is None or round_idx < 0 or round_idx == self.committed_round:
+            return
+        if checkpoint.has_global(run_dir, round_idx):
+            checkpoint.mark_latest(run_dir, round_idx, self.checkpoint_keep)
+            self.committed_round = round_idx
+
+    # ----- the end -------------------------------------------------------------------------
+
+    def finish(self, run_id: str, last_round: int) -> None:
+        """Wait until every node has run its last phase; every rank then holds the final global model."""
+        self.stage = "final"
+        if self.topology.is_leader:
+            if self.host is not None:
+                self.host.mark_done(self.topology.node_name)
+                self.host.wait_all_done(self.timeout_s)
+                version, flat = self.host.global_flat()
+            else:
+                group = self._own_pair_group()
+                send_message(Message(DONE, {"timeout_s": self.timeout_s}), self.host_rank, group)
+                reply = receive_message(self.host_rank, group, (REPLY,))
+                version, flat = reply.body["version"], reply.tensor
+            self._take_global(version, flat)
+        self.broadcast_in_node([param.data for param in self.handles.params])
+
+    def drain_reports(self) -> list[dict]:
+        """Host, after the run: the phases other nodes reported after the host's own last pull."""
+        if self.host is None:
+            return []
+        with self.host.lock:
+            tail, self.host.unseen[self.topology.node_name] = self.host.unseen[self.topology.node_name], []
+        return tail
+
+    # ----- checkpoints ---------------------------------------------------------------------
+
+    def global_state_dict(self) -> dict:
+        """The host's version and delayed-Nesterov state, saved beside the global parameters."""
+        return self.host.state_dict() if self.host is not None else {}
+
+    def load_global_state_dict(self, state: dict) -> None:
+        self._pending_global_state = state or {}
+        if self.host is not None and self.stage != "starting":
+            self.host.load_state_dict(self._pending_global_state)
+
+    def state_lock(self):
+        """Held while the host's global state is copied into a checkpoint (updates wait)."""
+        return self.host.lock if self.host is not None else super().state_lock()
+
+    def close(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=1.0)
+        super().close()
