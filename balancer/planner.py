@@ -183,7 +183,10 @@ class Planner:
         if policy in STATIC_POLICIES:
             key = "specs"
         elif policy in CALIBRATED_ONCE:
-            ready = self.balancing.calibration_rounds > 0 and len(self.rounds_observed) >= self.balancing.calibration_rounds
+            # every node measured at least once too: an asynchronous node hears of a slow peer late
+            ready = (self.balancing.calibration_rounds > 0
+                     and len(self.rounds_observed) >= self.balancing.calibration_rounds
+                     and bool(np.all(self.calibration.seen)))
             key = "calibrated" if ready else "specs"
         else:
             return self._replan(rule)

@@ -353,7 +353,7 @@ class RunConfig(StrictModel):
         if self.diloco.mode == "async":
             check_async_sync(self.diloco, self.comm.backend)
             if "policy" not in self.balancing.model_fields_set:
-                self.balancing.policy = "time"  # dynamic local updates: equal phase seconds
+                self.balancing.policy = "adaptive"  # dynamic local updates: re-planned from measured speeds
         if self.comm.min_nodes > len(self.nodes):
             raise ValueError(f"comm.min_nodes: {self.comm.min_nodes} is more than the {len(self.nodes)} nodes the "
                              "config lists; lower it or add nodes")
