@@ -46,6 +46,9 @@ class NodeRound(LogLine):
     power_w: Optional[NonNegativeFloat] = None
     energy_j: Optional[NonNegativeFloat] = None
     idle_energy_j: Optional[NonNegativeFloat] = None
+    staleness: Optional[NonNegativeInt] = None
+    """``diloco.mode: async``: global versions applied between the node's pull and its update."""
+    mode: str = "sync"
 
     @model_validator(mode="after")
     def _round_ends_after_start(self) -> "NodeRound":

@@ -258,7 +258,8 @@ def _final_losses(logs: RunLogs) -> tuple[Optional[float], Optional[float]]:
         last_round = max(row.round for row in with_loss)
         last = [row.loss for row in with_loss if row.round == last_round]
         final_loss = sum(last) / len(last)
-    final_eval = max(with_eval, key=lambda row: row.round).eval_loss if with_eval else None
+    # the last of the latest round's rows: an async run's final evaluation follows its host's last round
+    final_eval = max(reversed(with_eval), key=lambda row: row.round).eval_loss if with_eval else None
     return final_loss, final_eval
 
 

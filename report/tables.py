@@ -1,6 +1,9 @@
 """Rich renderables of a run summary and of a comparison; the CLI prints them, the figure script draws them."""
 from __future__ import annotations
 
+import statistics
+from typing import Optional
+
 from rich import box
 from rich.console import RenderableType
 from rich.table import Table
@@ -157,9 +160,34 @@ def round_table(summary: RunSummary) -> Table:
     return table
 
 
+def staleness_table(summary: RunSummary) -> Optional[Table]:
+    """Asynchronous runs: per node, the distribution of its updates' staleness (global versions
+    applied between its pull and its update); None for synchronous runs."""
+    by_node: dict[str, list[int]] = {}
+    for record in summary.records:
+        if record.staleness is not None:
+            by_node.setdefault(record.node, []).append(record.staleness)
+    if not by_node:
+        return None
+    table = Table(title="Staleness per node (async: global versions applied between pull and update)",
+                  box=box.SIMPLE_HEAVY, title_justify="left")
+    table.add_column("node")
+    for header in ("updates", "median", "p90", "worst", "mean"):
+        _number_column(table, header)
+    for node, values in by_node.items():
+        ordered = sorted(values)
+        p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+        table.add_row(node, str(len(ordered)), f"{statistics.median(ordered):g}", str(p90), str(ordered[-1]),
+                      f"{statistics.fmean(ordered):.2f}")
+    return table
+
+
 def render_run(summary: RunSummary, show_rounds: bool = False) -> list[RenderableType]:
     """The full report of one run, top to bottom."""
     parts: list[RenderableType] = [run_header(summary), BLANK, node_table(summary), waste_line(summary), BLANK]
+    stale = staleness_table(summary)
+    if stale is not None:
+        parts += [stale, BLANK]
     if show_rounds:
         parts += [round_table(summary), BLANK]
     parts += [energy_view(summary), BLANK]

@@ -50,6 +50,7 @@ class AsyncOuterSync(TorchOuterSync):
         self.checkpoint_keep = checkpoint_keep
         self.host_rank = topology.leader_ranks[0]
         self.is_host = topology.rank == self.host_rank
+        self.writes_round = self.is_host  # only the host's global copy is the global model
         # every rank creates every pair group, in the same order (torch.distributed requires it)
         self.pair_groups: dict[str, Any] = {}
         for name, rank in zip(topology.present_names, topology.leader_ranks):

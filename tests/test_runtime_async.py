@@ -1,0 +1,221 @@
+"""Asynchronous DiLoCo: delayed Nesterov, the global model's host, config checks, and real runs
+(3 nodes, gloo point-to-point on CPU, emulated speeds 1 : 2 : 4)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.config import parse_config
+from geodiloco.runtime.diloco import DelayedNesterov, OuterState
+from geodiloco.runtime.idle import RoundClock
+from geodiloco.runtime.state_file import load_state
+from geodiloco.runtime.sync.async_server import GlobalModelHost
+
+from runtime_helpers import geodiloco, read_jsonl, small_config, write_config
+
+
+def model_of(values: list[float]) -> nn.Module:
+    model = nn.Linear(len(values), 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([values]))
+    return model
+
+
+# ----- delayed Nesterov ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_delayed_nesterov_equals_synchronous_sgd_over_each_period(nesterov):
+    """N updates that are not stale = torch's SGD step on their sum, period after period."""
+    start = [1.0, -2.0, 0.5]
+    outer = OuterState(model_of(start), lr=0.7, momentum=0.9, nesterov=nesterov)
+    delayed = DelayedNesterov(outer, lr=0.7, momentum=0.9, nesterov=nesterov, period=3)
+    reference = torch.tensor([start], requires_grad=True)
+    sgd = torch.optim.SGD([reference], lr=0.7, momentum=0.9, nesterov=nesterov)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        updates = [torch.randn(3, generator=generator) / 3 for _ in range(3)]
+        for update in updates:
+            delayed.apply(update)
+        reference.grad = torch.stack(updates).sum(0).view(1, 3)
+        sgd.step()
+        assert torch.allclose(outer.global_params[0], reference.detach(), atol=1e-6)
+
+
+def test_delayed_nesterov_moves_by_plain_steps_between_momentum_steps():
+    outer = OuterState(model_of([0.0, 0.0]), lr=0.5, momentum=0.9, nesterov=True)
+    delayed = DelayedNesterov(outer, lr=0.5, momentum=0.9, nesterov=True, period=2)
+    delayed.apply(torch.tensor([1.0, -1.0]))
+    assert outer.global_params[0].tolist() == [[-0.5, 0.5]]
+    assert "momentum_buffer" not in outer.optimizer.state[outer.global_params[0]]
+    delayed.apply(torch.tensor([1.0, 1.0]))
+    # second plain step -0.5*[1, 1], then momentum m = [2, 0]: -0.5*0.9*[2, 0]
+    assert torch.allclose(outer.global_params[0], torch.tensor([[-0.5 - 0.5 - 0.9, 0.5 - 0.5]]))
+
+
+def test_delayed_nesterov_state_round_trips():
+    outer = OuterState(model_of([0.0, 0.0]), lr=0.5, momentum=0.9, nesterov=True)
+    delayed = DelayedNesterov(outer, lr=0.5, momentum=0.9, nesterov=True, period=3)
+    delayed.apply(torch.tensor([1.0, 2.0]))
+    saved = delayed.state_dict()
+    other = DelayedNesterov(OuterState(model_of([0.0, 0.0]), 0.5, 0.9, True), 0.5, 0.9, True, period=3)
+    other.load_state_dict(saved)
+    assert other.received == 1 and other.pending[0].tolist() == [[1.0, 2.0]]
+
+
+# ----- the host --------------------------------------------------------------------------------
+
+def stats(node: str, tokens: int = 100, steps: int = 10, finite: bool = True, saved_round=None) -> dict:
+    return {"node": node, "tokens": tokens, "steps": steps, "batch_size": 4, "finite": finite,
+            "saved_round": saved_round}
+
+
+def host_of(names: list[str], period: int = 100) -> GlobalModelHost:
+    outer = OuterState(model_of([0.0, 0.0]), lr=1.0, momentum=0.0, nesterov=False)
+    return GlobalModelHost(outer, DelayedNesterov(outer, 1.0, 0.0, False, period), names)
+
+
+def test_host_counts_staleness_as_versions_applied_since_the_pull():
+    host = host_of(["a", "b", "c"])
+    first = host.push("a", stats("a"), torch.tensor([3.0, 0.0]), pulled_version=0, weighting="uniform")
+    second = host.push("b", stats("b"), torch.tensor([0.0, 3.0]), pulled_version=0, weighting="uniform")
+    third = host.push("a", stats("a"), torch.tensor([3.0, 3.0]), pulled_version=first.version, weighting="uniform")
+    assert (first.staleness, second.staleness, third.staleness) == (0, 1, 1)
+    assert (first.version, second.version, third.version) == (1, 2, 3)
+    # uniform weights 1/3: global = -(1/3) * sum of the pseudo-gradients
+    assert torch.allclose(third.global_flat, torch.tensor([-2.0, -2.0]))
+
+
+def test_host_hands_each_node_the_phases_it_has_not_seen_once():
+    host = host_of(["a", "b"])
+    host.push("a", stats("a", tokens=1), torch.zeros(2), 0, "uniform")
+    host.push("a", stats("a", tokens=2), torch.zeros(2), 1, "uniform")
+    reply = host.push("b", stats("b"), torch.zeros(2), 0, "uniform")
+    assert [item["tokens"] for item in reply.news] == [1, 2]
+    assert host.push("b", stats("b"), torch.zeros(2), 3, "uniform").news == []
+
+
+def test_host_leaves_out_a_non_finite_node_and_weighs_by_tokens():
+    host = host_of(["a", "b"])
+    left_out = host.push("a", stats("a", finite=False), torch.full((2,), float("nan")), 0, "tokens")
+    assert left_out.version == 0 and torch.equal(left_out.global_flat, torch.zeros(2))
+    host.push("b", stats("b", tokens=300), torch.tensor([1.0, 1.0]), 0, "tokens")
+    # a's latest phase trained 100 tokens, b's 300: b's share of an average is 3/4
+    assert torch.allclose(host.global_flat()[1], torch.tensor([-0.75, -0.75]))
+
+
+def test_host_commits_only_a_round_every_node_saved():
+    host = host_of(["a", "b"])
+    host.push("a", stats("a", saved_round=4), torch.zeros(2), 0, "uniform")
+    assert host.committable_round() is None
+    host.push("b", stats("b", saved_round=2), torch.zeros(2), 0, "uniform")
+    assert host.committable_round() == 2
+
+
+def test_round_clock_counts_queueing_at_the_host_as_waiting():
+    clock = RoundClock(marks={"start": 0.0, "local_done": 10.0, "ready": 10.0, "synced": 13.0, "end": 13.5})
+    clock.record_sync([(10.0, 13.0)], 0.0, waited_s=1.0)
+    assert (clock.compute_s, clock.wait_s, clock.comm_s, clock.overhead_s) == (10.0, 1.0, 2.0, 0.5)
+
+
+# ----- config ----------------------------------------------------------------------------------
+
+NODES = [{"name": "a", "gpus": ["A100-SXM4-80GB"]}]
+
+
+def test_async_defaults_to_blocking_fp32_and_the_adaptive_policy():
+    config = parse_config(small_config(NODES, diloco={"mode": "async"}), "test")
+    assert (config.diloco.overlap, config.diloco.compression, config.balancing.policy) == ("none", "none", "adaptive")
+
+
+@pytest.mark.parametrize("sections, field", [
+    ({"diloco": {"mode": "async", "overlap": "streaming"}}, "diloco.overlap"),
+    ({"diloco": {"mode": "async", "compression": "int8"}}, "diloco.compression"),
+    ({"diloco": {"mode": "async"}, "comm": {"backend": "hivemind"}}, "diloco.mode: async needs comm.backend: torch"),
+    ({"run": {"max_wall_s": 0}}, "max_wall_s"),
+])
+def test_async_settings_it_cannot_do_name_the_field(sections, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        parse_config(small_config(NODES, **sections), "test")
+
+
+# ----- real runs -------------------------------------------------------------------------------
+
+THREE_SPEEDS = [{"name": name, "gpus": ["A100-SXM4-80GB"], "emulate": {"step_time_s": step_s}}
+                for name, step_s in (("fast", 0.1), ("mid", 0.2), ("slow", 0.4))]
+
+
+def async_config(rounds: int) -> dict:
+    return small_config(THREE_SPEEDS, diloco={"rounds": rounds, "local_steps": 3, "batch_size": 4, "mode": "async"},
+                        checkpoint={"every_rounds": 1, "keep": 10})
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("async")
+    run_dir = tmp_path / "run"
+    done = geodiloco("run", "--no-report", "--config", str(write_config(tmp_path, async_config(5))),
+                     "--run-dir", str(run_dir), timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return tmp_path, run_dir, done
+
+
+def test_async_run_logs_every_phase_with_its_staleness(async_run):
+    _, run_dir, _ = async_run
+    idle = read_jsonl(run_dir / "idle.jsonl")
+    assert sorted((row["node"], row["round"]) for row in idle) == sorted(
+        (node["name"], round_idx) for node in THREE_SPEEDS for round_idx in range(5))
+    assert all(row["mode"] == "async" and isinstance(row["staleness"], int) for row in idle)
+    assert max(row["staleness"] for row in idle) >= 1  # nodes did not move in lockstep
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert sum(row["tokens"] for row in metrics if row["node"] == "global") == sum(row["tokens"] for row in idle)
+    assert any(row.get("final") and row["eval_loss"] is not None for row in metrics)
+
+
+def test_async_run_gives_the_fast_node_more_steps_per_phase(async_run):
+    _, run_dir, _ = async_run
+    last = {row["node"]: row for row in read_jsonl(run_dir / "idle.jsonl") if row["round"] == 4}
+    assert last["fast"]["local_steps"] >= 2 * last["slow"]["local_steps"]
+
+
+def test_async_checkpoint_points_at_a_round_every_node_saved(async_run):
+    _, run_dir, _ = async_run
+    latest = int((run_dir / "checkpoints" / "latest").read_text())
+    held = run_dir / "checkpoints" / f"round_{latest:05d}"
+    assert latest == 4
+    assert sorted(path.name for path in held.glob("node_*")) == ["node_fast.safetensors", "node_mid.safetensors",
+                                                                  "node_slow.safetensors"]
+    state = load_state(held / "global.safetensors")
+    assert state["sync"]["version"] >= 10
+
+
+def test_async_resume_starts_every_node_from_the_saved_global_model(async_run):
+    tmp_path, run_dir, _ = async_run
+    saved = load_state(run_dir / "checkpoints" / "round_00004" / "global.safetensors")
+    saved_checksum = float(sum(param.double().abs().sum() for param in saved["outer"]["global_params"]))
+    done = geodiloco("run", "--no-report", "--resume", "--config", str(write_config(tmp_path, async_config(6), "more.yaml")),
+                     "--run-dir", str(run_dir), timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [row for row in read_jsonl(run_dir / "metrics.jsonl") if row["node"] != "global" and row["round"] == 5]
+    assert sorted(row["node"] for row in rows) == ["fast", "mid", "slow"]
+    for row in rows:
+        assert row["start_checksum"] == pytest.approx(saved_checksum, rel=1e-6)
+
+
+def test_max_wall_s_stops_a_sync_run_at_an_outer_boundary(tmp_path):
+    nodes = [{"name": name, "gpus": ["A100-SXM4-80GB"], "emulate": {"step_time_s": 0.05}} for name in ("a", "b")]
+    config = small_config(nodes, run={"name": "wall", "out_dir": "runs", "seed": 0, "max_wall_s": 1.0},
+                          diloco={"rounds": 500, "local_steps": 3, "batch_size": 4, "overlap": "none",
+                                  "compression": "none"})
+    run_dir = tmp_path / "run"
+    done = geodiloco("run", "--no-report", "--config", str(write_config(tmp_path, config)), "--run-dir", str(run_dir))
+    assert done.returncode == 0, done.stderr[-2000:]
+    idle = read_jsonl(run_dir / "idle.jsonl")
+    rounds = {row["round"] for row in idle}
+    last = max(rounds)
+    assert 2 <= len(rounds) < 30 and rounds == set(range(last + 1))
+    assert sorted(row["node"] for row in idle if row["round"] == last) == ["a", "b"]
+    span_s = max(row["round_end"] for row in idle) - min(row["round_start"] for row in idle)
+    assert span_s >= 1.0
+    assert int((run_dir / "checkpoints" / "latest").read_text()) == last
