@@ -74,12 +74,16 @@ def _setup(args, simulation=None):
 
 def run_plan(args) -> int:
     from geodiloco.balancer.views import plan_summary, print_plan
+    from dataclasses import asdict
+    from geodiloco.balancer.mode_advice import advise_mode
     setup = _setup(args)
-    plan = setup.planner().plan(args.round)
+    planner = setup.planner()
+    plan = planner.plan(args.round)
+    advice = advise_mode(plan, setup.cluster.nodes, planner.sync.num_params, planner.sync.measured_factor)
     if args.json:
-        print(json.dumps(plan_summary(plan), indent=2))
+        print(json.dumps({**plan_summary(plan), "mode_advice": asdict(advice)}, indent=2))
     else:
-        print_plan(plan, setup)
+        print_plan(plan, setup, advice=advice)
     return 0
 
 

@@ -29,7 +29,7 @@ def plan_summary(plan: Plan) -> dict:
     }
 
 
-def print_plan(plan: Plan, setup, console: Console | None = None) -> None:
+def print_plan(plan: Plan, setup, console: Console | None = None, advice=None) -> None:
     console = console or cli_console()
     gpus = {node.name: node.gpus for node in setup.cluster.nodes}
     table = Table(title=f"plan, policy {plan.policy}, round {plan.round} ({setup.model}, seq {setup.seq_len}, "
@@ -53,6 +53,8 @@ def print_plan(plan: Plan, setup, console: Console | None = None) -> None:
                   f"{exposed_s:.2f} s exposed, {max(0.0, plan.predicted_sync_s - exposed_s):.2f} s hidden behind compute")
     if plan.sync_advice:
         console.print(f"[bold yellow]advice:[/] {plan.sync_advice}")
+    if advice is not None:
+        console.print(f"[bold]mode:[/] expect diloco.mode: {advice.recommended} to be faster: {advice.reason}")
 
 
 def _gpu_text(gpus: list) -> str:
