@@ -169,8 +169,8 @@ def staleness_table(summary: RunSummary) -> Optional[Table]:
             by_node.setdefault(record.node, []).append(record.staleness)
     if not by_node:
         return None
-    table = Table(title="Staleness per node (async: global versions applied between pull and update)",
-                  box=box.SIMPLE_HEAVY, title_justify="left")
+    table = Table(title="Staleness per node (async)", caption="global versions applied between a node's pull and its update",
+                  box=box.SIMPLE_HEAVY, title_justify="left", caption_justify="left")
     table.add_column("node")
     for header in ("updates", "median", "p90", "worst", "mean"):
         _number_column(table, header)

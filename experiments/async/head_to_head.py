@@ -247,6 +247,41 @@ def plot(cases: dict, path: Path) -> None:
     plt.close(figure)
 
 
+def plan_advice(run_dir: Path):
+    """What ``geodiloco plan`` advises for this cluster once it has seen a balanced sync run's measured
+    steps (``runtime.config`` + ``balancer.mode_advice``, the same code as the CLI)."""
+    from geodiloco.balancer.mode_advice import advise_mode
+    from geodiloco.balancer.network import SyncSettings
+    from geodiloco.balancer.plan import RoundMeasurement
+    from geodiloco.balancer.planner import Planner
+    from geodiloco.runtime.config import load_config
+    config = load_config(str(run_dir / "config.yaml"), [])
+    diloco = config.diloco
+    planner = Planner(config.balancing, config.nodes, config.model.dims(), config.model.seq_len, diloco.local_steps,
+                      diloco.batch_size, config.model.precision,
+                      sync_settings=SyncSettings(diloco.overlap, diloco.compression, diloco.fragments))
+    idle = read_jsonl(run_dir / "idle.jsonl")
+    for row in idle:
+        planner.observe(RoundMeasurement(node=row["node"], round=row["round"], batch_size=row["batch_size"],
+                                         local_steps=row["local_steps"], step_times_s=[], compute_s=row["compute_s"]))
+    plan = planner.plan(max(row["round"] for row in idle) + 1)
+    return advise_mode(plan, config.nodes, planner.sync.num_params, planner.sync.measured_factor)
+
+
+def advice_line(results: Path, shards: str, rows: list[dict]) -> str:
+    run_dir = results / "runs" / run_name("sync-time", shards, 0)
+    by_mode = {row["mode"]: row for row in rows}
+    if not (run_dir / "config.yaml").is_file() or "async" not in by_mode or "sync-time" not in by_mode:
+        return ""
+    advice = plan_advice(run_dir)
+    faster = "async" if by_mode["async"]["loss_at_equal_wall"]["mean"] < by_mode["sync-time"]["loss_at_equal_wall"]["mean"] \
+        else "sync"
+    less_idle = "async" if by_mode["async"]["idle_share"]["mean"] < by_mode["sync-time"]["idle_share"]["mean"] else "sync"
+    return (f"`geodiloco plan` (after the sync-time run's measured steps) advises **{advice.recommended}**: "
+            f"{advice.reason}. Measured: {faster} reached the lower loss at equal wall-clock and {less_idle} had less "
+            f"GPU idle, so the advice was {'right' if advice.recommended == faster else 'wrong'}.")
+
+
 def verdict(rows: list[dict]) -> str:
     by_mode = {row["mode"]: row for row in rows}
     if "async" not in by_mode or "sync-time" not in by_mode:
@@ -268,8 +303,9 @@ def analyze(results: Path) -> str:
     for shards in [item for item in SHARDS if any(key[1] == item for key in cases)]:
         rows, points = shard_rows(cases, shards)
         summary[shards] = {"rows": rows, "points": points}
-        sections += [f"## Shards: {shards}", "", table(rows, points), "", verdict(rows), ""]
-        readme_lines += [f"**{shards}**", "", table(rows, points), "", verdict(rows), ""]
+        advice = advice_line(results, shards, rows)
+        sections += [f"## Shards: {shards}", "", table(rows, points), "", verdict(rows), "", advice, ""]
+        readme_lines += [f"**{shards}**", "", table(rows, points), "", verdict(rows), advice, ""]
     plot(cases, results / "loss_vs_wall.png")
     (results / "head_to_head.json").write_text(json.dumps(summary, indent=1) + "\n")
     shares = ", ".join(f"{name} {share:g}" for name, share in manifest["cpu_shares"].items())
