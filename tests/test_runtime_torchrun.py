@@ -62,3 +62,19 @@ def test_streaming_int8_sync_with_a_two_rank_node_under_torchrun(tmp_path):
     assert all(r["sync_bytes"] > 0 for r in records)
     node_state = checkpoint.load_node(run_dir, 2, "a")
     assert len(node_state["sync"]["feedback"]) == 3 and node_state["sync"]["in_flight"] == []
+
+
+def test_async_mode_with_a_two_rank_host_node_under_torchrun(tmp_path):
+    """The host node has two ranks: its second rank gets every pulled model by broadcast and takes part
+    in the node-local exchanges; both nodes end on the same final model (the final evaluation runs)."""
+    nodes = [{"name": "a", "gpus": ["2 x A30"], "batch_size": 4, "emulate": {"step_time_s": 0.05}},
+             {"name": "b", "gpus": ["RTX 3090"], "batch_size": 4, "emulate": {"step_time_s": 0.1}}]
+    config = small_config(nodes)
+    config["diloco"] = {"rounds": 3, "local_steps": 3, "batch_size": 4, "mode": "async"}
+    run_dir = run_two_sites(tmp_path, config)
+    records = read_jsonl(run_dir / "idle.jsonl")
+    assert sorted((r["round"], r["node"]) for r in records) == [(r, n) for r in range(3) for n in "ab"]
+    assert all(r["mode"] == "async" and r["staleness"] is not None for r in records)
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert any(row.get("final") and row["eval_loss"] is not None for row in metrics)
+    assert checkpoint.latest_round(run_dir) == 2
