@@ -79,7 +79,8 @@ def run_plan(args) -> int:
     setup = _setup(args)
     planner = setup.planner()
     plan = planner.plan(args.round)
-    advice = advise_mode(plan, setup.cluster.nodes, planner.sync.num_params, planner.sync.measured_factor)
+    advice = advise_mode(plan, setup.cluster.nodes, planner.sync.num_params, planner.sync.measured_factor,
+                         codec=setup.sync.codec)
     if args.json:
         print(json.dumps({**plan_summary(plan), "mode_advice": asdict(advice)}, indent=2))
     else:

@@ -5,9 +5,9 @@ what the GPUs wait on around it:
 
 - ``sync``: the plan's own prediction: waiting for the slowest node after balancing plus the
   exposed outer sync (with the configured overlap and codec).
-- ``async``: no barrier; each phase ends with a push of the node's fp32 pseudo-gradient over its
-  own link and a pull of the fp32 global model over the host's (the first node's) link, both
-  exposed. The host's link carries every other node's pull: when those take longer than a
+- ``async``: no barrier; each phase ends with a push of the node's pseudo-gradient over its
+  own link and a pull of the global model (as an encoded difference) over the host's (the first
+  node's) link, both in the configured codec and both exposed. The host's link carries every other node's pull: when those take longer than a
   phase, the host's link sets the pace (every node's cycle stretches to it).
   Expected staleness: with equal phases every other node pushes once between a node's pull and
   its push, i.e. N - 1 versions.
@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from geodiloco.balancer.network import pseudo_gradient_bytes
+from geodiloco.balancer.network import encoded_bytes
 from geodiloco.balancer.plan import Plan
 
 ASYNC_MARGIN = 0.05
@@ -51,14 +51,16 @@ def link_s(payload_bytes: float, bandwidth_mbps: Optional[float], latency_ms: fl
     return 8.0 * payload_bytes / (bandwidth_mbps * 1e6) + latency_ms / 1e3
 
 
-def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: float = 1.0) -> ModeAdvice:
+def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: float = 1.0,
+                codec: str = "none") -> ModeAdvice:
     """Advice for ``plan`` (made with the run's balancing policy and sync settings) on ``nodes``
-    (config order: the first hosts the global model in async mode)."""
+    (config order: the first hosts the global model in async mode); ``codec``: the async push and
+    pull's ``diloco.compression``."""
     count = len(plan.nodes)
     compute_s = np.array([node.predicted_compute_s for node in plan.nodes])
     phase_s = float(compute_s.max())
     sync_idle = plan.predicted_idle_s / (count * plan.predicted_round_s) if plan.predicted_round_s > 0 else 0.0
-    payload = pseudo_gradient_bytes(num_params, "fp32")
+    payload = encoded_bytes(codec, num_params)
     by_name = {node.name: node for node in nodes}
     links = [by_name[item.name].wan for item in plan.nodes]
     host = links[0]
@@ -83,7 +85,7 @@ def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: 
     else:
         recommended = "sync"
         why = ("the host's link carries every pull and sets the pace"
-               if host_load > 1 else f"its push and pull ({transfer_s:.3g} s per phase, fp32, none hidden)")
+               if host_load > 1 else f"its push and pull ({transfer_s:.3g} s per phase, {codec}, none hidden)")
         reason = (f"sync with the {plan.policy} policy leaves {sync_idle:.0%} of GPU time idle; async would leave about {async_idle:.0%}: "
                   f"{why}, and its updates would be about {staleness} versions stale")
     return ModeAdvice(recommended, sync_idle, async_idle, transfer_s, staleness, host_load, reason)

@@ -219,3 +219,40 @@ def test_max_wall_s_stops_a_sync_run_at_an_outer_boundary(tmp_path):
     span_s = max(row["round_end"] for row in idle) - min(row["round_start"] for row in idle)
     assert span_s >= 1.0
     assert int((run_dir / "checkpoints" / "latest").read_text()) == last
+
+
+# ----- compressed pushes and pulls ---------------------------------------------------------------
+
+def test_push_error_feedback_loses_only_the_residual_it_carries():
+    from geodiloco.runtime.sync.async_wire import PushFeedback, unpack
+    feedback = PushFeedback("int8")
+    generator = torch.Generator().manual_seed(1)
+    sent, arrived = torch.zeros(5000), torch.zeros(5000)
+    for _ in range(6):
+        update = torch.randn(5000, generator=generator)
+        sent += update
+        arrived += unpack("int8", feedback.encode(update), 5000)
+    assert torch.allclose(arrived + feedback.residual, sent, atol=1e-5)
+    assert feedback.residual.abs().max() < 0.05 * sent.abs().max()
+
+
+def test_pulled_model_equals_the_hosts_shadow_and_does_not_drift():
+    from geodiloco.runtime.sync.async_wire import PullShadows, apply_pull
+    generator = torch.Generator().manual_seed(2)
+    global_flat = torch.randn(3000, generator=generator)
+    shadows = PullShadows("int8", ["b"], global_flat)
+    node_copy = global_flat.clone()
+    for _ in range(50):
+        global_flat = global_flat + 0.1 * torch.randn(3000, generator=generator)
+        node_copy = apply_pull("int8", shadows.encode("b", global_flat), node_copy)
+        assert torch.equal(node_copy, shadows.shadows["b"])
+    # after 50 pulls the error is one rounding of the last difference, not 50 of them
+    one_step = 0.1 * 4 / 127
+    assert (node_copy - global_flat).abs().max() < one_step
+
+
+def test_uncompressed_pull_sends_the_whole_model():
+    from geodiloco.runtime.sync.async_wire import PullShadows, apply_pull
+    model = torch.arange(10.0)
+    shadows = PullShadows("none", ["b"], torch.zeros(10))
+    assert torch.equal(apply_pull("none", shadows.encode("b", model), torch.zeros(10)), model)

@@ -13,9 +13,10 @@ per-step noise 0.02, stragglers 1 %, drift 2 % per round), not the predictor.
 
 - ``sync-uniform``: H everywhere, blocking fp32 ring all-reduce (``balancer.simulate``).
 - ``sync-time``: ``time`` policy, streaming int8 sync in 4 fragments (``balancer.simulate``).
-- ``async``: every node runs the ``time`` policy's steps (dynamic local updates) at its true
-  speed with the same noise; at each phase end it pushes its fp32 pseudo-gradient over its
-  own link, and pulls the fp32 model over the host's link, which serves pulls one at a time
+- ``async-fp32`` / ``async-int8``: every node runs the ``time`` policy's steps (dynamic local
+  updates) at its true speed with the same noise; at each phase end it pushes its
+  pseudo-gradient over its own link, and pulls the model (fp32, or an int8 difference) over
+  the host's link, which serves pulls one at a time
   (first come, first served). Staleness = pushes the host applied between a node's pull and
   its push. Event-driven, until the sync-time run's wall-clock.
 
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from geodiloco.balancer.mode_advice import advise_mode  # noqa: E402
-from geodiloco.balancer.network import pseudo_gradient_bytes  # noqa: E402
+from geodiloco.balancer.network import encoded_bytes  # noqa: E402
 from geodiloco.balancer.setup import load_setup  # noqa: E402
 from geodiloco.balancer.simulate import (GroundTruth, Stragglers, drift_matrix, run_fixed_steps,  # noqa: E402
                                          simulate)
@@ -105,7 +106,7 @@ def sync_case(path: Path, policy: str, overlap: str, compression: str) -> dict:
             "planner": planner}
 
 
-def async_case(path: Path, balanced_planner, wall_s: float, seed: int) -> dict:
+def async_case(path: Path, balanced_planner, wall_s: float, seed: int, codec: str) -> dict:
     """Event simulation of async DiLoCo with the balanced planner's steps (see the module docstring)."""
     setup = load_setup(str(path), policy="time")
     planner = balanced_planner
@@ -117,7 +118,7 @@ def async_case(path: Path, balanced_planner, wall_s: float, seed: int) -> dict:
     plan = planner.plan_arrays(ROUNDS)
     true_step_s = truth.step_s(plan.batch_size, plan.micro_batch_size)
     stragglers = Stragglers(settings.straggler_prob, *settings.straggler_factor)
-    payload_bits = 8.0 * pseudo_gradient_bytes(planner.sync.num_params, "fp32")
+    payload_bits = 8.0 * encoded_bytes(codec, planner.sync.num_params)
     bandwidth_bps = np.array([node.wan.bandwidth_mbps * 1e6 for node in nodes])
     latency_s = np.array([node.wan.latency_ms / 1e3 for node in nodes])
     push_s = payload_bits / bandwidth_bps + latency_s
@@ -171,18 +172,19 @@ def run(args: argparse.Namespace) -> dict:
     rows = {}
     for case in [item.strip() for item in args.links.split(",") if item.strip()]:
         bandwidth, host_factor = parse_link(case)
-        per_mode: dict[str, list[dict]] = {"sync-uniform": [], "sync-time": [], "async": []}
+        per_mode: dict[str, list[dict]] = {"sync-uniform": [], "sync-time": [], "async-fp32": [], "async-int8": []}
         advice_right = []
         for seed in range(args.seeds):
             path = cluster_file(args.nodes, bandwidth, seed, directory, host_factor)
             per_mode["sync-uniform"].append(sync_case(path, "uniform", "none", "none"))
             balanced = sync_case(path, "time", "streaming", "int8")
             per_mode["sync-time"].append(balanced)
-            per_mode["async"].append(async_case(path, balanced["planner"], balanced["wall_s"], seed))
+            for codec, mode in (("none", "async-fp32"), ("int8", "async-int8")):
+                per_mode[mode].append(async_case(path, balanced["planner"], balanced["wall_s"], seed, codec))
             planner = balanced["planner"]
             advice = advise_mode(planner.to_plan(planner.plan_arrays(ROUNDS)), planner.nodes,
-                                 planner.sync.num_params, planner.sync.measured_factor)
-            winner = "async" if per_mode["async"][-1]["idle_share"] < balanced["idle_share"] else "sync"
+                                 planner.sync.num_params, planner.sync.measured_factor, codec="int8")
+            winner = "async" if per_mode["async-int8"][-1]["idle_share"] < balanced["idle_share"] else "sync"
             advice_right.append({"advised": advice.recommended, "simulated_less_idle": winner,
                                  "predicted_sync_idle": advice.sync_idle_share,
                                  "predicted_async_idle": advice.async_idle_share})
@@ -218,9 +220,10 @@ def report(rows: dict, args: argparse.Namespace) -> str:
             lines.append(f"| {mode} | {stats['idle_share'][0] * 100:.1f} % ± {stats['idle_share'][1] * 100:.1f} | "
                          f"{stats['sync_share'][0] * 100:.1f} % | {stats['tokens_per_hour'][0] / 1e6:.1f} | {stale} |")
         right = sum(item["advised"] == item["simulated_less_idle"] for item in row["advice"])
-        advised = ", ".join(sorted({item["advised"] for item in row["advice"]}))
-        lines += ["", f"`geodiloco plan` advised **{advised}**; the simulation had less idle with that mode in "
-                      f"{right} of {len(row['advice'])} draws.", ""]
+        advised = ", ".join(f"{mode} in {sum(item['advised'] == mode for item in row['advice'])}"
+                            for mode in ("sync", "async") if any(item["advised"] == mode for item in row["advice"]))
+        lines += ["", f"`geodiloco plan` (async with int8) advised {advised} draws; the simulation had less idle "
+                      f"with that mode (sync-time against async-int8) in {right} of {len(row['advice'])} draws.", ""]
     lines += ["Regenerate: `.venv/bin/python experiments/async/simulate_modes.py`."]
     return "\n".join(lines)
 
