@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from geodiloco.predictor.specs import GpuSpec
 from geodiloco.predictor.workload import (
-    ModelDims, activation_bytes, elementwise_bytes_per_token, layer_linear_shapes,
-    optimizer_traffic, parameter_count, parameter_tensor_count,
+    RUNTIME_CODE, ModelDims, TrainingCode, activation_bytes, eager_attention_bytes_per_sample,
+    elementwise_bytes_per_token, gpt_elementwise_bytes_per_token, layer_linear_shapes, optimizer_traffic,
+    parameter_count, parameter_tensor_count,
 )
 
 
@@ -91,8 +92,8 @@ def matmul_time_s(m: int, n: int, k: int, device: GpuSpec, rate_tflops: float,
 
 
 def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: str, samples: int,
-                     activation_checkpointing: bool = False) -> MicroBatchTime:
-    """Forward + backward of ``samples`` sequences on one device."""
+                     activation_checkpointing: bool = False, code: TrainingCode = RUNTIME_CODE) -> MicroBatchTime:
+    """Forward + backward of ``samples`` sequences on one device, run the way ``code`` describes."""
     eff = efficiency_for(device)
     rate, _, _ = device.matmul_rate(precision)
     e = activation_bytes(precision) if not device.is_cpu else 4
@@ -102,6 +103,8 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
 
     def add(m: int, n: int, k: int, repeats: int) -> None:
         nonlocal compute_s, memory_s
+        if m == 0 or n == 0 or k == 0:
+            return
         seconds, compute_bound = matmul_time_s(m, n, k, device, rate, e, eff)
         if compute_bound:
             compute_s += seconds * repeats
@@ -114,19 +117,45 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
         add(tokens, n_in, n_out, layers)                        # input gradient
         add(n_in, n_out, tokens, layers)                        # weight gradient
     head = dims.hidden_size, dims.vocab_size
-    add(tokens, head[1], head[0], 1)
-    add(tokens, head[0], head[1], 1)
-    add(head[0], head[1], tokens, 1)
+    head_tokens = round(tokens * code.lm_head_fraction)
+    add(head_tokens, head[1], head[0], 1)
+    add(head_tokens, head[0], head[1], 1)
+    add(head[0], head[1], head_tokens, 1)
 
-    attention_forward_flops = 2.0 * samples * seq_len**2 * dims.hidden_size * dims.num_layers
-    attention_passes = 3.5 + (1.0 if activation_checkpointing else 0.0)
-    attention_s = attention_forward_flops * attention_passes / (rate * 1e12 * eff.attention)
-
-    elementwise_s = tokens * elementwise_bytes_per_token(dims, seq_len, "fp32" if device.is_cpu else precision)
+    attention_s = attention_time_s(device, dims, seq_len, precision, samples, activation_checkpointing, code)
+    precision_moved = "fp32" if device.is_cpu else precision
+    if code.block == "gpt":
+        per_token = gpt_elementwise_bytes_per_token(dims, precision_moved, code.lm_head_fraction)
+    else:
+        per_token = elementwise_bytes_per_token(dims, seq_len, precision_moved)
     working_set = 3 * tokens * max(dims.hidden_size, dims.intermediate_size) * e
-    elementwise_s /= device.bandwidth_gbps_for(working_set) * 1e9 * eff.memory
+    elementwise_s = tokens * per_token / (device.bandwidth_gbps_for(working_set) * 1e9 * eff.memory)
     ops = dims.num_layers * OPS_PER_LAYER + OPS_HEAD
     return MicroBatchTime(compute_s, memory_s, attention_s, elementwise_s, ops)
+
+
+def attention_time_s(device: GpuSpec, dims: ModelDims, seq_len: int, precision: str, samples: int,
+                     activation_checkpointing: bool, code: TrainingCode) -> float:
+    """Seconds of the attention core (scores, softmax, weighted sum), forward + backward.
+
+    Flash: compute at the attention efficiency, causal half skipped, the backward recomputing the
+    scores (3.5 forward passes). Eager: the full square of scores (plus Transformer-XL memory keys and
+    relative-position scores) through batched matmuls at the matmul efficiency, and the score matrices
+    through memory.
+    """
+    eff = efficiency_for(device)
+    rate, _, _ = device.matmul_rate(precision)
+    recompute = 1.0 if activation_checkpointing else 0.0
+    if code.attention == "flash":
+        forward_flops = 2.0 * samples * seq_len**2 * dims.hidden_size * dims.num_layers
+        return forward_flops * (3.5 + recompute) / (rate * 1e12 * eff.attention)
+    keys = seq_len + code.memory_len
+    score_matmuls = 3.0 if code.relative_positions else 2.0  # QK^T (+ Q R^T) and PV
+    forward_flops = 2.0 * score_matmuls * samples * seq_len * keys * dims.hidden_size * dims.num_layers
+    compute_s = forward_flops * (3.0 + recompute) / (rate * 1e12 * eff.matmul)
+    moved = samples * eager_attention_bytes_per_sample(dims, seq_len, precision, code.memory_len,
+                                                       code.relative_positions)
+    return compute_s + moved / (device.bandwidth_gbps_for(moved) * 1e9 * eff.memory)
 
 
 def optimizer_time(device: GpuSpec, dims: ModelDims, precision: str, micro_batches: int) -> tuple[float, float]:

@@ -6,7 +6,8 @@ sets the pace; with ``split="by_speed"`` the batch is divided so all GPUs
 finish together (the runtime must then feed uneven per-GPU batches). The
 gradient all-reduce inside the node overlaps with the backward pass except for
 its last bucket. A batch that does not fit in memory runs as micro-batches
-with gradient accumulation.
+with gradient accumulation. ``optimizer_step=False`` models forward + backward
+only (no clipping, no optimizer update), for timings that leave the step out.
 """
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from typing import Literal, Optional
 from geodiloco.predictor.kernels import efficiency_for, host_op_s, micro_batch_time, optimizer_time
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.predictor.specs import GpuSpec
-from geodiloco.predictor.workload import ModelDims, check_precision, gradient_bytes, training_memory_bytes
+from geodiloco.predictor.workload import (
+    RUNTIME_CODE, ModelDims, TrainingCode, check_precision, gradient_bytes, training_memory_bytes,
+)
 
 Split = Literal["equal", "by_speed"]
 
@@ -71,7 +74,8 @@ class NodeStepModel:
 
     def __init__(self, devices: list[GpuSpec], dims: ModelDims, seq_len: int, precision: str = "bf16",
                  micro_batch_size: Optional[int] = None, split: Split = "equal",
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False, optimizer_step: bool = True,
+                 code: TrainingCode = RUNTIME_CODE) -> None:
         check_precision(precision)
         if not devices:
             raise ConfigError("a node needs at least one device")
@@ -88,6 +92,8 @@ class NodeStepModel:
         self.micro_batch_size = micro_batch_size
         self.split = split
         self.activation_checkpointing = activation_checkpointing
+        self.optimizer_step = optimizer_step
+        self.code = code
         self._device_step = lru_cache(maxsize=4096)(self._device_step_uncached)
 
     # ------------------------------------------------------------ memory
@@ -132,13 +138,14 @@ class NodeStepModel:
         for index in range(micro_batches):
             size = min(micro, samples - index * micro)
             work = micro_batch_time(device, self.dims, self.seq_len, self.precision, size,
-                                    self.activation_checkpointing)
+                                    self.activation_checkpointing, self.code)
             for slot, value in enumerate((work.matmul_compute_s, work.matmul_memory_s, work.attention_s,
                                           work.elementwise_s)):
                 parts[slot] += value
             ops += work.host_ops
             last_device_s = work.device_s
-        optimizer_s, optimizer_host_s = optimizer_time(device, self.dims, self.precision, max(1, micro_batches))
+        optimizer_s, optimizer_host_s = (optimizer_time(device, self.dims, self.precision, max(1, micro_batches))
+                                         if self.optimizer_step else (0.0, 0.0))
         host_s = ops * host_op_s(device) + optimizer_host_s
         device_s = sum(parts) + optimizer_s
         step_s = device_s + host_s if device.is_cpu else max(device_s, host_s)
@@ -264,7 +271,9 @@ def resolve_devices(gpus: list[str]) -> list[GpuSpec]:
 
 def node_step_model(gpus: list[str], dims: ModelDims, seq_len: int, precision: str = "bf16",
                     micro_batch_size: int | None = None, split: Split = "equal",
-                    activation_checkpointing: bool = False) -> NodeStepModel:
-    """Cold step-time model of a node with these GPUs (one name per GPU; [] = this CPU)."""
+                    activation_checkpointing: bool = False, optimizer_step: bool = True,
+                    code: TrainingCode = RUNTIME_CODE) -> NodeStepModel:
+    """Cold step-time model of a node with these GPUs (one name per GPU; [] = this CPU);
+    ``optimizer_step=False``: forward + backward only; ``code``: how the training code runs the model."""
     return NodeStepModel(resolve_devices(gpus), dims, seq_len, precision, micro_batch_size, split,
-                         activation_checkpointing)
+                         activation_checkpointing, optimizer_step, code)

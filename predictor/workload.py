@@ -287,6 +287,78 @@ def training_memory_bytes(dims: ModelDims, micro_batch_size: int, seq_len: int, 
 # ---------------------------------------------------------------- bytes moved
 
 
+@dataclass(frozen=True)
+class TrainingCode:
+    """How the training code runs the model, where that changes the cost (defaults: this project's runtime).
+
+    ``block``: "llama" (fp32 RMSNorm, rotary, SwiGLU under autocast: runtime/models.py) or "gpt"
+    (BERT/GPT-2 style: LayerNorm, GELU/ReLU MLP of two matrices, absolute positions, dropout; half
+    precision as whole-model fp16, apex O2 style). For "gpt", ``ModelDims.intermediate_size`` is the
+    SwiGLU-equivalent width (2/3 of the real MLP width: same parameters and FLOPs).
+    ``attention``: "flash" (fused kernel, no score matrix, causal half skipped) or "eager" (scores and
+    probabilities written to memory, full square computed).
+    ``lm_head_fraction``: share of positions projected onto the vocabulary and through the loss (1 for a
+    language model, the masked share for BERT MLM that gathers masked positions first, 0 for a
+    classification / QA head).
+    ``memory_len``: cached key/value positions each query also attends to (Transformer-XL memory).
+    ``relative_positions``: Transformer-XL relative-position attention (a second score matmul against the
+    position embeddings, shifted and added to the content scores); eager attention only.
+    """
+
+    block: str = "llama"
+    attention: str = "flash"
+    lm_head_fraction: float = 1.0
+    memory_len: int = 0
+    relative_positions: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block not in ("llama", "gpt"):
+            raise ConfigError(f"block must be 'llama' or 'gpt', got {self.block!r}")
+        if self.attention not in ("flash", "eager"):
+            raise ConfigError(f"attention must be 'flash' or 'eager', got {self.attention!r}")
+        if not 0.0 <= self.lm_head_fraction <= 1.0:
+            raise ConfigError(f"lm_head_fraction must be in [0, 1], got {self.lm_head_fraction}")
+        if self.memory_len < 0:
+            raise ConfigError(f"memory_len must be >= 0, got {self.memory_len}")
+
+
+RUNTIME_CODE = TrainingCode()
+
+# Eager attention: bytes moved per score element per training step, in activation-sized elements.
+# Forward: QK^T write 1, scale 2, mask add 2, softmax 2, dropout 2, PV read 1 (10); backward: dP write 1,
+# dropout 2, softmax 3, mask/scale 2, reads by the two score-gradient matmuls 2 (10); plus the 1-byte
+# dropout mask written and read. Counted from the eager BERT/GPT-2 attention code, not fitted.
+EAGER_SCORE_PASSES = 20
+EAGER_SCORE_MASK_BYTES = 2
+# Transformer-XL relative positions add per score element: the position scores written (1), the rel_shift
+# pad copy (2) and the add to the content scores (3), forward, and as many backward.
+RELATIVE_SCORE_PASSES = 12
+
+
+def eager_attention_bytes_per_sample(dims: ModelDims, seq_len: int, precision: str,
+                                     memory_len: int = 0, relative_positions: bool = False) -> float:
+    """Bytes per sequence the eager attention's score matrices move in one training step (all layers)."""
+    elements = dims.num_heads * seq_len * (seq_len + memory_len) * dims.num_layers
+    passes = EAGER_SCORE_PASSES + (RELATIVE_SCORE_PASSES if relative_positions else 0)
+    return elements * (passes * activation_bytes(precision) + EAGER_SCORE_MASK_BYTES)
+
+
+def gpt_elementwise_bytes_per_token(dims: ModelDims, precision: str, lm_head_fraction: float = 1.0) -> float:
+    """Bytes per token of the non-matmul kernels of a BERT/GPT-2 style block, forward + backward (2 x forward).
+
+    Per block forward: two LayerNorms (read + write), bias + activation over the MLP width (read + write),
+    two dropouts (read, write, 1-byte mask), two residual adds (two reads, one write) and the attention
+    context's permute copy (read + write), all at the activation precision (fp16 models keep fp16 weights
+    and activations). The loss: logits read and written by the softmax and its gradient in fp32, for the
+    positions that reach the vocabulary.
+    """
+    e = activation_bytes(precision)
+    h, mlp = dims.hidden_size, 1.5 * dims.intermediate_size
+    forward_block = 2 * 2 * e * h + 2 * e * mlp + 2 * (2 * e + 1) * h + 2 * 3 * e * h + 2 * e * h
+    loss = lm_head_fraction * dims.vocab_size * (e + 4 + 8) + 2 * 2 * e * h
+    return 3.0 * (dims.num_layers * forward_block + loss)
+
+
 def elementwise_bytes_per_token(dims: ModelDims, seq_len: int, precision: str) -> float:
     """Bytes read + written per token by the non-matmul kernels of one step
     (forward + backward, backward counted as 2 x forward), all blocks and the loss.

@@ -116,3 +116,29 @@ def test_bad_inputs_are_config_errors():
     stood_in = node_step_model(["A31"], LLAMA, 1024).devices[0]  # unknown: planned like an L4, not refused
     assert stood_in.name == "A31" and stood_in.bf16_tflops == lookup_gpu("L4").bf16_tflops
     assert stood_in.source.startswith("stand-in: planned like L4")
+
+
+def test_forward_backward_only_leaves_out_the_optimizer_step():
+    full = node_step_model(["A30"], LLAMA, 1024, "bf16").explain(4)
+    bare = node_step_model(["A30"], LLAMA, 1024, "bf16", optimizer_step=False).explain(4)
+    assert full["optimizer_s"] > 0 and bare["optimizer_s"] == 0
+    assert bare["step_time_s"] < full["step_time_s"]
+
+
+def test_training_code_changes_attention_head_and_elementwise_costs():
+    from geodiloco.predictor.workload import TrainingCode
+    flash = node_step_model(["A100-SXM4-40GB"], LLAMA, 1024, "fp16").explain(8)
+    eager = node_step_model(["A100-SXM4-40GB"], LLAMA, 1024, "fp16",
+                            code=TrainingCode(attention="eager")).explain(8)
+    assert eager["attention_s"] > flash["attention_s"]  # full square of scores, through memory
+    relative = node_step_model(["A100-SXM4-40GB"], LLAMA, 1024, "fp16",
+                               code=TrainingCode(attention="eager", memory_len=1024, relative_positions=True))
+    assert relative.explain(8)["attention_s"] > 2 * eager["attention_s"]
+    no_head = node_step_model(["A100-SXM4-40GB"], LLAMA, 1024, "fp16", code=TrainingCode(lm_head_fraction=0.0))
+    assert no_head.explain(8)["matmul_s"] < flash["matmul_s"]
+    gpt = node_step_model(["A100-SXM4-40GB"], LLAMA, 1024, "fp16", code=TrainingCode(block="gpt")).explain(8)
+    assert gpt["elementwise_s"] < flash["elementwise_s"]  # no fp32 norms, rotary or autocast casts
+    with pytest.raises(ConfigError):
+        TrainingCode(attention="sparse")
+    with pytest.raises(ConfigError):
+        TrainingCode(lm_head_fraction=1.5)
