@@ -10,6 +10,13 @@ shape; no measurement of any kind) at the row's GPU, batch, micro-batch,
 sequence length and precision. A plain roofline (training FLOPs / the GPU's
 dense peak at that precision) is reported beside it for scale.
 
+How each source ran is taken from the data file, never fitted: a row's ``math``
+(TF32 under an 'fp32' label in NGC containers) sets the matmul precision;
+``optimizer: none`` (NeuSight times forward + backward only) drops the optimizer
+step; the workload's ``block``, ``attention``, ``lm_head_fraction``,
+``memory_len`` and ``relative_positions`` (a row's ``lm_head_fraction`` overrides
+its workload's) become the predictor's TrainingCode.
+
 Held-out split: a row is held out unless ``sha256(id) mod 3 == 0``; the
 predictor's constants are not fitted to anything in this file, and the dev third
 is reported apart so that any later tuning can be confined to it. The headline
@@ -17,6 +24,9 @@ is the held-out part: median and worst absolute error per GPU and per workload.
 
 Run:  .venv/bin/python experiments/predictor/bench_published.py
 Writes experiments/results/predictor/published.{md,json}.
+      .venv/bin/python experiments/predictor/bench_published.py --dev
+prints the dev third only, row by row with the model's breakdown, and writes
+nothing: the view to tune against without seeing a held-out row.
 """
 from __future__ import annotations
 
@@ -29,9 +39,9 @@ from pathlib import Path
 
 import yaml
 
-from geodiloco.predictor.model import node_step_model
+from geodiloco.predictor.model import NodeStepModel, node_step_model
 from geodiloco.predictor.specs import resolve_gpu
-from geodiloco.predictor.workload import ModelDims, training_flops
+from geodiloco.predictor.workload import ModelDims, TrainingCode, training_flops
 
 HERE = Path(__file__).resolve().parent
 DATA_FILE = HERE / "data" / "published_training_steps.yaml"
@@ -67,22 +77,46 @@ def held_out(row_id: str) -> bool:
     return int(hashlib.sha256(row_id.encode()).hexdigest(), 16) % 3 != 0
 
 
+def row_precision(row: dict) -> str:
+    """The matmul arithmetic the row ran: its ``math`` field where the data file records one (TF32 under an
+    'fp32' label in NGC containers), else its ``precision``."""
+    return row.get("math") or row["precision"]
+
+
+def row_code(row: dict, workloads: dict) -> TrainingCode:
+    """How the row's source code runs its workload (block kind, attention, LM-head share, Transformer-XL memory),
+    from the workload's fields; a row's ``lm_head_fraction`` overrides the workload's."""
+    spec = workloads[row["workload"]]
+    return TrainingCode(block=spec.get("block", "llama"), attention=spec.get("attention", "flash"),
+                        lm_head_fraction=float(row.get("lm_head_fraction", spec.get("lm_head_fraction", 1.0))),
+                        memory_len=int(spec.get("memory_len", 0)),
+                        relative_positions=bool(spec.get("relative_positions", False)))
+
+
+def row_model(row: dict, workloads: dict) -> NodeStepModel:
+    """Cold model of the row's run; ``optimizer: none`` rows (timed forward + backward only) get no optimizer step."""
+    spec, _ = resolve_gpu(row.get("gpu_canonical") or row["gpu"])
+    dims = workload_dims(workloads[row["workload"]], row["seq_len"])
+    micro = row.get("micro_batch_size") or row["batch_size"]
+    return node_step_model([spec.name], dims, row["seq_len"], row_precision(row),
+                           micro_batch_size=micro if micro < row["batch_size"] else None,
+                           optimizer_step=row.get("optimizer") != "none", code=row_code(row, workloads))
+
+
 def evaluate(row: dict, workloads: dict) -> dict:
     if row.get("micro_batch_size") is None and row["batch_size"] > MAX_PLAIN_BATCH:
         raise ValueError(f"batch {row['batch_size']} with no micro-batch stated (a global batch); not placed")
     spec, notice = resolve_gpu(row.get("gpu_canonical") or row["gpu"])
     dims = workload_dims(workloads[row["workload"]], row["seq_len"])
-    precision = row["precision"]
-    micro = row.get("micro_batch_size") or row["batch_size"]
-    model = node_step_model([spec.name], dims, row["seq_len"], precision,
-                            micro_batch_size=micro if micro < row["batch_size"] else None)
+    precision = row_precision(row)
+    model = row_model(row, workloads)
     predicted_s = model.predict(row["batch_size"])
     truth_s = measured_step_s(row)
     rate_tflops = spec.matmul_rate(precision)[0]
     roofline_s = training_flops(dims, row["batch_size"], row["seq_len"]) / (rate_tflops * 1e12)
     return {"id": row["id"], "gpu": spec.name, "gpu_as_published": row["gpu"], "gpu_notice": notice,
             "workload": row["workload"], "seq_len": row["seq_len"], "batch_size": row["batch_size"],
-            "precision": precision, "measured_s": truth_s, "predicted_s": predicted_s,
+            "precision": precision, "precision_as_published": row["precision"], "measured_s": truth_s, "predicted_s": predicted_s,
             "error": predicted_s / truth_s - 1.0, "roofline_error": roofline_s / truth_s - 1.0,
             "held_out": held_out(row["id"]), "source": row["source"]}
 
@@ -140,6 +174,32 @@ def markdown(held: list, dev: list, skipped: list, sources: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dev_table(dev: list, rows: list, workloads: dict) -> str:
+    """Dev-third rows with where the predicted time goes (ms): the only per-row view meant for tuning."""
+    by_id = {row["id"]: row for row in rows}
+    lines = [f"{'id':64} {'meas':>8} {'pred':>8} {'err':>7}  mm_c  mm_m  attn  elem   opt  host"]
+    for result in sorted(dev, key=lambda r: (r["workload"], r["gpu"], r["id"])):
+        row = by_id[result["id"]]
+        parts = breakdown_ms(row, workloads)
+        lines.append(f"{result['id'][:64]:64} {result['measured_s'] * 1e3:8.1f} {result['predicted_s'] * 1e3:8.1f} "
+                     f"{result['error']:+7.1%} " + " ".join(f"{parts[key]:5.0f}" for key in parts))
+    dev_head = overall(dev)
+    lines.append(f"dev third: {dev_head['rows']} rows, median {dev_head['median']:.1%}, worst {dev_head['worst']:.1%}, "
+                 f"median signed {dev_head['median_signed']:+.1%}")
+    for key in ("workload", "gpu"):
+        lines += [f"  {line[key]:36} {line['rows']:3} median {line['median']:6.1%} worst {line['worst']:6.1%}"
+                  for line in summary(dev, key)]
+    return "\n".join(lines)
+
+
+def breakdown_ms(row: dict, workloads: dict) -> dict:
+    """Milliseconds per kernel class of the row's prediction (matmul compute / memory, attention,
+    elementwise, optimizer, exposed host)."""
+    step = row_model(row, workloads).device_step(0, row["batch_size"])
+    return {"mm_c": step.matmul_compute_s * 1e3, "mm_m": step.matmul_memory_s * 1e3, "attn": step.attention_s * 1e3,
+            "elem": step.elementwise_s * 1e3, "opt": step.optimizer_s * 1e3, "host": step.host_s * 1e3}
+
+
 def main() -> int:
     data = yaml.safe_load(DATA_FILE.read_text(encoding="utf-8"))
     workloads, rows = data["workloads"], data["measurements"]
@@ -152,6 +212,9 @@ def main() -> int:
     held = [result for result in results if result["held_out"]]
     dev = [result for result in results if not result["held_out"]]
     sources = len({row["source"].split(",")[0] for row in rows})
+    if "--dev" in sys.argv[1:]:
+        print(dev_table(dev, rows, workloads))
+        return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "published.md").write_text(markdown(held, dev, skipped, sources), encoding="utf-8")
     (RESULTS / "published.json").write_text(json.dumps(
