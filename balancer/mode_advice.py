@@ -85,7 +85,8 @@ def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: 
     else:
         recommended = "sync"
         why = ("the host's link carries every pull and sets the pace"
-               if host_load > 1 else f"its push and pull ({transfer_s:.3g} s per phase, {codec}, none hidden)")
+               if host_load > 1 else f"its push and pull take {transfer_s:.3g} s per phase "
+                                     f"({'fp32' if codec == 'none' else codec}, none of it hidden)")
         reason = (f"sync with the {plan.policy} policy leaves {sync_idle:.0%} of GPU time idle; async would leave about {async_idle:.0%}: "
                   f"{why}, and its updates would be about {staleness} versions stale")
     return ModeAdvice(recommended, sync_idle, async_idle, transfer_s, staleness, host_load, reason)

@@ -193,8 +193,8 @@ class DilocoSection(StrictModel):
     mode: Literal["sync", "async"] = "sync"
     """``sync``: every round ends at a barrier and one outer step (DiLoCo). ``async``: a node that ends
     its local phase pushes its pseudo-gradient, pulls the newest global model and goes on without
-    waiting (delayed Nesterov + dynamic local updates; docs/async.md). ``rounds`` then counts each
-    node's own phases."""
+    waiting (delayed Nesterov + dynamic local updates; docs/async.md); ``compression`` then codes the
+    push and the pull. ``rounds`` then counts each node's own phases."""
     momentum_every: Optional[int] = Field(default=None, ge=1, le=1_000_000)
     """``async`` only: the outer momentum is applied once every this many received pseudo-gradients
     (delayed Nesterov's N; plain outer-lr steps in between). None = the number of nodes."""
@@ -393,23 +393,18 @@ def check_hivemind_sync(diloco: DilocoSection) -> None:
 
 
 def check_async_sync(diloco: DilocoSection, backend: str) -> None:
-    """Asynchronous DiLoCo pushes each node's whole pseudo-gradient and pulls the whole global model
-    at its own phase end, in fp32, through the torch backend: unset ``overlap``/``compression``
-    become ``none``; set ones it cannot do are errors, as is the hivemind backend."""
+    """Asynchronous DiLoCo pushes each node's whole pseudo-gradient and pulls the global model at its
+    own phase end through the torch backend: there is no round to overlap (unset ``overlap`` becomes
+    ``none``; a set one is an error), and ``compression`` codes both directions (docs/async.md)."""
     if backend != "torch":
         raise ValueError("diloco.mode: async needs comm.backend: torch (the global model lives on the first "
                          "node's leader and nodes push and pull over torch.distributed point-to-point); "
                          "use comm.backend: torch, or diloco.mode: sync with hivemind")
     if "overlap" not in diloco.model_fields_set:
         diloco.overlap = "none"
-    if "compression" not in diloco.model_fields_set:
-        diloco.compression = "none"
     if diloco.overlap != "none":
         raise ValueError(f"diloco.overlap: {diloco.overlap} does not apply to diloco.mode: async (there is no "
                          "round barrier to hide: each node's push and pull is its own); use diloco.overlap: none")
-    if diloco.compression != "none":
-        raise ValueError(f"diloco.compression: {diloco.compression} is not supported by diloco.mode: async yet "
-                         "(pushes and pulls are fp32); use diloco.compression: none")
 
 
 def parse_config(data: dict, source: str) -> RunConfig:

@@ -157,6 +157,7 @@ class DelayedNesterov:
         self.lr, self.momentum, self.nesterov, self.period = lr, momentum, nesterov, period
         self.pending = [torch.zeros_like(param) for param in outer.global_params]
         self.received = 0
+        self.numel = outer.numel
 
     @torch.no_grad()
     def apply(self, pseudo_gradient: torch.Tensor) -> None:

@@ -124,14 +124,13 @@ def test_round_clock_counts_queueing_at_the_host_as_waiting():
 NODES = [{"name": "a", "gpus": ["A100-SXM4-80GB"]}]
 
 
-def test_async_defaults_to_blocking_fp32_and_the_adaptive_policy():
+def test_async_defaults_to_no_overlap_int8_and_the_adaptive_policy():
     config = parse_config(small_config(NODES, diloco={"mode": "async"}), "test")
-    assert (config.diloco.overlap, config.diloco.compression, config.balancing.policy) == ("none", "none", "adaptive")
+    assert (config.diloco.overlap, config.diloco.compression, config.balancing.policy) == ("none", "int8", "adaptive")
 
 
 @pytest.mark.parametrize("sections, field", [
     ({"diloco": {"mode": "async", "overlap": "streaming"}}, "diloco.overlap"),
-    ({"diloco": {"mode": "async", "compression": "int8"}}, "diloco.compression"),
     ({"diloco": {"mode": "async"}, "comm": {"backend": "hivemind"}}, "diloco.mode: async needs comm.backend: torch"),
     ({"run": {"max_wall_s": 0}}, "max_wall_s"),
 ])
@@ -147,7 +146,8 @@ THREE_SPEEDS = [{"name": name, "gpus": ["A100-SXM4-80GB"], "emulate": {"step_tim
 
 
 def async_config(rounds: int) -> dict:
-    return small_config(THREE_SPEEDS, diloco={"rounds": rounds, "local_steps": 3, "batch_size": 4, "mode": "async"},
+    return small_config(THREE_SPEEDS, diloco={"rounds": rounds, "local_steps": 3, "batch_size": 4, "mode": "async",
+                                              "compression": "int8"},
                         checkpoint={"every_rounds": 1, "keep": 10})
 
 

@@ -70,7 +70,7 @@ def test_async_mode_with_a_two_rank_host_node_under_torchrun(tmp_path):
     nodes = [{"name": "a", "gpus": ["2 x A30"], "batch_size": 4, "emulate": {"step_time_s": 0.05}},
              {"name": "b", "gpus": ["RTX 3090"], "batch_size": 4, "emulate": {"step_time_s": 0.1}}]
     config = small_config(nodes)
-    config["diloco"] = {"rounds": 3, "local_steps": 3, "batch_size": 4, "mode": "async"}
+    config["diloco"] = {"rounds": 3, "local_steps": 3, "batch_size": 4, "mode": "async", "compression": "none"}
     run_dir = run_two_sites(tmp_path, config)
     records = read_jsonl(run_dir / "idle.jsonl")
     assert sorted((r["round"], r["node"]) for r in records) == [(r, n) for r in range(3) for n in "ab"]

@@ -14,7 +14,9 @@ slowest's share. Truth: real compute and real TCP, not the planner's model. Mode
 - ``sync-uniform``: DiLoCo as published (every node H steps, blocking fp32 sync);
 - ``sync-time``: the ``time`` policy with the best overlap setting of the sync benchmark
   (streaming, int8);
-- ``async``: ``diloco.mode: async`` (delayed Nesterov, dynamic local updates from the ``adaptive`` policy).
+- ``async-fp32`` / ``async-int8``: ``diloco.mode: async`` (delayed Nesterov, dynamic local updates
+  from the ``adaptive`` policy), pushes and pulls in fp32 or int8 (error feedback, pulls as
+  differences from the host's shadow of the node's model).
 
 Every run stops at the first outer boundary after ``--wall-s`` seconds (``run.max_wall_s``), then
 `geodiloco evaluate` scores every kept global checkpoint on 512 held-out sequences. Reported per
@@ -49,7 +51,8 @@ from geodiloco.report.readme_block import replace_marked_block  # noqa: E402
 RESULTS = ROOT / "experiments" / "results" / "async"
 README = ROOT / "README.md"
 START, END = "<!-- async:start -->", "<!-- async:end -->"
-MODES = ("sync-uniform", "sync-time", "async")
+MODES = ("sync-uniform", "sync-time", "async-fp32", "async-int8")
+ASYNC_CODECS = {"async-fp32": "none", "async-int8": "int8"}
 SHARDS = ("iid", "non_iid")
 FAST_OVER_SLOW = 3.2
 CPU_SHARES = {"node1": 0.20, "node2": 0.24, "node3": 0.64, "node4": 0.32}
@@ -78,9 +81,9 @@ def case_config(mode: str, shards: str, seed: int, wall_s: float) -> dict:
     diloco = config["diloco"]
     if mode == "sync-time":
         diloco.update({"overlap": "streaming", "compression": "int8", "fragments": 4})
-    if mode == "async":
-        diloco.update({"mode": "async"})
-        del diloco["overlap"], diloco["compression"]
+    if mode in ASYNC_CODECS:
+        diloco.update({"mode": "async", "compression": ASYNC_CODECS[mode]})
+        del diloco["overlap"]
         config["balancing"]["policy"] = "adaptive"  # dynamic local updates: re-planned as speeds are heard of
     for node in config["nodes"]:
         node["emulate"]["cpu_share"] = CPU_SHARES[node["name"]]
@@ -231,7 +234,7 @@ def plot(cases: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     shard_modes = [item for item in SHARDS if any(key[1] == item for key in cases)]
     figure, axes = plt.subplots(1, len(shard_modes), figsize=(6 * len(shard_modes), 4), squeeze=False)
-    colors = {"sync-uniform": "tab:gray", "sync-time": "tab:blue", "async": "tab:red"}
+    colors = {"sync-uniform": "tab:gray", "sync-time": "tab:blue", "async-fp32": "tab:orange", "async-int8": "tab:red"}
     for axis, shards in zip(axes[0], shard_modes):
         for mode in MODES:
             for seed, numbers in sorted(cases.get((mode, shards), {}).items()):
@@ -247,7 +250,13 @@ def plot(cases: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def plan_advice(run_dir: Path):
+def best_async(by_mode: dict) -> str | None:
+    """The async mode with the lower loss at equal wall-clock (None when no async mode ran)."""
+    present = [mode for mode in ASYNC_CODECS if mode in by_mode]
+    return min(present, key=lambda mode: by_mode[mode]["loss_at_equal_wall"]["mean"]) if present else None
+
+
+def plan_advice(run_dir: Path, codec: str):
     """What ``geodiloco plan`` advises for this cluster once it has seen a balanced sync run's measured
     steps (``runtime.config`` + ``balancer.mode_advice``, the same code as the CLI)."""
     from geodiloco.balancer.mode_advice import advise_mode
@@ -265,34 +274,38 @@ def plan_advice(run_dir: Path):
         planner.observe(RoundMeasurement(node=row["node"], round=row["round"], batch_size=row["batch_size"],
                                          local_steps=row["local_steps"], step_times_s=[], compute_s=row["compute_s"]))
     plan = planner.plan(max(row["round"] for row in idle) + 1)
-    return advise_mode(plan, config.nodes, planner.sync.num_params, planner.sync.measured_factor)
+    return advise_mode(plan, config.nodes, planner.sync.num_params, planner.sync.measured_factor, codec=codec)
 
 
 def advice_line(results: Path, shards: str, rows: list[dict]) -> str:
     run_dir = results / "runs" / run_name("sync-time", shards, 0)
     by_mode = {row["mode"]: row for row in rows}
-    if not (run_dir / "config.yaml").is_file() or "async" not in by_mode or "sync-time" not in by_mode:
+    async_mode = best_async(by_mode)
+    if not (run_dir / "config.yaml").is_file() or async_mode is None or "sync-time" not in by_mode:
         return ""
-    advice = plan_advice(run_dir)
-    faster = "async" if by_mode["async"]["loss_at_equal_wall"]["mean"] < by_mode["sync-time"]["loss_at_equal_wall"]["mean"] \
+    advice = plan_advice(run_dir, ASYNC_CODECS[async_mode])
+    faster = "async" if by_mode[async_mode]["loss_at_equal_wall"]["mean"] < \
+        by_mode["sync-time"]["loss_at_equal_wall"]["mean"] else "sync"
+    less_idle = "async" if by_mode[async_mode]["idle_share"]["mean"] < by_mode["sync-time"]["idle_share"]["mean"] \
         else "sync"
-    less_idle = "async" if by_mode["async"]["idle_share"]["mean"] < by_mode["sync-time"]["idle_share"]["mean"] else "sync"
-    return (f"`geodiloco plan` (after the sync-time run's measured steps) advises **{advice.recommended}**: "
+    return (f"`geodiloco plan` (after the sync-time run's measured steps, async as {async_mode}) advises "
+            f"**{advice.recommended}**: "
             f"{advice.reason}. Measured: {faster} reached the lower loss at equal wall-clock and {less_idle} had less "
             f"GPU idle, so the advice was {'right' if advice.recommended == faster else 'wrong'}.")
 
 
 def verdict(rows: list[dict]) -> str:
     by_mode = {row["mode"]: row for row in rows}
-    if "async" not in by_mode or "sync-time" not in by_mode:
+    async_mode = best_async(by_mode)
+    if async_mode is None or "sync-time" not in by_mode:
         return ""
-    sync, async_ = by_mode["sync-time"], by_mode["async"]
+    sync, async_ = by_mode["sync-time"], by_mode[async_mode]
     wall_gap = async_["loss_at_equal_wall"]["mean"] - sync["loss_at_equal_wall"]["mean"]
-    winner = "async" if wall_gap < 0 else "balanced sync (sync-time)"
+    winner = async_mode if wall_gap < 0 else "balanced sync (sync-time)"
     return (f"At equal wall-clock, {winner} reaches the lower eval loss ({abs(wall_gap):.3f} apart; "
-            f"sync-time {sync['loss_at_equal_wall']['mean']:.3f}, async {async_['loss_at_equal_wall']['mean']:.3f}); "
-            f"total GPU idle: sync-time {sync['idle_share']['mean'] * 100:.1f} %, async "
-            f"{async_['idle_share']['mean'] * 100:.1f} %.")
+            f"sync-time {sync['loss_at_equal_wall']['mean']:.3f}, {async_mode} "
+            f"{async_['loss_at_equal_wall']['mean']:.3f}); total GPU idle: sync-time "
+            f"{sync['idle_share']['mean'] * 100:.1f} %, {async_mode} {async_['idle_share']['mean'] * 100:.1f} %.")
 
 
 def analyze(results: Path) -> str:
@@ -319,9 +332,9 @@ def analyze(results: Path) -> str:
         "sequences afterwards. Mean ± std over seeds. Truth: real compute and real TCP, not the planner's model.",
         "",
         "Modes: `sync-uniform` = DiLoCo as published (H steps everywhere, blocking fp32 sync); `sync-time` = the "
-        "`time` policy with streaming int8 sync (the sync benchmark's best); `async` = `diloco.mode: async` "
-        "(delayed Nesterov with N = 4, dynamic local updates from the `adaptive` policy, fp32 push and pull through "
-        "the host node's link).",
+        "`time` policy with streaming int8 sync (the sync benchmark's best); `async-fp32` / `async-int8` = "
+        "`diloco.mode: async` (delayed Nesterov with N = 4, dynamic local updates from the `adaptive` policy), "
+        "pushes and pulls through the host node's link in fp32 or int8 (error feedback; pulls as differences).",
         "",
         "Target loss: the highest of all runs' best eval losses (every run reaches it). Idle shares are of node "
         "time; waiting in async is the time a push waited behind other nodes' updates at the host and, at the "

@@ -31,6 +31,7 @@ from geodiloco.runtime.config import DilocoSection, ElasticSection, OuterOptim
 from geodiloco.runtime.diloco import DelayedNesterov
 from geodiloco.runtime.plain_collectives import all_gather_values
 from geodiloco.runtime.sync.async_server import GlobalModelHost, PushResult, serve_node
+from geodiloco.runtime.sync.async_wire import PullShadows, PushFeedback, apply_pull
 from geodiloco.runtime.sync.messages import DONE, PUSH, RECORD, REPLY, Message, receive_message, send_message
 from geodiloco.runtime.sync.protocol import RoundSync, StartPoint, SyncHandles, SyncOutcome
 from geodiloco.runtime.sync.torch_backend import TorchOuterSync
@@ -46,6 +47,8 @@ class AsyncOuterSync(TorchOuterSync):
         super().__init__(topology, diloco, elastic)
         self.outer_optim = outer_optim
         self.period = diloco.momentum_every or topology.num_nodes
+        self.codec = diloco.compression
+        self.push_feedback = PushFeedback(self.codec)
         self.timeout_s = timeout_s
         self.checkpoint_keep = checkpoint_keep
         self.host_rank = topology.leader_ranks[0]
@@ -87,10 +90,11 @@ class AsyncOuterSync(TorchOuterSync):
         return point
 
     def _start_serving(self) -> None:
+        shadows = PullShadows(self.codec, list(self.pair_groups), self.host.global_flat()[1])
         for name, group in self.pair_groups.items():
             rank = self.topology.leader_ranks[self.topology.present_names.index(name)]
             thread = threading.Thread(target=serve_node, name=f"geodiloco-host-{name}", daemon=True,
-                                      args=(self.host, name, rank, group, self._count_host_bytes))
+                                      args=(self.host, name, rank, group, shadows, self._count_host_bytes))
             thread.start()
             self._threads.append(thread)
 
@@ -155,10 +159,15 @@ class AsyncOuterSync(TorchOuterSync):
                                   self.weighting), 0
         group = self._own_pair_group()
         body = {"stats": stats, "pulled_version": self.pulled_version, "weighting": self.weighting}
-        sent = send_message(Message(PUSH, body, pseudo_gradient), self.host_rank, group)
+        tensors = self.push_feedback.encode(pseudo_gradient) if pseudo_gradient is not None else []
+        sent = send_message(Message(PUSH, body, tensors), self.host_rank, group)
         reply = receive_message(self.host_rank, group, (REPLY,))
         body = reply.body
-        return PushResult(body["version"], body["staleness"], body["queued_s"], reply.tensor, body["news"]), sent
+        flat = apply_pull(self.codec, reply.tensors, self._pulled_flat())
+        return PushResult(body["version"], body["staleness"], body["queued_s"], flat, body["news"]), sent
+
+    def _pulled_flat(self) -> torch.Tensor:
+        return torch.cat([tensor.reshape(-1) for tensor in self.pulled])
 
     @torch.no_grad()
     def _take_global(self, version: int, flat: torch.Tensor) -> None:
@@ -206,7 +215,7 @@ class AsyncOuterSync(TorchOuterSync):
                 group = self._own_pair_group()
                 send_message(Message(DONE, {"timeout_s": self.timeout_s}), self.host_rank, group)
                 reply = receive_message(self.host_rank, group, (REPLY,))
-                version, flat = reply.body["version"], reply.tensor
+                version, flat = reply.body["version"], apply_pull(self.codec, reply.tensors, self._pulled_flat())
             self._take_global(version, flat)
         self.broadcast_in_node([param.data for param in self.handles.params])
 
@@ -219,6 +228,13 @@ class AsyncOuterSync(TorchOuterSync):
         return tail
 
     # ----- checkpoints ---------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """This node's push residual (error feedback of a lossy ``diloco.compression``)."""
+        return self.push_feedback.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.push_feedback.load_state_dict(state or {})
 
     def global_state_dict(self) -> dict:
         """The host's version and delayed-Nesterov state, saved beside the global parameters."""

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import torch
 
 from geodiloco.runtime.diloco import DelayedNesterov, OuterState, outer_weights
+from geodiloco.runtime.sync.async_wire import PullShadows, unpack
 from geodiloco.runtime.sync.messages import DONE, PUSH, RECORD, REPLY, Message, receive_message, send_message
 
 
@@ -154,10 +155,13 @@ class GlobalModelHost:
             self.optimizer.load_state_dict(state.get("optimizer", {}))
 
 
-def serve_node(host: GlobalModelHost, node: str, peer_rank: int, group, sent_bytes: Callable[[int], None]) -> None:
+def serve_node(host: GlobalModelHost, node: str, peer_rank: int, group, shadows: PullShadows,
+               sent_bytes: Callable[[int], None]) -> None:
     """One remote node's requests until its final record: pushes (answered with the newest global
-    model), its done message (answered once every node is done, with the final model) and its
-    record. A failed connection is handed to ``host.fail`` so the host node stops too."""
+    model, as a whole or as an encoded difference: runtime/sync/async_wire.py), its done message
+    (answered once every node is done, with the final model) and its record. A failed connection
+    is handed to ``host.fail`` so the host node stops too."""
+    codec = shadows.codec
     try:
         while True:
             message = receive_message(peer_rank, group, (PUSH, DONE, RECORD))
@@ -168,12 +172,15 @@ def serve_node(host: GlobalModelHost, node: str, peer_rank: int, group, sent_byt
                 host.mark_done(node)
                 host.wait_all_done(message.body["timeout_s"])
                 version, flat = host.global_flat()
-                sent_bytes(send_message(Message(REPLY, {"version": version}, flat), peer_rank, group))
+                sent_bytes(send_message(Message(REPLY, {"version": version}, shadows.encode(node, flat)),
+                                        peer_rank, group))
                 continue
             body = message.body
-            result = host.push(node, body["stats"], message.tensor, body["pulled_version"], body["weighting"])
+            numel = host.optimizer.numel
+            pseudo_gradient = unpack(codec, message.tensors, numel) if message.tensors else None
+            result = host.push(node, body["stats"], pseudo_gradient, body["pulled_version"], body["weighting"])
             reply = {"version": result.version, "staleness": result.staleness, "queued_s": result.queued_s,
                      "news": result.news}
-            sent_bytes(send_message(Message(REPLY, reply, result.global_flat), peer_rank, group))
+            sent_bytes(send_message(Message(REPLY, reply, shadows.encode(node, result.global_flat)), peer_rank, group))
     except Exception as err:  # a peer that died or sent garbage: the host node must not hang
         host.fail(RuntimeError(f"node {node}: {err}"))

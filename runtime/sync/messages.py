@@ -1,15 +1,15 @@
 """Point-to-point messages between an asynchronous node and the global model's host.
 
-A message is three sends on a two-rank process group: a header (int64: kind, body bytes,
-tensor elements), the body (a Python value as runtime/state_file.py bytes: JSON + safetensors,
-never pickle) and, when the header says so, one flat fp32 tensor (a pseudo-gradient or the
-global parameters). torch.distributed point-to-point carries them: gloo for CPU tensors, the
-world's backend otherwise.
+A message is a header (int64: kind, body bytes), the body (a Python value as
+runtime/state_file.py bytes: JSON + safetensors, never pickle), then the tensors the body lists
+under ``tensors`` as (dtype, elements): a pseudo-gradient, the global model or an encoded
+difference (runtime/sync/async_wire.py). Two-rank process groups carry them with
+torch.distributed point-to-point: gloo for CPU tensors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,8 @@ REPLY = 4
 """host -> node: the answer to PUSH or DONE."""
 
 KIND_NAMES = {PUSH: "push", DONE: "done", RECORD: "record", REPLY: "reply"}
+WIRE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "uint8": torch.uint8}
+MAX_TENSORS = 4
 
 
 class ProtocolError(RuntimeError):
@@ -35,36 +37,49 @@ class ProtocolError(RuntimeError):
 @dataclass
 class Message:
     kind: int
-    body: Any
-    tensor: Optional[torch.Tensor] = None
+    body: dict
+    tensors: list[torch.Tensor] = field(default_factory=list)
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
+    for name, dtype in WIRE_DTYPES.items():
+        if tensor.dtype == dtype:
+            return name
+    raise ValueError(f"cannot send a {tensor.dtype} tensor (use one of {', '.join(WIRE_DTYPES)})")
 
 
 def send_message(message: Message, peer_rank: int, group) -> int:
     """Send ``message`` to global rank ``peer_rank``; returns the bytes put on the wire."""
-    body = to_bytes(message.body)
-    numel = 0 if message.tensor is None else message.tensor.numel()
-    header = torch.tensor([message.kind, len(body), numel], dtype=torch.int64)
+    tensors = [tensor.detach().contiguous().cpu() for tensor in message.tensors]
+    body = to_bytes({**message.body, "tensors": [[_dtype_name(tensor), tensor.numel()] for tensor in tensors]})
+    header = torch.tensor([message.kind, len(body)], dtype=torch.int64)
     dist.send(header, dst=peer_rank, group=group)
     dist.send(torch.frombuffer(bytearray(body), dtype=torch.uint8), dst=peer_rank, group=group)
-    if message.tensor is not None:
-        dist.send(message.tensor.detach().to(torch.float32).contiguous(), dst=peer_rank, group=group)
-    return header.numel() * 8 + len(body) + numel * 4
+    for tensor in tensors:
+        dist.send(tensor, dst=peer_rank, group=group)
+    return header.numel() * 8 + len(body) + sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
 def receive_message(peer_rank: int, group, expected: tuple[int, ...]) -> Message:
     """The next message from global rank ``peer_rank``; ``ProtocolError`` unless its kind is one of
-    ``expected``."""
-    header = torch.zeros(3, dtype=torch.int64)
+    ``expected`` and its tensor list is well formed."""
+    header = torch.zeros(2, dtype=torch.int64)
     dist.recv(header, src=peer_rank, group=group)
-    kind, body_size, numel = (int(value) for value in header.tolist())
-    if kind not in expected or body_size < 0 or numel < 0:
+    kind, body_size = (int(value) for value in header.tolist())
+    if kind not in expected or body_size < 0:
         wanted = ", ".join(KIND_NAMES.get(item, str(item)) for item in expected)
         raise ProtocolError(f"rank {peer_rank} sent message kind {kind} ({body_size} body bytes); expected {wanted}")
     body_buffer = torch.zeros(body_size, dtype=torch.uint8)
     dist.recv(body_buffer, src=peer_rank, group=group)
     body = from_bytes(body_buffer.numpy().tobytes())
-    tensor = None
-    if numel:
-        tensor = torch.zeros(numel, dtype=torch.float32)
+    listed = body.pop("tensors", []) if isinstance(body, dict) else None
+    if not isinstance(listed, list) or len(listed) > MAX_TENSORS or not all(
+            isinstance(item, list) and len(item) == 2 and item[0] in WIRE_DTYPES and isinstance(item[1], int)
+            and item[1] >= 0 for item in listed):
+        raise ProtocolError(f"rank {peer_rank} sent a malformed tensor list: {listed!r:.200}")
+    tensors = []
+    for dtype_name, numel in listed:
+        tensor = torch.zeros(numel, dtype=WIRE_DTYPES[dtype_name])
         dist.recv(tensor, src=peer_rank, group=group)
-    return Message(kind, body, tensor)
+        tensors.append(tensor)
+    return Message(kind, body, tensors)
