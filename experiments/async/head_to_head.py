@@ -318,7 +318,7 @@ def analyze(results: Path) -> str:
         summary[shards] = {"rows": rows, "points": points}
         advice = advice_line(results, shards, rows)
         sections += [f"## Shards: {shards}", "", table(rows, points), "", verdict(rows), "", advice, ""]
-        readme_lines += [f"**{shards}**", "", table(rows, points), "", verdict(rows), advice, ""]
+        readme_lines += [f"**{shards}**", "", table(rows, points), "", verdict(rows), "", advice, ""]
     plot(cases, results / "loss_vs_wall.png")
     (results / "head_to_head.json").write_text(json.dumps(summary, indent=1) + "\n")
     shares = ", ".join(f"{name} {share:g}" for name, share in manifest["cpu_shares"].items())
