@@ -1,0 +1,56 @@
+"""The sync-or-async advice of `geodiloco plan` (balancer/mode_advice.py), on hand-worked clusters."""
+import json
+
+import pytest
+
+from geodiloco.balancer.cluster import NodeSpec
+from geodiloco.balancer.mode_advice import advise_mode
+from geodiloco.balancer.plan import NodePlan, Plan
+
+from runtime_helpers import geodiloco, write_config
+
+
+def two_node_plan() -> Plan:
+    """Both nodes compute 10 s; sync predicts 4 s of idle summed over 2 nodes in a 12 s round (16.7 %)."""
+    return Plan(policy="time", round=0, predicted_round_s=12.0, predicted_idle_s=4.0,
+                nodes=[NodePlan(name="a", local_steps=10, batch_size=4, predicted_compute_s=10.0),
+                       NodePlan(name="b", local_steps=10, batch_size=4, predicted_compute_s=10.0)])
+
+
+def nodes(host_mbps: float) -> list[NodeSpec]:
+    return [NodeSpec(name="a", gpus=["A30"], wan={"bandwidth_mbps": host_mbps}),
+            NodeSpec(name="b", gpus=["A30"], wan={"bandwidth_mbps": 1000})]
+
+
+def test_async_is_advised_when_its_transfers_are_short():
+    # 1 M fp32 parameters = 32 Mbit: b's push and pull take 0.032 s each at 1 Gbit/s; the host moves nothing
+    advice = advise_mode(two_node_plan(), nodes(1000), 1_000_000)
+    assert advice.sync_idle_share == pytest.approx(4 / 24)
+    assert advice.async_idle_share == pytest.approx((0.0 + 0.064 / 10.064) / 2)
+    assert advice.recommended == "async" and advice.expected_staleness == 1
+
+
+def test_sync_is_advised_when_the_hosts_link_sets_the_pace():
+    # the host's 1 Mbit/s link: b's pull takes 32 s, so b's cycle is 42.032 s and the host's 32 s
+    advice = advise_mode(two_node_plan(), nodes(1), 1_000_000)
+    assert advice.async_idle_share == pytest.approx((22 / 32 + 32.032 / 42.032) / 2)
+    assert advice.host_link_load > 1 and advice.recommended == "sync"
+    assert "host's link" in advice.reason
+
+
+def test_int8_shrinks_the_async_transfer_about_four_times():
+    fp32 = advise_mode(two_node_plan(), nodes(100), 1_000_000)
+    int8 = advise_mode(two_node_plan(), nodes(100), 1_000_000, codec="int8")
+    assert int8.async_transfer_s == pytest.approx(fp32.async_transfer_s / 4, rel=0.01)
+
+
+def test_plan_cli_prints_and_exports_the_mode_advice(tmp_path):
+    cluster = {"nodes": [{"name": "a", "gpus": ["A30"], "wan": {"bandwidth_mbps": 1000}},
+                         {"name": "b", "gpus": ["RTX 3090"], "wan": {"bandwidth_mbps": 1000}}]}
+    path = write_config(tmp_path, cluster, "cluster.yaml")
+    shown = geodiloco("plan", "--cluster", str(path), "--policy", "time")
+    assert shown.returncode == 0, shown.stderr
+    assert "mode: expect diloco.mode:" in shown.stdout
+    exported = geodiloco("plan", "--cluster", str(path), "--json")
+    advice = json.loads(exported.stdout)["mode_advice"]
+    assert advice["recommended"] in ("sync", "async") and advice["expected_staleness"] == 1
