@@ -17,7 +17,7 @@ from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config import RunConfig
 
 CONFIG_FILE = "config.yaml"
-RESUMABLE = ("diloco.rounds", "balancing", "checkpoint", "logging", "run.gpu_sample_interval_s",
+RESUMABLE = ("diloco.rounds", "balancing", "checkpoint", "logging", "run.gpu_sample_interval_s", "run.max_wall_s",
              "data.eval_every_rounds", "comm.timeout_s", "comm.transfer_timeout_factor", "comm.transfer_min_timeout_s",
              "comm.init_timeout_s", "comm.elastic", "comm.min_nodes", "comm.hivemind")
 """Settings a resumed run may change: top-level sections or dotted keys (and everything below them)."""

@@ -194,7 +194,9 @@ def test_async_resume_starts_every_node_from_the_saved_global_model(async_run):
     tmp_path, run_dir, _ = async_run
     saved = load_state(run_dir / "checkpoints" / "round_00004" / "global.safetensors")
     saved_checksum = float(sum(param.double().abs().sum() for param in saved["outer"]["global_params"]))
-    done = geodiloco("run", "--no-report", "--resume", "--config", str(write_config(tmp_path, async_config(6), "more.yaml")),
+    more = async_config(6)
+    more["run"]["max_wall_s"] = 600.0  # a wall-clock budget may be set or changed on resume
+    done = geodiloco("run", "--no-report", "--resume", "--config", str(write_config(tmp_path, more, "more.yaml")),
                      "--run-dir", str(run_dir), timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = [row for row in read_jsonl(run_dir / "metrics.jsonl") if row["node"] != "global" and row["round"] == 5]
