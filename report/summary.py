@@ -155,7 +155,11 @@ def node_usd_per_hour(node: str, gpu_names: list[str], num_gpus: int, prices: Pr
 
 
 def _planned_idle(logs: RunLogs, rounds: set[int]) -> dict[tuple[int, str], float]:
+    """The plans' predicted idle per (round, node); none for an asynchronous run, whose plans predict
+    the wait at a round barrier it does not have."""
     planned: dict[tuple[int, str], float] = {}
+    if any(record.mode == "async" for record in logs.records):
+        return planned
     for plan in logs.plans:
         if plan.round not in rounds:
             continue

@@ -258,3 +258,13 @@ def test_uncompressed_pull_sends_the_whole_model():
     model = torch.arange(10.0)
     shadows = PullShadows("none", ["b"], torch.zeros(10))
     assert torch.equal(apply_pull("none", shadows.encode("b", model), torch.zeros(10)), model)
+
+
+def test_report_of_an_async_run_shows_staleness_and_no_barrier_prediction(async_run):
+    _, run_dir, _ = async_run
+    shown = geodiloco("report", str(run_dir))
+    assert shown.returncode == 0, shown.stderr
+    assert "Staleness per node (async)" in shown.stdout
+    assert "predicted" not in shown.stdout
+    for node in ("fast", "mid", "slow"):
+        assert any(line.split()[:2] == [node, "5"] for line in shown.stdout.splitlines())
