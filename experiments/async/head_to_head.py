@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 import configs  # noqa: E402
 from evidence import interpolate, spread  # noqa: E402
 from results_data import read_jsonl  # noqa: E402
-from runner import display_path, run_policy  # noqa: E402
+from runner import display_path, require_lab, run_policy, start_manifest  # noqa: E402
 
 from geodiloco.report.readme_block import replace_marked_block  # noqa: E402
 
@@ -91,24 +91,16 @@ def case_config(mode: str, shards: str, seed: int, wall_s: float) -> dict:
 
 
 def run_cases(args: argparse.Namespace) -> None:
-    from geodiloco.lab.cpu_share import can_use_cpu_share
-    from geodiloco.lab.sites import can_use_netns
-    for check in (can_use_netns, can_use_cpu_share):
-        usable, reason = check()
-        if not usable:
-            raise SystemExit(f"head_to_head: needs root for namespaces and CPU quotas: {reason}")
+    require_lab("head_to_head")
     modes = [name.strip() for name in args.modes.split(",") if name.strip()]
     shard_modes = [name.strip() for name in args.shards.split(",") if name.strip()]
     jobs = [(mode, shards, seed) for seed in range(args.seeds) for shards in shard_modes for mode in modes]
     manifest_path = args.results / "manifest.json"
-    previous = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    names = {run_name(*job) for job in jobs}
     command = " ".join(["experiments/async/head_to_head.py", *sys.argv[1:]])
-    manifest = {"commands": previous.get("commands", []) + [command], "wall_s": args.wall_s,
-                "cpu_shares": CPU_SHARES, "fast_over_slow": FAST_OVER_SLOW,
-                "bandwidth_mbps": configs.Scaling(rounds=ROUND_CAP, wan="scaled", truth="real").bandwidth_mbps(),
-                "load_average_at_start": list(os.getloadavg()), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-                "runs": [run for run in previous.get("runs", []) if run["name"] not in names]}
+    bandwidth_mbps = configs.Scaling(rounds=ROUND_CAP, wan="scaled", truth="real").bandwidth_mbps()
+    manifest, previous = start_manifest(manifest_path, command, {run_name(*job) for job in jobs},
+                                        {"wall_s": args.wall_s, "cpu_shares": CPU_SHARES,
+                                         "fast_over_slow": FAST_OVER_SLOW, "bandwidth_mbps": bandwidth_mbps})
     started = time.perf_counter()
     for position, job in enumerate(jobs, 1):
         name = run_name(*job)

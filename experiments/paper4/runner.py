@@ -89,3 +89,25 @@ def run_policy(name: str, config: dict, root: Path, configs_dir: Path, runs_dir:
             shutil.copyfile(source, kept / log_name)
     return RunOutcome(name=name, command=command, exit_code=completed.returncode,
                       duration_s=duration_s, slow_steps=slow_steps_from_console(console))
+
+
+def require_lab(script: str) -> None:
+    """Stop ``script`` with a clear message unless network namespaces and CPU quotas are usable (root)."""
+    from geodiloco.lab.cpu_share import can_use_cpu_share
+    from geodiloco.lab.sites import can_use_netns
+    for check in (can_use_netns, can_use_cpu_share):
+        usable, reason = check()
+        if not usable:
+            raise SystemExit(f"{script}: needs root for namespaces and CPU quotas: {reason}")
+
+
+def start_manifest(manifest_path: Path, command: str, run_names: set, settings: dict) -> tuple[dict, dict]:
+    """(new manifest, previous one) of a benchmark that (re)runs ``run_names``: the previous manifest's
+    commands and its other runs are kept, with ``settings``, the load average and the date."""
+    import json
+    import os
+    previous = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest = {"command": command, "commands": previous.get("commands", []) + [command], **settings,
+                "load_average_at_start": list(os.getloadavg()), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+                "runs": [run for run in previous.get("runs", []) if run["name"] not in run_names]}
+    return manifest, previous

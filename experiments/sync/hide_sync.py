@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import configs  # noqa: E402
 from evidence import interpolate, spread  # noqa: E402
 from results_data import read_jsonl  # noqa: E402
-from runner import display_path, run_policy  # noqa: E402
+from runner import display_path, require_lab, run_policy, start_manifest  # noqa: E402
 
 from geodiloco.report.readme_block import replace_marked_block  # noqa: E402
 
@@ -72,26 +72,18 @@ def case_config(overlap: str, compression: str, seed: int, rounds: int, fragment
 
 
 def run_cases(args: argparse.Namespace) -> None:
-    from geodiloco.lab.cpu_share import can_use_cpu_share
-    from geodiloco.lab.sites import can_use_netns
-    for check in (can_use_netns, can_use_cpu_share):
-        usable, reason = check()
-        if not usable:
-            raise SystemExit(f"hide_sync: needs root for namespaces and CPU quotas: {reason}")
+    require_lab("hide_sync")
     overlaps = [name.strip() for name in args.overlaps.split(",") if name.strip()]
     compressions = [name.strip() for name in args.compressions.split(",") if name.strip()]
     jobs = [(overlap, compression, seed) for seed in range(args.seeds) for overlap in overlaps
             for compression in compressions]
     manifest_path = args.results / "manifest.json"
-    previous = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     names = {f"{case_name(overlap, compression)}-seed{seed}" for overlap, compression, seed in jobs}
     command = " ".join(["experiments/sync/hide_sync.py", *sys.argv[1:]])
-    manifest = {"command": command, "commands": previous.get("commands", []) + [command], "policy": POLICY,
-                "rounds": args.rounds, "seeds": args.seeds, "fragments": args.fragments,
-                "cpu_shares": configs.real_shares(),
-                "bandwidth_mbps": configs.Scaling(rounds=args.rounds, wan="scaled", truth="real").bandwidth_mbps(),
-                "load_average_at_start": list(os.getloadavg()), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-                "runs": [run for run in previous.get("runs", []) if run["name"] not in names]}
+    manifest, previous = start_manifest(manifest_path, command, names, {
+        "policy": POLICY, "rounds": args.rounds, "seeds": args.seeds, "fragments": args.fragments,
+        "cpu_shares": configs.real_shares(),
+        "bandwidth_mbps": configs.Scaling(rounds=args.rounds, wan="scaled", truth="real").bandwidth_mbps()})
     started = time.perf_counter()
     for position, (overlap, compression, seed) in enumerate(jobs, 1):
         name = f"{case_name(overlap, compression)}-seed{seed}"
