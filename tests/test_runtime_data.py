@@ -214,4 +214,6 @@ def test_background_evaluation_reports_the_mean_and_its_standard_error():
         batch_losses = [model(inputs, targets).item() for inputs, targets in batches]
     assert len(set(sequence_losses)) == 6
     assert row["eval_loss"] == pytest.approx(statistics.fmean(batch_losses), rel=1e-6)
-    assert row["eval_loss_se"] == pytest.approx(statistics.stdev(sequence_losses) / math.sqrt(6), rel=1e-5)
+    # the spread of six losses near 5.5 is ~0.01: float32 rounding of batched vs single-sequence forwards
+    # (~1e-7 of a loss) moves their standard error by ~1e-5 of itself
+    assert row["eval_loss_se"] == pytest.approx(statistics.stdev(sequence_losses) / math.sqrt(6), rel=1e-3)
