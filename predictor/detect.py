@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from geodiloco.predictor.schema import ConfigError
-from geodiloco.predictor.specs import GpuSpec, lookup_gpu
+from geodiloco.predictor.specs import GpuSpec, detected_gpu, lookup_gpu
 
 log = logging.getLogger("geodiloco.predictor")
 
@@ -40,9 +40,9 @@ def cache_dir() -> Path:
 # ---------------------------------------------------------------- GPUs
 
 
-def _datasheet_name(name: str) -> Optional[str]:
+def _datasheet_name(name: str, memory_gib: Optional[float] = None, sm_count: Optional[int] = None) -> Optional[str]:
     try:
-        return lookup_gpu(name).name
+        return detected_gpu(name, memory_gib, sm_count).name
     except ConfigError:
         return None
 
@@ -75,8 +75,8 @@ def _nvml_device(pynvml, index: int) -> dict:
     if isinstance(name, bytes):
         name = name.decode()
     memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-    info = {"index": index, "name": name, "memory_gb": round(memory.total / 2**30, 2),
-            "datasheet": _datasheet_name(name)}
+    memory_gib = round(memory.total / 2**30, 2)
+    info = {"index": index, "name": name, "memory_gb": memory_gib, "datasheet": _datasheet_name(name, memory_gib)}
     for key, clock in (("sm_clock_max_mhz", "NVML_CLOCK_SM"), ("memory_clock_max_mhz", "NVML_CLOCK_MEM")):
         try:
             info[key] = pynvml.nvmlDeviceGetMaxClockInfo(handle, getattr(pynvml, clock))
@@ -109,9 +109,9 @@ def rocm_smi_gpus(run: Optional[Callable[..., "subprocess.CompletedProcess"]] = 
         fields = {name.lower(): value for name, value in cards[key].items()}
         name = fields.get("card series") or fields.get("card model") or fields.get("device name") or key
         vram = fields.get("vram total memory (b)")
-        gpus.append({"index": len(gpus), "name": str(name).strip(),
-                     "memory_gb": round(int(vram) / 2**30, 2) if vram and str(vram).isdigit() else None,
-                     "datasheet": _datasheet_name(str(name))})
+        memory_gib = round(int(vram) / 2**30, 2) if vram and str(vram).isdigit() else None
+        gpus.append({"index": len(gpus), "name": str(name).strip(), "memory_gb": memory_gib,
+                     "datasheet": _datasheet_name(str(name), memory_gib)})
     return gpus, "" if gpus else "rocm-smi lists no GPU"
 
 
@@ -126,8 +126,10 @@ def torch_cuda_gpus() -> tuple[list[dict], str]:
     gpus = []
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        gpus.append({"index": index, "name": props.name, "memory_gb": round(props.total_memory / 2**30, 2),
-                     "sm_count": props.multi_processor_count, "datasheet": _datasheet_name(props.name),
+        memory_gib = round(props.total_memory / 2**30, 2)
+        gpus.append({"index": index, "name": props.name, "memory_gb": memory_gib,
+                     "sm_count": props.multi_processor_count,
+                     "datasheet": _datasheet_name(props.name, memory_gib, props.multi_processor_count),
                      "runtime": "rocm" if getattr(torch.version, "hip", None) else "cuda"})
     return gpus, ""
 

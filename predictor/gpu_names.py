@@ -23,7 +23,7 @@ VENDOR_WORDS = ("nvidia", "geforce", "tesla", "quadro", "amd", "instinct", "rade
                 "generation", "accelerator", "edition")
 MEMORY_TYPE_WORDS = ("hbm2e", "hbm2", "hbm3e", "hbm3", "gddr6x", "gddr6", "gddr7", "gddr5")
 _MEMORY = re.compile(r"\b(\d+(?:\.\d+)?)\s*(?:gb|gib|g)\b")
-_FORM_FACTOR = re.compile(r"\b(sxm[2-6]?|pci\s*e(?:\s*gen\s*\d)?|pcie|nvl|oam)\b")
+_FORM_FACTOR = re.compile(r"\b(sxm[2-6]?|pci\s*e(?:\s*gen\s*\d)?|pcie|nvl|oam|gcd)\b")
 MEMORY_TOLERANCE_GB = 2.5
 
 

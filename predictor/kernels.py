@@ -10,7 +10,12 @@ never fitted per GPU.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import yaml
 
 from geodiloco.predictor.specs import GpuSpec
 from geodiloco.predictor.workload import (
@@ -24,29 +29,65 @@ from geodiloco.predictor.workload import (
 class Efficiency:
     """Fractions of datasheet peaks reached in practice, and host costs.
 
-    ``matmul``: of the matmul TFLOPS; ``attention``: of the same rate for
-    flash attention; ``memory``: of the memory bandwidth; ``link``: of the
-    intra-node link bandwidth; ``host_op_us``: microseconds per eager forward
+    ``matmul``: of the matmul TFLOPS for the model's GEMMs; ``score_matmul``: of the
+    same rate for eager attention's batched score products (many small matrices);
+    ``attention``: of the same rate for flash attention; ``memory``: of the memory
+    bandwidth for memory-bound GEMMs; ``elementwise``: of the bandwidth for eager
+    elementwise kernels (norms, activations, dropout, residuals, softmax over
+    scores); ``optimizer``: of the bandwidth for clipping + AdamW passes; ``link``:
+    of the intra-node link bandwidth; ``host_op_us``: microseconds per eager forward
     op (its backward included) when the device row has no measured value;
-    ``host_optimizer_tensor_us``: the same per parameter tensor in the
-    optimizer step; ``tile``: matmul output tile edge used for wave
-    quantization (0 = none).
+    ``host_optimizer_tensor_us``: the same per parameter tensor in the optimizer
+    step; ``tile``: matmul output tile edge used for wave quantization (0 = none).
     """
 
     matmul: float
+    score_matmul: float
     attention: float
     memory: float
+    elementwise: float
+    optimizer: float
     link: float
     host_op_us: float
     host_optimizer_tensor_us: float
     tile: int
 
 
-GPU_EFFICIENCY = Efficiency(matmul=0.70, attention=0.45, memory=0.75, link=0.70, host_op_us=20.0,
-                            host_optimizer_tensor_us=3.0, tile=128)
+EFFICIENCY_FILE = Path(__file__).parent / "data" / "gpu_efficiency.yaml"
+FITTED_FIELDS = ("matmul", "score_matmul", "elementwise", "optimizer")
+
+
+def load_gpu_efficiency(path: Path = EFFICIENCY_FILE) -> Efficiency:
+    """The GPU constants: hand-set ones and those fitted on the dev third of published measurements
+    (experiments/predictor/fit_efficiency.py writes the file; its ``fit`` block says on what)."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    values = data["efficiency"]
+    missing = [name for name in Efficiency.__dataclass_fields__ if name not in values]
+    if missing:
+        raise ValueError(f"{path}: efficiency lacks {', '.join(missing)}")
+    for name in Efficiency.__dataclass_fields__:
+        if name not in ("host_op_us", "host_optimizer_tensor_us", "tile") and not 0.0 < values[name] <= 1.0:
+            raise ValueError(f"{path}: efficiency.{name} must be in (0, 1], got {values[name]}")
+    return Efficiency(**{name: values[name] for name in Efficiency.__dataclass_fields__})
+
+
+GPU_EFFICIENCY = load_gpu_efficiency()
 # CPU rates are measured (matmul at 1024^3, copy bandwidth curve, op costs), so they are achieved rates.
-CPU_EFFICIENCY = Efficiency(matmul=1.0, attention=0.5, memory=1.0, link=1.0, host_op_us=5.0,
-                            host_optimizer_tensor_us=20.0, tile=0)
+CPU_EFFICIENCY = Efficiency(matmul=1.0, score_matmul=1.0, attention=0.5, memory=1.0, elementwise=1.0, optimizer=1.0,
+                            link=1.0, host_op_us=5.0, host_optimizer_tensor_us=20.0, tile=0)
+_active_gpu_efficiency = GPU_EFFICIENCY
+
+
+@contextmanager
+def gpu_efficiency(eff: Efficiency) -> Iterator[None]:
+    """Predict with other GPU constants inside the block (the fitting script's trial values)."""
+    global _active_gpu_efficiency
+    saved, _active_gpu_efficiency = _active_gpu_efficiency, eff
+    try:
+        yield
+    finally:
+        _active_gpu_efficiency = saved
+
 
 # Eager forward ops per block (norms 12, q/k/v views 5, rotary 22, attention 3, output 1,
 # SwiGLU 5, residuals 2) and for embedding, head and loss; each brings its backward along.
@@ -55,7 +96,7 @@ OPS_HEAD = 15
 
 
 def efficiency_for(device: GpuSpec) -> Efficiency:
-    return CPU_EFFICIENCY if device.is_cpu else GPU_EFFICIENCY
+    return CPU_EFFICIENCY if device.is_cpu else _active_gpu_efficiency
 
 
 @dataclass(frozen=True)
@@ -129,7 +170,7 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     else:
         per_token = elementwise_bytes_per_token(dims, seq_len, precision_moved)
     working_set = 3 * tokens * max(dims.hidden_size, dims.intermediate_size) * e
-    elementwise_s = tokens * per_token / (device.bandwidth_gbps_for(working_set) * 1e9 * eff.memory)
+    elementwise_s = tokens * per_token / (device.bandwidth_gbps_for(working_set) * 1e9 * eff.elementwise)
     ops = dims.num_layers * OPS_PER_LAYER + OPS_HEAD
     return MicroBatchTime(compute_s, memory_s, attention_s, elementwise_s, ops)
 
@@ -152,10 +193,10 @@ def attention_time_s(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     keys = seq_len + code.memory_len
     score_matmuls = 3.0 if code.relative_positions else 2.0  # QK^T (+ Q R^T) and PV
     forward_flops = 2.0 * score_matmuls * samples * seq_len * keys * dims.hidden_size * dims.num_layers
-    compute_s = forward_flops * (3.0 + recompute) / (rate * 1e12 * eff.matmul)
+    compute_s = forward_flops * (3.0 + recompute) / (rate * 1e12 * eff.score_matmul)
     moved = samples * eager_attention_bytes_per_sample(dims, seq_len, precision, code.memory_len,
                                                        code.relative_positions)
-    return compute_s + moved / (device.bandwidth_gbps_for(moved) * 1e9 * eff.memory)
+    return compute_s + moved / (device.bandwidth_gbps_for(moved) * 1e9 * eff.elementwise)
 
 
 def optimizer_time(device: GpuSpec, dims: ModelDims, precision: str, micro_batches: int) -> tuple[float, float]:
@@ -173,7 +214,7 @@ def optimizer_time(device: GpuSpec, dims: ModelDims, precision: str, micro_batch
     state_bytes = 16.0 * params
     tensor_working_set = 5 * 4.0 * params / tensors
     seconds = (compulsory / device.bandwidth_gbps_for(state_bytes)
-               + retouched / device.bandwidth_gbps_for(tensor_working_set)) / (1e9 * eff.memory)
+               + retouched / device.bandwidth_gbps_for(tensor_working_set)) / (1e9 * eff.optimizer)
     per_tensor_us = device.host_optimizer_tensor_us
     if per_tensor_us is None:
         per_tensor_us = eff.host_optimizer_tensor_us

@@ -176,6 +176,43 @@ class GpuRegistry:
                               "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file") from None
         return self.by_name[match.row_name], match.notice
 
+    def resolve_detected(self, name: str, memory_gib: Optional[float] = None,
+                         sm_count: Optional[int] = None) -> GpuSpec:
+        """The row of a device a driver reported as ``name`` with ``memory_gib`` of memory and
+        ``sm_count`` SMs / compute units (each None when the driver did not say).
+
+        Drivers print one name for parts that differ: torch and rocm-smi list each die (GCD) of an
+        MI250 as a 64 GiB device named like the 128 GB package, and torch names an MI250 die
+        "AMD Instinct MI250X / MI250" (104 compute units; an MI250X die has 110). The named row
+        stands when it matches the device; otherwise, among the rows of every model the name
+        mentions, the one that matches the device's memory (within ``DETECTED_MEMORY_TOLERANCE``)
+        and SM count is taken, if there is exactly one.
+        """
+        spec = self.lookup(name)
+
+        def matches(row: GpuSpec) -> bool:
+            return ((memory_gib is None or _memory_matches(row.memory_gb, memory_gib))
+                    and (sm_count is None or row.sm_count == sm_count))
+
+        if matches(spec):
+            return spec
+        candidates = [self.by_name[row.name] for model in self._models_named(name, spec)
+                      for row in self.names.by_model.get(normalize_name(model), {}).values()]
+        fitting = list({row.name: row for row in candidates if matches(row)}.values())
+        return fitting[0] if len(fitting) == 1 else spec
+
+    def _models_named(self, name: str, spec: GpuSpec) -> list[str]:
+        """The models a driver string mentions: its row's, and each '/'-separated part's."""
+        models = [spec.model] if spec.model else []
+        for part in name.split("/")[1:] if "/" in name else []:
+            try:
+                part_spec, _ = self.resolve(part.strip())
+            except ConfigError:
+                continue
+            if part_spec.model:
+                models.append(part_spec.model)
+        return models
+
     def lookup(self, name: str) -> GpuSpec:
         spec, notice = self.resolve(name)
         if notice and name not in self._noticed:
@@ -190,6 +227,15 @@ class GpuRegistry:
         if close:
             return "closest known: " + ", ".join(close)
         return f"{len(self.by_name)} GPUs known (list them: geodiloco predict --list-gpus)"
+
+
+DETECTED_MEMORY_TOLERANCE = 0.12
+"""Relative gap allowed between a row's memory (GB as sold) and a device's reported GiB (drivers
+report 1-4 % less: ECC, reserved memory, GB vs GiB)."""
+
+
+def _memory_matches(row_memory_gb: float, device_memory_gib: float) -> bool:
+    return abs(row_memory_gb - device_memory_gib) <= DETECTED_MEMORY_TOLERANCE * row_memory_gb
 
 
 def read_gpu_file(path: str | Path) -> list[GpuSpec]:
@@ -221,6 +267,11 @@ def registry() -> GpuRegistry:
 def lookup_gpu(name: str) -> GpuSpec:
     """The datasheet row of ``name`` (vendor spellings accepted); ConfigError names the closest GPUs."""
     return registry().lookup(name)
+
+
+def detected_gpu(name: str, memory_gib: Optional[float] = None, sm_count: Optional[int] = None) -> GpuSpec:
+    """The datasheet row of a device a driver reported (name, memory, SM count); see GpuRegistry.resolve_detected."""
+    return registry().resolve_detected(name, memory_gib, sm_count)
 
 
 def resolve_gpu(name: str) -> tuple[GpuSpec, Optional[str]]:

@@ -1,6 +1,8 @@
 """`geodiloco predict`: JSON keys, human explanation, errors as exit code 2."""
 import json
 
+import pytest
+
 from geodiloco.runtime.cli import main
 
 
@@ -18,7 +20,7 @@ def test_json_output_has_the_documented_keys(capsys):
     for key in ("step_time_s", "tokens_per_s", "memory_gb", "max_batch_size", "bound"):
         assert key in info
     assert info["gpus"] == ["A30", "A30"] and info["samples_per_gpu"] == [2, 2]
-    assert info["tokens_per_s"] * info["step_time_s"] == 4 * 1024
+    assert info["tokens_per_s"] * info["step_time_s"] == pytest.approx(4 * 1024)
 
 
 def test_human_output_explains_the_pace(capsys):

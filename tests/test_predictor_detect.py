@@ -6,6 +6,7 @@ import types
 import pytest
 
 from geodiloco.predictor import detect
+from geodiloco.predictor.specs import detected_gpu, lookup_gpu
 
 
 class FakeNVMLError(Exception):
@@ -128,3 +129,43 @@ def test_rocm_smi_failure_is_a_reason_not_an_error():
     assert gpus == [] and "rocm-smi failed (exit 2): rocm-smi: boom" == reason
     gpus, reason = detect.rocm_smi_gpus(run=FakeRocmSmi("not json"))
     assert gpus == [] and reason.startswith("rocm-smi printed no JSON")
+
+
+MI250_JSON = ('{"card0": {"Card Series": "AMD Instinct MI250", "VRAM Total Memory (B)": "68702699520"}, '
+              '"card1": {"Card Series": "AMD Instinct MI250", "VRAM Total Memory (B)": "68702699520"}}')
+
+
+def test_a_die_listed_under_its_package_name_gets_the_row_of_its_memory():
+    """ROCm lists each of an MI250's two dies as a 64 GiB device named like the 128 GB package."""
+    gpus, _ = detect.rocm_smi_gpus(run=FakeRocmSmi(MI250_JSON))
+    assert [gpu["datasheet"] for gpu in gpus] == ["MI250 GCD", "MI250 GCD"]
+    assert lookup_gpu("MI250 GCD").fp16_tflops == pytest.approx(362.1 / 2, rel=1e-3)
+
+
+@pytest.mark.parametrize("name, memory_gib, row", [
+    ("AMD Instinct MI250", 127.98, "MI250"),           # the whole package (memory matches its row)
+    ("NVIDIA A100-PCIE-40GB", 39.39, "A100-PCIE-40GB"),
+    ("NVIDIA A100 80GB PCIe", 79.15, "A100-PCIE-80GB"),
+    ("NVIDIA A100-SXM4-40GB", None, "A100-SXM4-40GB"),  # memory unknown: the name decides
+    ("NVIDIA GeForce RTX 4090", 23.99, "RTX 4090"),
+    ("NVIDIA B300 SXM6 AC", 268.0, "B300"),              # drivers show ~7 % less than the 288 GB sold
+])
+def test_detected_memory_keeps_a_row_that_already_matches(name, memory_gib, row):
+    assert detected_gpu(name, memory_gib).name == row
+
+
+@pytest.mark.parametrize("sm_count, row", [(104, "MI250 GCD"), (110, "MI250X"), (None, "MI250X")])
+def test_torch_name_of_an_mi250_die_is_told_apart_by_its_compute_units(sm_count, row):
+    """torch prints "AMD Instinct MI250X / MI250" for an MI250 die (104 CUs); an MI250X die has 110."""
+    assert detected_gpu("AMD Instinct MI250X / MI250", 63.98, sm_count).name == row
+
+
+def test_torch_cuda_detection_passes_memory_and_compute_units(monkeypatch):
+    props = types.SimpleNamespace(name="AMD Instinct MI250X / MI250", total_memory=68702699520,
+                                  multi_processor_count=104)
+    fake_cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1,
+                                      get_device_properties=lambda index: props)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=fake_cuda,
+                                                                    version=types.SimpleNamespace(hip="6.0")))
+    gpus, reason = detect.torch_cuda_gpus()
+    assert reason == "" and gpus[0]["datasheet"] == "MI250 GCD" and gpus[0]["runtime"] == "rocm"
