@@ -38,7 +38,12 @@ class Efficiency:
     of the intra-node link bandwidth; ``host_op_us``: microseconds per eager forward
     op (its backward included) when the device row has no measured value;
     ``host_optimizer_tensor_us``: the same per parameter tensor in the optimizer
-    step; ``tile``: matmul output tile edge used for wave quantization (0 = none).
+    step; ``tile``: matmul output tile edge used for wave quantization (0 = none);
+    ``half_rate_fp16_share``: on parts whose FP32-accumulate tensor rate is half
+    the FP16-accumulate one (GeForce), the share of the FP16-accumulate rate that
+    mixed-precision GEMMs run at (0.5 = the datasheet's FP32-accumulate rate);
+    ``half_rate_fp16_architectures``: the architectures it applies to (those the
+    fit saw such rows of; the others keep the datasheet rate).
     """
 
     matmul: float
@@ -51,10 +56,12 @@ class Efficiency:
     host_op_us: float
     host_optimizer_tensor_us: float
     tile: int
+    half_rate_fp16_share: float = 0.5
+    half_rate_fp16_architectures: tuple[str, ...] = ()
 
 
 EFFICIENCY_FILE = Path(__file__).parent / "data" / "gpu_efficiency.yaml"
-FITTED_FIELDS = ("matmul", "score_matmul", "elementwise", "optimizer")
+FITTED_FIELDS = ("matmul", "score_matmul", "elementwise", "optimizer", "half_rate_fp16_share")
 
 
 def load_gpu_efficiency(path: Path = EFFICIENCY_FILE) -> Efficiency:
@@ -65,10 +72,13 @@ def load_gpu_efficiency(path: Path = EFFICIENCY_FILE) -> Efficiency:
     missing = [name for name in Efficiency.__dataclass_fields__ if name not in values]
     if missing:
         raise ValueError(f"{path}: efficiency lacks {', '.join(missing)}")
+    not_fractions = ("host_op_us", "host_optimizer_tensor_us", "tile", "half_rate_fp16_architectures")
     for name in Efficiency.__dataclass_fields__:
-        if name not in ("host_op_us", "host_optimizer_tensor_us", "tile") and not 0.0 < values[name] <= 1.0:
+        if name not in not_fractions and not 0.0 < values[name] <= 1.0:
             raise ValueError(f"{path}: efficiency.{name} must be in (0, 1], got {values[name]}")
-    return Efficiency(**{name: values[name] for name in Efficiency.__dataclass_fields__})
+    fields = {name: values[name] for name in Efficiency.__dataclass_fields__}
+    fields["half_rate_fp16_architectures"] = tuple(fields["half_rate_fp16_architectures"] or ())
+    return Efficiency(**fields)
 
 
 GPU_EFFICIENCY = load_gpu_efficiency()
@@ -97,6 +107,18 @@ OPS_HEAD = 15
 
 def efficiency_for(device: GpuSpec) -> Efficiency:
     return CPU_EFFICIENCY if device.is_cpu else _active_gpu_efficiency
+
+
+def matmul_rate_tflops(device: GpuSpec, precision: str) -> float:
+    """The tensor rate GEMMs run at: the datasheet column for ``precision``, except that mixed
+    precision on a part with a halved FP32-accumulate rate reaches ``half_rate_fp16_share`` of its
+    FP16-accumulate rate (a fitted constant; see data/gpu_efficiency.yaml)."""
+    rate, column, _ = device.matmul_rate(precision)
+    eff = efficiency_for(device)
+    if (column == "fp16_fp32acc_tflops" and device.fp16_tflops and device.fp16_tflops > rate
+            and device.architecture in eff.half_rate_fp16_architectures):
+        return max(rate, device.fp16_tflops * eff.half_rate_fp16_share)
+    return rate
 
 
 @dataclass(frozen=True)
@@ -136,7 +158,7 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
                      activation_checkpointing: bool = False, code: TrainingCode = RUNTIME_CODE) -> MicroBatchTime:
     """Forward + backward of ``samples`` sequences on one device, run the way ``code`` describes."""
     eff = efficiency_for(device)
-    rate, _, _ = device.matmul_rate(precision)
+    rate = matmul_rate_tflops(device, precision)
     e = activation_bytes(precision) if not device.is_cpu else 4
     tokens = samples * seq_len
     compute_s = memory_s = 0.0
@@ -185,7 +207,7 @@ def attention_time_s(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     through memory.
     """
     eff = efficiency_for(device)
-    rate, _, _ = device.matmul_rate(precision)
+    rate = matmul_rate_tflops(device, precision)
     recompute = 1.0 if activation_checkpointing else 0.0
     if code.attention == "flash":
         forward_flops = 2.0 * samples * seq_len**2 * dims.hidden_size * dims.num_layers

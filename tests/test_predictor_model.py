@@ -1,11 +1,12 @@
 """Node step-time model: pacing, splits, memory limits, all-reduce, CPU nodes."""
+import dataclasses
 import json
 
 import pytest
 
 from geodiloco.predictor.specs import lookup_gpu
 
-from geodiloco.predictor import detect
+from geodiloco.predictor import detect, kernels
 from geodiloco.predictor.base import StepTimeModel
 from geodiloco.predictor.model import GPU_RESERVED_GB, ALLOCATOR_HEADROOM, node_step_model
 from geodiloco.predictor.schema import ConfigError
@@ -29,11 +30,19 @@ def test_explain_reports_the_estimate_and_its_parts():
     assert info["tokens_per_s"] == pytest.approx(4 * 1024 / info["step_time_s"])
 
 
-def test_compute_bound_ratio_follows_the_rate_mixed_precision_gets():
-    # Large batch, fp16 mixed: TITAN RTX (130.5 TFLOPS FP32-acc) vs RTX 2080 Ti (56.9): matmuls ~2.3x faster.
-    titan = node_step_model(["TITAN RTX"], LLAMA, 1024, "fp16").explain(8)
-    geforce = node_step_model(["RTX 2080 Ti"], LLAMA, 1024, "fp16").explain(8)
-    assert geforce["compute_s"] / titan["compute_s"] == pytest.approx(130.5 / 56.9, rel=0.15)
+@pytest.mark.parametrize("share, architectures, geforce_tflops", [
+    (0.5, ("turing",), 56.9),    # the datasheet: FP32 accumulate at half the 113.8 headline
+    (1.0, (), 56.9),             # a fitted share applies only to the architectures it was fitted on
+    (1.0, ("turing",), 113.8),   # mixed precision at the FP16-accumulate headline
+])
+def test_compute_bound_ratio_follows_the_rate_mixed_precision_gets(share, architectures, geforce_tflops):
+    # Large batch, fp16 mixed: TITAN RTX (full-rate 130.5 TFLOPS FP32-acc) vs RTX 2080 Ti.
+    eff = dataclasses.replace(kernels.GPU_EFFICIENCY, half_rate_fp16_share=share,
+                              half_rate_fp16_architectures=architectures)
+    with kernels.gpu_efficiency(eff):
+        titan = node_step_model(["TITAN RTX"], LLAMA, 1024, "fp16").explain(8)
+        geforce = node_step_model(["RTX 2080 Ti"], LLAMA, 1024, "fp16").explain(8)
+    assert geforce["compute_s"] / titan["compute_s"] == pytest.approx(130.5 / geforce_tflops, rel=0.15)
 
 
 def test_mixed_node_is_paced_by_its_slowest_gpu_under_equal_split():

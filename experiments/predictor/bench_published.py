@@ -149,7 +149,9 @@ def markdown(held: list, dev: list, skipped: list, sources: int) -> str:
         "",
         f"Truth: {len(held) + len(dev)} published single-GPU training measurements from {sources} sources "
         "(experiments/predictor/data/published_training_steps.yaml cites each). Prediction: the cold model "
-        "(datasheet row + workload shape, nothing measured). Command: "
+        "(datasheet row + workload shape, nothing measured on the GPU), with the kernel-class efficiencies of "
+        f"predictor/data/gpu_efficiency.yaml ({fitted_note()}). Commands: "
+        "`python experiments/predictor/fit_efficiency.py` (refits on the dev third), then "
         "`python experiments/predictor/bench_published.py`.",
         "",
         f"**Held-out ({head['rows']} rows): median error {head['median']:.1%}, worst {head['worst']:.1%}** "
@@ -172,6 +174,16 @@ def markdown(held: list, dev: list, skipped: list, sources: int) -> str:
     if skipped:
         lines += ["", "## Rows not evaluated", ""] + [f"- {item}" for item in skipped]
     return "\n".join(lines) + "\n"
+
+
+def fitted_note() -> str:
+    """Which constants were fitted, on what, and their values."""
+    from geodiloco.predictor.kernels import EFFICIENCY_FILE, GPU_EFFICIENCY
+    fit = yaml.safe_load(EFFICIENCY_FILE.read_text(encoding="utf-8")).get("fit")
+    if not fit:
+        return "hand-set, nothing fitted"
+    values = ", ".join(f"{name} {getattr(GPU_EFFICIENCY, name):g}" for name in fit["fields"])
+    return f"{values} fitted on the {fit['rows']} dev-third rows only; the held-out rows were never used"
 
 
 def dev_table(dev: list, rows: list, workloads: dict) -> str:

@@ -3,8 +3,9 @@
 The cold model's kernel classes each reach some fraction of a datasheet peak
 (predictor.kernels.Efficiency). The fields in ``FITTED_FIELDS`` (GEMMs, eager
 attention's batched score products, eager elementwise kernels, the optimizer
-passes) are chosen here to minimise the mean absolute log error of the cold
-prediction over the dev third only (rows with ``sha256(id) mod 3 == 0``); the
+passes, mixed precision on GeForce-style half-rate parts of the architectures
+the dev third has such rows of) are chosen here to minimise the mean absolute
+log error of the cold prediction over the dev third only (rows with ``sha256(id) mod 3 == 0``); the
 held-out two-thirds are never read. One set of constants for every GPU: nothing
 per GPU, per source or per workload.
 
@@ -30,15 +31,18 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_published import DATA_FILE, evaluate, held_out, measured_step_s, row_model  # noqa: E402
+from bench_published import DATA_FILE, evaluate, held_out, measured_step_s, row_model, row_precision  # noqa: E402
 
 from geodiloco.predictor import kernels  # noqa: E402
 from geodiloco.predictor.kernels import EFFICIENCY_FILE, FITTED_FIELDS, Efficiency, gpu_efficiency  # noqa: E402
+from geodiloco.predictor.specs import resolve_gpu  # noqa: E402
 
 BOUNDS = (0.05, 1.0)
 # Where the search starts: the hand-set values the fitted fields had before any fit (so a refit
 # does not depend on the file's current contents).
-HAND_SET = {"matmul": 0.70, "score_matmul": 0.70, "elementwise": 0.75, "optimizer": 0.75}
+HAND_SET = {"matmul": 0.70, "score_matmul": 0.70, "elementwise": 0.75, "optimizer": 0.75, "half_rate_fp16_share": 0.5}
+# A share below a half would put mixed precision under the datasheet's FP32-accumulate rate.
+LOWER_BOUNDS = {"half_rate_fp16_share": 0.5}
 MAX_TRIALS = 600
 
 
@@ -54,6 +58,18 @@ def dev_rows(rows: list[dict], workloads: dict) -> list[dict]:
             continue
         chosen.append(row)
     return chosen
+
+
+def half_rate_architectures(rows: list[dict]) -> tuple[str, ...]:
+    """Architectures of the rows that run mixed precision on a part with a halved FP32-accumulate rate:
+    the only ones the fitted share is applied to (a correction is not carried to parts it never saw)."""
+    found = set()
+    for row in rows:
+        spec, _ = resolve_gpu(row.get("gpu_canonical") or row["gpu"])
+        if row_precision(row) in ("fp16", "bf16") and spec.matmul_rate(row_precision(row))[1] == "fp16_fp32acc_tflops" \
+                and spec.fp16_tflops and spec.fp16_fp32acc_tflops and spec.fp16_tflops > spec.fp16_fp32acc_tflops:
+            found.add(spec.architecture)
+    return tuple(sorted(found))
 
 
 def log_errors(eff: Efficiency, rows: list[dict], workloads: dict) -> list[float]:
@@ -72,7 +88,8 @@ def fit(start: Efficiency, rows: list[dict], workloads: dict) -> Efficiency:
 
     def trial(logs: np.ndarray) -> Efficiency:
         values = np.clip(np.exp(logs), *BOUNDS)
-        return dataclasses.replace(start, **{name: float(value) for name, value in zip(FITTED_FIELDS, values)})
+        return dataclasses.replace(start, **{name: float(max(value, LOWER_BOUNDS.get(name, 0.0)))
+                                             for name, value in zip(FITTED_FIELDS, values)})
 
     evaluations = 0
 
@@ -98,6 +115,7 @@ def write(eff: Efficiency, rows: list[dict], before: float, after: float) -> Non
     document = yaml.safe_load(EFFICIENCY_FILE.read_text(encoding="utf-8"))
     for name in FITTED_FIELDS:
         document["efficiency"][name] = getattr(eff, name)
+    document["efficiency"]["half_rate_fp16_architectures"] = list(eff.half_rate_fp16_architectures)
     document["fit"] = {
         "fields": list(FITTED_FIELDS),
         "on": "dev third of experiments/predictor/data/published_training_steps.yaml (sha256(id) mod 3 == 0)",
@@ -116,7 +134,9 @@ def main() -> int:
     data = yaml.safe_load(DATA_FILE.read_text(encoding="utf-8"))
     workloads = data["workloads"]
     rows = dev_rows(data["measurements"], workloads)
-    start = dataclasses.replace(kernels.GPU_EFFICIENCY, **HAND_SET)
+    start = dataclasses.replace(kernels.GPU_EFFICIENCY, **HAND_SET,
+                                half_rate_fp16_architectures=half_rate_architectures(rows))
+    print(f"half-rate mixed precision seen on: {', '.join(start.half_rate_fp16_architectures) or 'none'}")
     before = median_abs_error(start, rows, workloads)
     print(f"fitting {', '.join(FITTED_FIELDS)} on {len(rows)} dev rows; dev median error at the hand-set values "
           f"{before:.1%}", flush=True)
