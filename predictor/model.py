@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, Optional
 
-from geodiloco.predictor.kernels import efficiency_for, host_op_s, micro_batch_time, optimizer_time
+from geodiloco.predictor.kernels import (
+    efficiency_for, host_op_s, matmul_rate_tflops, micro_batch_time, optimizer_time,
+)
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.predictor.specs import GpuSpec
 from geodiloco.predictor.workload import (
@@ -218,7 +220,10 @@ class NodeStepModel:
         """The estimate and where it comes from (seconds, TFLOPS, GiB)."""
         shares, steps, pacing, allreduce = self._node_step(batch_size)
         device, step = self.devices[pacing], steps[pacing]
-        rate, column, note = device.matmul_rate(self.precision)
+        datasheet_rate, column, note = device.matmul_rate(self.precision)
+        rate = matmul_rate_tflops(device, self.precision)
+        if rate != datasheet_rate:
+            column = f"{column} -> fitted share of fp16_tflops"
         step_time_s = step.step_s + allreduce
         bound = "allreduce" if allreduce > max(step.scaling_s, step.host_s, step.optimizer_s) else step.bound
         notes = [note] if note else []
