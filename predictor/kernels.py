@@ -113,12 +113,18 @@ def matmul_rate_tflops(device: GpuSpec, precision: str) -> float:
     """The tensor rate GEMMs run at: the datasheet column for ``precision``, except that mixed
     precision on a part with a halved FP32-accumulate rate reaches ``half_rate_fp16_share`` of its
     FP16-accumulate rate (a fitted constant; see data/gpu_efficiency.yaml)."""
-    rate, column, _ = device.matmul_rate(precision)
+    rate, _, _ = device.matmul_rate(precision)
     eff = efficiency_for(device)
-    if (column == "fp16_fp32acc_tflops" and device.fp16_tflops and device.fp16_tflops > rate
-            and device.architecture in eff.half_rate_fp16_architectures):
+    if half_rate_mixed_precision(device, precision) and device.architecture in eff.half_rate_fp16_architectures:
         return max(rate, device.fp16_tflops * eff.half_rate_fp16_share)
     return rate
+
+
+def half_rate_mixed_precision(device: GpuSpec, precision: str) -> bool:
+    """Whether ``precision`` runs at the datasheet's FP32-accumulate rate and that rate is below the FP16 one
+    (GeForce-style parts)."""
+    rate, column, _ = device.matmul_rate(precision)
+    return column == "fp16_fp32acc_tflops" and bool(device.fp16_tflops) and device.fp16_tflops > rate
 
 
 @dataclass(frozen=True)

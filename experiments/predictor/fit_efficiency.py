@@ -34,7 +34,9 @@ sys.path.insert(0, str(HERE))
 from bench_published import DATA_FILE, evaluate, held_out, measured_step_s, row_model, row_precision  # noqa: E402
 
 from geodiloco.predictor import kernels  # noqa: E402
-from geodiloco.predictor.kernels import EFFICIENCY_FILE, FITTED_FIELDS, Efficiency, gpu_efficiency  # noqa: E402
+from geodiloco.predictor.kernels import (  # noqa: E402
+    EFFICIENCY_FILE, FITTED_FIELDS, Efficiency, gpu_efficiency, half_rate_mixed_precision,
+)
 from geodiloco.predictor.specs import resolve_gpu  # noqa: E402
 
 BOUNDS = (0.05, 1.0)
@@ -66,8 +68,7 @@ def half_rate_architectures(rows: list[dict]) -> tuple[str, ...]:
     found = set()
     for row in rows:
         spec, _ = resolve_gpu(row.get("gpu_canonical") or row["gpu"])
-        if row_precision(row) in ("fp16", "bf16") and spec.matmul_rate(row_precision(row))[1] == "fp16_fp32acc_tflops" \
-                and spec.fp16_tflops and spec.fp16_fp32acc_tflops and spec.fp16_tflops > spec.fp16_fp32acc_tflops:
+        if half_rate_mixed_precision(spec, row_precision(row)):
             found.add(spec.architecture)
     return tuple(sorted(found))
 
