@@ -3,9 +3,10 @@
 Roofline per matmul (compute time vs bytes / bandwidth, whichever is longer,
 with wave quantization over the GPU's SMs), flash attention as compute,
 elementwise kernels and the optimizer as memory traffic, and a per-op host
-cost (Python + dispatch + launch). Efficiencies are global constants per
-device kind (fractions of the datasheet peak a well-behaved kernel reaches),
-never fitted per GPU.
+cost (Python + dispatch + launch). Efficiencies are fractions of the datasheet
+peak each kernel class reaches: one set for every GPU (data/gpu_efficiency.yaml,
+partly fitted on the dev third of published measurements, never per GPU) and
+one for CPUs, whose rates are measured.
 """
 from __future__ import annotations
 
