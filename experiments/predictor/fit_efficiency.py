@@ -3,11 +3,11 @@
 The cold model's kernel classes each reach some fraction of a datasheet peak
 (predictor.kernels.Efficiency). The fields in ``FITTED_FIELDS`` (GEMMs, eager
 attention's batched score products, eager elementwise kernels, the optimizer
-passes, mixed precision on GeForce-style half-rate parts of the architectures
-the dev third has such rows of) are chosen here to minimise the mean absolute
-log error of the cold prediction over the dev third only (rows with ``sha256(id) mod 3 == 0``); the
-held-out two-thirds are never read. One set of constants for every GPU: nothing
-per GPU, per source or per workload.
+passes, and mixed precision on GeForce-style half-rate parts of the
+architectures the dev third has such rows of) are chosen here to minimise the
+mean absolute log error of the cold prediction over the dev third only (rows
+with ``sha256(id) mod 3 == 0``); the held-out two-thirds are never read. One
+set of constants for every GPU: nothing per GPU, per source or per workload.
 
 Search: Nelder-Mead over the logs of the fields (scipy, installed with the dev
 extra), each field kept in (0.05, 1]; deterministic.
