@@ -16,7 +16,7 @@ from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import HivemindSection
 from geodiloco.runtime.diloco import outer_weights
 from geodiloco.runtime.sync.hivemind_backend import (MISSING_SHARE_KEY, HivemindOuterSync, OutOfSync, make_averager_class,
-                                   round_group_bits, wire_codec)
+                                   incomplete_share, round_group_bits, wire_codec)
 
 pytestmark = pytest.mark.slow
 
@@ -282,3 +282,19 @@ def test_an_averaging_group_with_a_stranger_is_refused_before_any_tensor_moves(m
     assert aggregated == []
     asyncio.run(averager._aggregate_with_group(SimpleNamespace(group_id=b"g", peer_ids=["peer-a", "peer-b"]), 0))
     assert aggregated == [["peer-a", "peer-b"]]
+
+
+def test_incomplete_share_counts_lost_results_and_inputs_this_node_reduced_without():
+    """1000 values, this node reduces 300 of them in 2 parts from 3 senders: one sender's input to one part
+    timed out (1/6 of 300 values averaged over two peers only), and 100 values of results never came back."""
+    runner = SimpleNamespace(
+        tensor_part_container=SimpleNamespace(failed_size=100, total_size=1000),
+        tensor_part_reducer=SimpleNamespace(num_parts=2, num_senders=3, num_parts_received=[2, 1, 2]),
+        parts_for_local_averaging=[torch.zeros(200), torch.zeros(100)])
+    assert incomplete_share(runner) == pytest.approx(0.1 + (1 / 6) * 0.3)
+    complete = SimpleNamespace(
+        tensor_part_container=SimpleNamespace(failed_size=0, total_size=1000),
+        tensor_part_reducer=SimpleNamespace(num_parts=2, num_senders=3, num_parts_received=[2, 2, 2]),
+        parts_for_local_averaging=[torch.zeros(200), torch.zeros(100)])
+    assert incomplete_share(complete) == 0.0
+    assert incomplete_share(None) == 0.0

@@ -125,6 +125,21 @@ def _on_wire(flat: torch.Tensor, diloco_compression: str) -> torch.Tensor:
     return flat
 
 
+def incomplete_share(runner) -> float:
+    """Share of the averaged vector that is not an average over the whole group, as one node sees it:
+    results parts that never came back, plus inputs its own reducer did not receive (a sender timed out)."""
+    parts = getattr(runner, "tensor_part_container", None)
+    failed_size, total_size = getattr(parts, "failed_size", 0), getattr(parts, "total_size", 0)
+    share = failed_size / total_size if failed_size and total_size else 0.0
+    reducer = getattr(runner, "tensor_part_reducer", None)
+    expected = getattr(reducer, "num_parts", 0) * getattr(reducer, "num_senders", 0)
+    if expected and total_size:
+        received = sum(getattr(reducer, "num_parts_received", ()))
+        own_size = sum(part.numel() for part in getattr(runner, "parts_for_local_averaging", ()))
+        share += (expected - received) / expected * own_size / total_size
+    return share
+
+
 def round_group_bits(round_idx: int) -> str:
     """Group-key bits of a round: nodes in different rounds never meet in one all-reduce."""
     return format(round_idx % (1 << ROUND_BITS), f"0{ROUND_BITS}b")
@@ -192,8 +207,10 @@ def make_averager_class():
             """No tensor goes to a group with a peer that is not a member (see ``_members``).
 
             hivemind only logs an all-reduce in which a peer's part of the results never came
-            (that part keeps this node's own values); tell the caller the missing share in the
-            gathered data, so the node keeps the round's starting state instead of a half average."""
+            (that part keeps this node's own values), or in which this node reduced its part without
+            a peer whose input timed out (that part averages the others only); tell the caller the
+            missing share in the gathered data, so the node keeps the round's starting state instead
+            of a half average."""
             members = await self._members()
             strangers = [] if members is None else [str(peer) for peer in group_info.peer_ids
                                                     if str(peer) not in members]
@@ -203,10 +220,9 @@ def make_averager_class():
             gathered = await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
             running = self._running_groups.get(group_info.group_id)
             runner = running.result() if running is not None and running.done() else None
-            parts = getattr(runner, "tensor_part_container", None)
-            failed_size, total_size = getattr(parts, "failed_size", 0), getattr(parts, "total_size", 0)
-            if failed_size and total_size:
-                gathered = {**gathered, MISSING_SHARE_KEY: failed_size / total_size}
+            missing = incomplete_share(runner)
+            if missing:
+                gathered = {**gathered, MISSING_SHARE_KEY: missing}
             return gathered
 
         # hivemind reads a handler's protobuf types from its annotations (strings in this module)
@@ -709,7 +725,8 @@ class HivemindOuterSync:
             return alone
         if missing_share:
             print(f"[geodiloco] node {self.topology.node_name}: {missing_share * 100:.1f} % of the outer "
-                  f"all-reduce of round {round_idx + 1} never came back from a peer; this node keeps the "
+                  f"all-reduce of round {round_idx + 1} never came back from a peer or was reduced without one; "
+                  "this node keeps the "
                   "round's starting global state (nodes that differ from the majority reload the global "
                   "state next round)", flush=True)
         order = {name: index for index, name in enumerate(self.node_names)}
