@@ -204,7 +204,7 @@ class GpuRegistry:
     def _models_named(self, name: str, spec: GpuSpec) -> list[str]:
         """The models a driver string mentions: its row's, and each '/'-separated part's."""
         models = [spec.model] if spec.model else []
-        for part in name.split("/")[1:] if "/" in name else []:
+        for part in name.split("/")[1:]:
             try:
                 part_spec, _ = self.resolve(part.strip())
             except ConfigError:
