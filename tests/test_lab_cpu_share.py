@@ -113,14 +113,16 @@ def test_real_compute_nodes_run_at_their_shares_and_a_slowdown_cuts_the_quota(tm
     """Node b has 3x node a's share, then from round 1 a co-tenant (factor 3) takes it back to a's."""
     nodes = [{"name": "a", "emulate": {"cpu_share": 0.15}},
              {"name": "b", "emulate": {"cpu_share": 0.45, "slowdown": [{"from_round": 1, "factor": 3.0}]}}]
-    config = small_config(nodes, diloco={"rounds": 2, "local_steps": 6, "batch_size": 8},
-                          balancing={"policy": "uniform"})
+    # blocking sync: a streaming sync's compression would run inside the node's quota, during its compute
+    config = small_config(nodes, diloco={"rounds": 2, "local_steps": 12, "batch_size": 8, "overlap": "none",
+                                         "compression": "none"}, balancing={"policy": "uniform"})
     completed = geodiloco("run", "--config", str(write_config(tmp_path, config)), "--sites", "local",
                           "--run-dir", str(tmp_path / "run"), "--no-report", timeout=240)
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert "real compute under CPU quotas (cores): a 0.15, b 0.45" in completed.stdout
     compute_s = {(row["round"], row["node"]): row["compute_s"] for row in read_jsonl(tmp_path / "run" / "idle.jsonl")}
-    # 3x by share; a 0.15-core process loses more of its few CFS slices when the host is busy, so allow more above
+    # 3x by share; throttling costs a small share more than its share (each short CFS slice starts cold):
+    # 3x shares ran 3.5x-5x apart on a 2-core host, so the bounds only ask for "clearly faster, not wildly"
     assert 2.0 < compute_s[(0, "a")] / compute_s[(0, "b")] < 6.0
     assert 0.6 < compute_s[(1, "a")] / compute_s[(1, "b")] < 1.6
     leftovers = [path.name for path in find_cpu_hierarchy().path.glob("geodiloco-*")]
