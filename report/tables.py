@@ -104,7 +104,7 @@ def node_table(summary: RunSummary) -> Table:
     for header in ["idle %", "util %", "idle\nGPU-s", "GPU-h\n/1k rnd"]:
         _number_column(table, header)
     if show_predicted:
-        _number_column(table, "predicted\nidle s", style="dim")
+        _number_column(table, "predicted\nwait+sync s", style="dim")
     if show_cost:
         _number_column(table, "idle $", style=IDLE_STYLE)
         _number_column(table, "idle $\n/1k rnd")
@@ -146,7 +146,7 @@ def round_table(summary: RunSummary) -> Table:
         table.add_column(name, justify="right")
     table.add_column("idle GPU-s", justify="right", style=IDLE_STYLE)
     if show_predicted:
-        table.add_column("predicted idle s", justify="right", style="dim")
+        table.add_column("predicted wait+sync s", justify="right", style="dim")
     for row in summary.per_round:
         cells = [str(row.round), fmt.seconds(row.wall_s)]
         for name in nodes:
