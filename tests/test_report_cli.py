@@ -134,3 +134,17 @@ def test_report_of_a_real_run(tmp_path):
     assert run["total"]["idle_gpu_s"] == pytest.approx(sum(node["idle_gpu_s"] for node in nodes.values()))
     assert run["energy_note"].startswith("not available")
     assert (tmp_path / "run.png").stat().st_size > 20_000
+
+
+def test_the_planner_column_is_labelled_as_wait_plus_sync(tmp_path, capsys):
+    """The planner predicts waiting and exposed sync, not "other": its column must not read as idle."""
+    from test_report_support import default_records
+    plans = [{"policy": "uniform", "round": r, "nodes": [{"name": "a", "predicted_idle_s": 2.5},
+                                                         {"name": "b", "predicted_idle_s": 0.5}]} for r in range(3)]
+    run = write_run(tmp_path / "run", default_records(), plans=plans, config={"run": {"name": "demo"}})
+    assert main([str(run), "--rounds"]) == 0
+    out = capsys.readouterr().out
+    assert "wait+sync s" in out and "predicted wait+sync s" in out  # node table (two lines) and per-round header
+    assert "predicted\nidle" not in out and "predicted idle s" not in out
+    total_row = next(line for line in out.splitlines() if line.strip().startswith("total"))
+    assert total_row.split()[-1] == "9.00"  # 3 rounds x (2.5 + 0.5)
