@@ -13,7 +13,9 @@ what the GPUs wait on around it:
   its push, i.e. N - 1 versions.
 
 The advice is the mode with the smaller predicted GPU idle share, async only when it wins by
-more than ``ASYNC_MARGIN`` (staleness costs convergence that these seconds do not show).
+more than ``ASYNC_MARGIN`` (staleness costs convergence that these seconds do not show). Both
+shares leave out "other" (logging, evaluation, checkpoints), which both modes pay; measured runs
+add it on top (a few % of node time in experiments/results/async/head_to_head.md).
 """
 from __future__ import annotations
 
@@ -87,6 +89,7 @@ def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: 
         why = ("the host's link carries every pull and sets the pace"
                if host_load > 1 else f"its push and pull take {transfer_s:.3g} s per phase "
                                      f"({'fp32' if codec == 'none' else codec}, none of it hidden)")
-        reason = (f"sync with the {plan.policy} policy leaves {sync_idle:.0%} of GPU time idle; async would leave about {async_idle:.0%}: "
-                  f"{why}, and its updates would be about {staleness} versions stale")
+        reason = (f"sync with the {plan.policy} policy leaves {sync_idle:.0%} of GPU time idle (waiting + exposed sync); "
+                  f"async would leave about {async_idle:.0%}: {why}, and its updates would be about {staleness} "
+                  "versions stale")
     return ModeAdvice(recommended, sync_idle, async_idle, transfer_s, staleness, host_load, reason)

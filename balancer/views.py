@@ -44,7 +44,8 @@ def print_plan(plan: Plan, setup, console: Console | None = None, advice=None) -
     console.print(table)
     wait_s = sum(node.predicted_wait_s for node in plan.nodes)
     console.print(f"predicted round {plan.predicted_round_s:.2f} s; waiting {wait_s:.2f} s and GPU idle "
-                  f"(waiting + exposed outer sync) {plan.predicted_idle_s:.2f} s summed over nodes; "
+                  f"(waiting + exposed outer sync; logging, evaluation and checkpoints come on top) "
+                  f"{plan.predicted_idle_s:.2f} s summed over nodes; "
                   f"outer-average weighting: {plan.weighting}")
     sync = setup.sync
     exposed_s = max((node.predicted_comm_s for node in plan.nodes), default=0.0)
