@@ -116,7 +116,7 @@ def matmul_rate_tflops(device: GpuSpec, precision: str) -> float:
     FP16-accumulate rate (a fitted constant; see data/gpu_efficiency.yaml)."""
     rate, _, _ = device.matmul_rate(precision)
     eff = efficiency_for(device)
-    if half_rate_mixed_precision(device, precision) and device.architecture in eff.half_rate_fp16_architectures:
+    if device.architecture in eff.half_rate_fp16_architectures and half_rate_mixed_precision(device, precision):
         return max(rate, device.fp16_tflops * eff.half_rate_fp16_share)
     return rate
 

@@ -726,9 +726,8 @@ class HivemindOuterSync:
         if missing_share:
             print(f"[geodiloco] node {self.topology.node_name}: {missing_share * 100:.1f} % of the outer "
                   f"all-reduce of round {round_idx + 1} never came back from a peer or was reduced without one; "
-                  "this node keeps the "
-                  "round's starting global state (nodes that differ from the majority reload the global "
-                  "state next round)", flush=True)
+                  "this node keeps the round's starting global state (nodes that differ from the majority "
+                  "reload the global state next round)", flush=True)
         order = {name: index for index, name in enumerate(self.node_names)}
         group = sorted(gathered.values(), key=lambda item: order[item["node"]])
         with self.averager.get_tensors() as tensors:
