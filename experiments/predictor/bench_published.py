@@ -94,19 +94,32 @@ def row_code(row: dict, workloads: dict) -> TrainingCode:
                         relative_positions=bool(spec.get("relative_positions", False)))
 
 
+def row_micro_batch(row: dict) -> int:
+    """Sequences per forward/backward pass: the row's micro-batch, else its batch over the printed accumulation steps
+    (DLE's run_pretraining.py runs train_batch_size // gradient_accumulation_steps), else the whole batch."""
+    if row.get("micro_batch_size"):
+        return row["micro_batch_size"]
+    if row.get("accumulation_steps"):
+        return row["batch_size"] // row["accumulation_steps"]
+    return row["batch_size"]
+
+
 def row_model(row: dict, workloads: dict) -> NodeStepModel:
     """Cold model of the row's run; ``optimizer: none`` rows (timed forward + backward only) get no optimizer step."""
     spec, _ = resolve_gpu(row.get("gpu_canonical") or row["gpu"])
     dims = workload_dims(workloads[row["workload"]], row["seq_len"])
-    micro = row.get("micro_batch_size") or row["batch_size"]
+    micro = row_micro_batch(row)
     return node_step_model([spec.name], dims, row["seq_len"], row_precision(row),
                            micro_batch_size=micro if micro < row["batch_size"] else None,
                            optimizer_step=row.get("optimizer") != "none", code=row_code(row, workloads))
 
 
 def evaluate(row: dict, workloads: dict) -> dict:
-    if row.get("micro_batch_size") is None and row["batch_size"] > MAX_PLAIN_BATCH:
-        raise ValueError(f"batch {row['batch_size']} with no micro-batch stated (a global batch); not placed")
+    if row.get("sequence_bins"):
+        raise ValueError(f"sequences padded to {row['sequence_bins']}-token bins, not to seq_len {row['seq_len']}; "
+                         "the binned lengths are not published; not placed")
+    if row_micro_batch(row) > MAX_PLAIN_BATCH:
+        raise ValueError(f"batch {row['batch_size']} with no micro-batch or accumulation steps stated; not placed")
     spec, notice = resolve_gpu(row.get("gpu_canonical") or row["gpu"])
     dims = workload_dims(workloads[row["workload"]], row["seq_len"])
     precision = row_precision(row)
