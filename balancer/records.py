@@ -9,7 +9,8 @@ in the outer sync this round. Compute utilization = compute_s / node time.
 ``lost_s`` (part of ``overhead_s``): work thrown away and the restart before this round when a
 site failed or rejoined (torch backend) or the node fell behind (hivemind). ``present_nodes``:
 the nodes that took part in the round. ``staleness`` (``diloco.mode: async`` only): global versions
-applied between the node's pull and its update; ``mode``: sync | async.
+applied between the node's pull and its update; ``mode``: sync | async. ``gpu_util`` (%), ``power_w``
+(W), ``energy_j`` (J) over the round and ``idle_energy_j`` (J while idle) come from NVML; None without it.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class IdleRecord:
     gpu_util: Optional[float] = None
     power_w: Optional[float] = None
     energy_j: Optional[float] = None
+    idle_energy_j: Optional[float] = None
     staleness: Optional[int] = None
     mode: str = "sync"
 

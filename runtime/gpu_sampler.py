@@ -179,6 +179,20 @@ class GpuSampler:
             last = bisect.bisect_right(self._times_s, end_s) + 1
             return self._samples[first:last]
 
+    def idle_energy_j(self, idle_windows: list[tuple[float, float]], compute_window: tuple[float, float],
+                      stalled_in_compute_s: float) -> Optional[float]:
+        """Joules the watched GPUs drew while idle: the energy over each idle window, plus the stalls
+        inside the compute window at that window's mean power. None when any part was not sampled."""
+        energies = [self.summary(start, end)["energy_j"] for start, end in idle_windows]
+        if any(energy is None for energy in energies):
+            return None
+        if stalled_in_compute_s > 0:
+            power_w = self.summary(*compute_window)["power_w"]
+            if power_w is None:
+                return None
+            energies.append(power_w * stalled_in_compute_s)
+        return float(sum(energies))
+
     def summary(self, start_unix_s: float, end_unix_s: float) -> dict:
         """Mean ``gpu_util`` (%), mean ``power_w`` (W) and ``energy_j`` (J) of the watched GPUs over the window.
 

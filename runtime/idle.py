@@ -76,6 +76,13 @@ class RoundClock:
     def overhead_s(self) -> float:
         return self.span_s("synced", "end") + self.lost_s
 
+    def idle_windows(self) -> list[tuple[float, float]]:
+        """The round's contiguous idle stretches (unix seconds): the lost time before it, if any, and
+        everything after the local phase (waiting, the outer step, other). Stalls on a streaming sync
+        inside the local phase (``blocked_in_phase_s``) are scattered and not among them."""
+        windows = [(self.marks["lost_since"], self.marks["start"])] if "lost_since" in self.marks else []
+        return windows + [(self.marks["local_done"], self.marks["end"])]
+
     @property
     def round_start(self) -> float:
         """Unix seconds where this round's record begins (the lost time included)."""

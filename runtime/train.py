@@ -256,8 +256,11 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
 def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalResult, clock: RoundClock,
                  outcome: SyncOutcome) -> dict:
     node = trainer.node
-    gpu_values = (trainer.gpu_sampler.summary(clock.round_start, clock.marks["end"])
-                  if trainer.gpu_sampler is not None else {})
+    gpu_values = {}
+    if trainer.gpu_sampler is not None:
+        gpu_values = trainer.gpu_sampler.summary(clock.round_start, clock.marks["end"])
+        gpu_values["idle_energy_j"] = trainer.gpu_sampler.idle_energy_j(
+            clock.idle_windows(), (clock.marks["start"], clock.marks["local_done"]), clock.blocked_in_phase_s)
     record = IdleRecord(
         run_id=run_id, round=plan.round, node=node.name, site=node.site, policy=plan.policy,
         local_steps=result.steps, batch_size=plan.node(node.name).batch_size, tokens=result.tokens,

@@ -105,6 +105,15 @@ def test_summary_prefers_the_energy_counter(monkeypatch):
     assert summary["power_w"] == pytest.approx(175.0)
 
 
+def test_idle_energy_is_the_idle_windows_plus_stalls_at_the_compute_power(monkeypatch):
+    sampler, clock, _ = _fake_started_sampler(monkeypatch)
+    _sample_at(sampler, clock, [0.0, 1.0, 2.0])
+    # compute (0, 1): 100 -> 200 W, mean 150 W; idle (1, 2): 200 W for 1 s = 200 J; a 0.2 s stall at 150 W = 30 J
+    assert sampler.idle_energy_j([(1.0, 2.0)], (0.0, 1.0), 0.2) == pytest.approx(230.0)
+    assert sampler.idle_energy_j([(1.0, 2.0)], (0.0, 1.0), 0.0) == pytest.approx(200.0)
+    assert sampler.idle_energy_j([(1.0, 2.0), (50.0, 60.0)], (0.0, 1.0), 0.0) is None  # a window never sampled
+
+
 def test_window_far_from_every_sample_has_no_values(monkeypatch):
     sampler, clock, _ = _fake_started_sampler(monkeypatch)
     _sample_at(sampler, clock, [100.0, 101.0])

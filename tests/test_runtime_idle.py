@@ -53,3 +53,11 @@ def test_blocking_sync_hides_nothing():
     clock = _clock(start=100.0, local_done=110.0, ready=111.0, synced=115.0, end=116.0)
     clock.record_sync([(111.0, 114.5)], blocked_in_phase_s=0.0)
     assert clock.comm_hidden_s == 0.0 and clock.comm_s == 4.0
+
+
+def test_idle_windows_cover_lost_time_and_everything_after_the_local_phase():
+    clock = _clock(lost_since=90.0, start=100.0, local_done=110.0, ready=111.0, synced=112.0, end=113.0)
+    assert clock.idle_windows() == [(90.0, 100.0), (110.0, 113.0)]
+    windows_s = sum(end - start for start, end in clock.idle_windows())
+    assert windows_s == clock.wait_s + clock.comm_s + clock.overhead_s  # no streaming stall in this round
+    assert _clock(start=0.0, local_done=5.0, ready=5.0, synced=6.0, end=6.5).idle_windows() == [(5.0, 6.5)]
