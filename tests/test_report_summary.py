@@ -143,3 +143,24 @@ def test_gpu_count_falls_back_to_named_gpus(tmp_path):
     summary = summarize(load_run(write_run(tmp_path / "run", records)))
     assert _node(summary, "b").num_gpus == 4
     assert summary.total.idle_gpu_s == pytest.approx(2 * 4 + 4 * 1.5)
+
+
+def test_every_field_the_runtime_writes_is_read_back_by_the_report():
+    """The report keeps its own schema (it reads logs of any version), so a field added to the writer
+    alone would be dropped silently: this fails when the two drift apart."""
+    import json
+    from dataclasses import fields
+
+    from geodiloco.balancer.records import IdleRecord
+    from geodiloco.report.records import NodeRound
+
+    written = IdleRecord(run_id="r", round=2, node="a", site="s", policy="time", local_steps=7, batch_size=4,
+                         tokens=896, compute_s=9.0, wait_s=1.5, comm_s=0.5, round_start=100.0, round_end=111.5,
+                         overhead_s=0.5, comm_hidden_s=0.25, sync_bytes=1024, lost_s=0.0, present_nodes=["a", "b"],
+                         gpus=["A30"], num_gpus=1, gpu_util=80.0, power_w=150.0, energy_j=1725.0,
+                         idle_energy_j=180.0, staleness=1, mode="async")
+    missing = {field.name for field in fields(IdleRecord)} - set(NodeRound.model_fields)
+    assert not missing, f"report/records.py does not read {sorted(missing)}"
+    read = NodeRound.model_validate(json.loads(written.to_json()))
+    assert {name: getattr(read, name) for name in json.loads(written.to_json())} == json.loads(written.to_json())
+    assert read.idle_s == pytest.approx(2.5)
