@@ -10,7 +10,8 @@ with ``sha256(id) mod 3 == 0``); the held-out two-thirds are never read. One
 set of constants for every GPU: nothing per GPU, per source or per workload.
 
 Search: Nelder-Mead over the logs of the fields (scipy, installed with the dev
-extra), each field kept in (0.05, 1]; deterministic.
+extra), each field kept in (0.05, 1] and the GEMM efficiency at most 0.90
+(``UPPER_BOUNDS``); deterministic.
 
 Run:  .venv/bin/python experiments/predictor/fit_efficiency.py
 Rewrites predictor/data/gpu_efficiency.yaml (the fitted fields and a ``fit``
