@@ -137,14 +137,16 @@ class NodeStepModel:
         parts = [0.0] * 4
         ops = 0
         last_device_s = 0.0
-        for index in range(micro_batches):
-            size = min(micro, samples - index * micro)
+        full_micro_batches, remainder = divmod(samples, micro) if micro else (0, 0)
+        for size, count in ((micro, full_micro_batches), (remainder, 1 if remainder else 0)):
+            if count == 0:
+                continue
             work = micro_batch_time(device, self.dims, self.seq_len, self.precision, size,
                                     self.activation_checkpointing, self.code)
             for slot, value in enumerate((work.matmul_compute_s, work.matmul_memory_s, work.attention_s,
                                           work.elementwise_s)):
-                parts[slot] += value
-            ops += work.host_ops
+                parts[slot] += value * count
+            ops += work.host_ops * count
             last_device_s = work.device_s
         optimizer_s, optimizer_host_s = (optimizer_time(device, self.dims, self.precision, max(1, micro_batches))
                                          if self.optimizer_step else (0.0, 0.0))
