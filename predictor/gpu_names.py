@@ -132,8 +132,9 @@ class NameIndex:
             return NameMatch(narrowed[0].name)
         chosen = next((row for row in narrowed if row.default_for_model), narrowed[0])
         others = ", ".join(row.name for row in narrowed if row is not chosen)
+        why = "the default" if chosen.default_for_model else "the first listed"
         notice = (f"GPU {name!r} could be several parts ({chosen.name}, {others}); planned as {chosen.name}, "
-                  f"the default; write its memory size and form factor (e.g. \"{chosen.name}\") to choose")
+                  f"{why}; write its memory size and form factor (e.g. \"{chosen.name}\") to choose")
         return NameMatch(chosen.name, notice)
 
     @staticmethod

@@ -66,6 +66,8 @@ def test_an_ambiguous_name_takes_the_default_and_says_so():
     assert "could be several parts" in match.notice and "A100-PCIE-40GB" in match.notice
     pcie = a100_index().resolve("A100 PCIe")  # two PCIe parts left, neither the default: the first, with a notice
     assert pcie.row_name == "A100-PCIE-40GB" and "A100-PCIE-80GB" in pcie.notice
+    assert "the first listed" in pcie.notice and "the default" not in pcie.notice
+    assert "planned as A100-SXM4-80GB, the default" in match.notice
 
 
 def test_a_size_the_model_does_not_come_in_names_the_sizes_it_does():
