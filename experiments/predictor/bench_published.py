@@ -237,7 +237,13 @@ def fitted_note() -> str:
     fit = yaml.safe_load(EFFICIENCY_FILE.read_text(encoding="utf-8")).get("fit")
     if not fit:
         return "hand-set, nothing fitted"
-    values = ", ".join(f"{name} {getattr(GPU_EFFICIENCY, name):g}" for name in fit["fields"])
+    caps = fit.get("upper_bounds") or {}
+
+    def shown(name: str) -> str:
+        value = getattr(GPU_EFFICIENCY, name)
+        return f"{name} {value:g}" + (" (at its cap)" if caps.get(name) == value else "")
+
+    values = ", ".join(shown(name) for name in fit["fields"])
     return f"{values} fitted on the {fit['rows']} dev-third rows only; the held-out rows were never used"
 
 

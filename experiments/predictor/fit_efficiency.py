@@ -129,6 +129,7 @@ def write(eff: Efficiency, rows: list[dict], before: float, after: float) -> Non
         "on": "dev third of experiments/predictor/data/published_training_steps.yaml (sha256(id) mod 3 == 0)",
         "rows": len(rows),
         "objective": "mean absolute log error of the cold prediction",
+        "upper_bounds": dict(UPPER_BOUNDS),
         "dev_median_error_hand_set": round(before, 4),
         "dev_median_error_fitted": round(after, 4),
         "command": "python experiments/predictor/fit_efficiency.py",
