@@ -14,7 +14,7 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import yaml
 
@@ -22,7 +22,7 @@ from geodiloco.predictor.specs import GpuSpec
 from geodiloco.predictor.workload import (
     RUNTIME_CODE, ModelDims, TrainingCode, activation_bytes, eager_attention_bytes_per_sample,
     elementwise_bytes_per_token, gpt_elementwise_bytes_per_token, layer_linear_shapes, optimizer_traffic,
-    parameter_count, parameter_tensor_count,
+    parameter_count, parameter_tensor_count, vocab_loss_bytes_per_token,
 )
 
 
@@ -44,7 +44,15 @@ class Efficiency:
     the FP16-accumulate one (GeForce), the share of the FP16-accumulate rate that
     mixed-precision GEMMs run at (0.5 = the datasheet's FP32-accumulate rate);
     ``half_rate_fp16_architectures``: the architectures it applies to (those the
-    fit saw such rows of; the others keep the datasheet rate).
+    fit saw such rows of; the others keep the datasheet rate);
+    ``vocab_softmax_gbps_per_sm``: GB/s that one SM (compute unit) streams through the
+    softmax cross-entropy over the vocabulary. PyTorch runs a softmax over a row that long
+    as one thread block per row, so its loads in flight, and with them its rate, are
+    likely bounded per SM (Little's law: bytes in flight / memory latency) rather than by
+    the memory bus; fitted, it makes HBM and GDDR6 parts stream the loss at similar
+    rates, as the published Transformer-XL steps do. The loss runs at the lower of this
+    times the SM count and the elementwise rate. None: no such bound (CPUs, whose rates
+    are measured).
     """
 
     matmul: float
@@ -59,10 +67,15 @@ class Efficiency:
     tile: int
     half_rate_fp16_share: float = 0.5
     half_rate_fp16_architectures: tuple[str, ...] = ()
+    vocab_softmax_gbps_per_sm: Optional[float] = None
 
 
 EFFICIENCY_FILE = Path(__file__).parent / "data" / "gpu_efficiency.yaml"
-FITTED_FIELDS = ("matmul", "score_matmul", "elementwise", "optimizer", "half_rate_fp16_share")
+FITTED_FIELDS = ("matmul", "score_matmul", "elementwise", "optimizer", "half_rate_fp16_share",
+                 "vocab_softmax_gbps_per_sm")
+# Fitted or hand-set fields that are not fractions of a peak.
+NOT_FRACTIONS = ("host_op_us", "host_optimizer_tensor_us", "tile", "half_rate_fp16_architectures",
+                 "vocab_softmax_gbps_per_sm")
 
 
 def load_gpu_efficiency(path: Path = EFFICIENCY_FILE) -> Efficiency:
@@ -73,10 +86,12 @@ def load_gpu_efficiency(path: Path = EFFICIENCY_FILE) -> Efficiency:
     missing = [name for name in Efficiency.__dataclass_fields__ if name not in values]
     if missing:
         raise ValueError(f"{path}: efficiency lacks {', '.join(missing)}")
-    not_fractions = ("host_op_us", "host_optimizer_tensor_us", "tile", "half_rate_fp16_architectures")
     for name in Efficiency.__dataclass_fields__:
-        if name not in not_fractions and not 0.0 < values[name] <= 1.0:
+        if name not in NOT_FRACTIONS and not 0.0 < values[name] <= 1.0:
             raise ValueError(f"{path}: efficiency.{name} must be in (0, 1], got {values[name]}")
+    per_sm = values["vocab_softmax_gbps_per_sm"]
+    if per_sm is not None and not per_sm > 0.0:
+        raise ValueError(f"{path}: efficiency.vocab_softmax_gbps_per_sm must be > 0 GB/s or null, got {per_sm}")
     fields = {name: values[name] for name in Efficiency.__dataclass_fields__}
     fields["half_rate_fp16_architectures"] = tuple(fields["half_rate_fp16_architectures"] or ())
     return Efficiency(**fields)
@@ -195,13 +210,25 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     attention_s = attention_time_s(device, dims, seq_len, precision, samples, activation_checkpointing, code)
     precision_moved = "fp32" if device.is_cpu else precision
     if code.block == "gpt":
-        per_token = gpt_elementwise_bytes_per_token(dims, precision_moved, code.lm_head_fraction)
+        per_token = gpt_elementwise_bytes_per_token(dims, precision_moved)
     else:
         per_token = elementwise_bytes_per_token(dims, seq_len, precision_moved)
     working_set = 3 * tokens * max(dims.hidden_size, dims.intermediate_size) * e
-    elementwise_s = tokens * per_token / (device.bandwidth_gbps_for(working_set) * 1e9 * eff.elementwise)
+    elementwise_bytes_per_s = device.bandwidth_gbps_for(working_set) * 1e9 * eff.elementwise
+    loss_bytes = tokens * vocab_loss_bytes_per_token(dims, precision_moved, code.lm_head_fraction)
+    elementwise_s = (tokens * per_token / elementwise_bytes_per_s
+                     + loss_bytes / vocab_softmax_bytes_per_s(device, elementwise_bytes_per_s))
     ops = dims.num_layers * OPS_PER_LAYER + OPS_HEAD
     return MicroBatchTime(compute_s, memory_s, attention_s, elementwise_s, ops)
+
+
+def vocab_softmax_bytes_per_s(device: GpuSpec, elementwise_bytes_per_s: float) -> float:
+    """Bytes/s of the softmax cross-entropy over the vocabulary: the elementwise rate, or the per-SM bound
+    times the SM count where that is lower (see ``Efficiency.vocab_softmax_gbps_per_sm``)."""
+    per_sm = efficiency_for(device).vocab_softmax_gbps_per_sm
+    if per_sm is None:
+        return elementwise_bytes_per_s
+    return min(elementwise_bytes_per_s, device.sm_count * per_sm * 1e9)
 
 
 def attention_time_s(device: GpuSpec, dims: ModelDims, seq_len: int, precision: str, samples: int,

@@ -343,39 +343,51 @@ def eager_attention_bytes_per_sample(dims: ModelDims, seq_len: int, precision: s
     return elements * (passes * activation_bytes(precision) + EAGER_SCORE_MASK_BYTES)
 
 
-def gpt_elementwise_bytes_per_token(dims: ModelDims, precision: str, lm_head_fraction: float = 1.0) -> float:
-    """Bytes per token of the non-matmul kernels of a BERT/GPT-2 style block, forward + backward (2 x forward).
+def gpt_elementwise_bytes_per_token(dims: ModelDims, precision: str) -> float:
+    """Bytes per token of the non-matmul kernels of BERT/GPT-2 style blocks, forward + backward (2 x forward).
 
     Per block forward: two LayerNorms (read + write), bias + activation over the MLP width (read + write),
     two dropouts (read, write, 1-byte mask), two residual adds (two reads, one write) and the attention
     context's permute copy (read + write), all at the activation precision (fp16 models keep fp16 weights
-    and activations). The loss: logits read and written by the softmax and its gradient in fp32, for the
-    positions that reach the vocabulary.
+    and activations), and the final LayerNorm. The loss over the vocabulary is ``vocab_loss_bytes_per_token``.
     """
     e = activation_bytes(precision)
     h, mlp = dims.hidden_size, 1.5 * dims.intermediate_size
     forward_block = 2 * 2 * e * h + 2 * e * mlp + 2 * (2 * e + 1) * h + 2 * 3 * e * h + 2 * e * h
-    loss = lm_head_fraction * dims.vocab_size * (e + 4 + 8) + 2 * 2 * e * h
-    return 3.0 * (dims.num_layers * forward_block + loss)
+    final_norm = 2 * 2 * e * h
+    return 3.0 * (dims.num_layers * forward_block + final_norm)
 
 
 def elementwise_bytes_per_token(dims: ModelDims, seq_len: int, precision: str) -> float:
     """Bytes read + written per token by the non-matmul kernels of one step
-    (forward + backward, backward counted as 2 x forward), all blocks and the loss.
+    (forward + backward, backward counted as 2 x forward), all blocks.
 
     Counted from the eager PyTorch ops of the LLaMA block: two fp32 RMSNorms
     (about 7 passes over hidden each), autocast casts of the three linear
     inputs, rotary on q and k in fp32 (about 9 passes each), attention reading
     q, k, v and writing its output, a reshape copy, two residual adds and
-    SwiGLU (silu + product, 5 passes over intermediate).
+    SwiGLU (silu + product, 5 passes over intermediate), and the final RMSNorm. The loss over the
+    vocabulary is ``vocab_loss_bytes_per_token``.
     """
     e = activation_bytes(precision)
     h, inter, kv = dims.hidden_size, dims.intermediate_size, dims.kv_hidden_size
     casts = 3 * (4 + e) * h if e == 2 else 0
     forward_block = (2 * 7 * 4 * h + casts + 9 * 4 * (h + kv) + e * (2 * h + 2 * kv)
                      + 2 * e * h + 2 * (8 + e) * h + 5 * e * inter)
-    loss = dims.vocab_size * (e + 4 + 8) + 7 * 4 * h
-    return 3.0 * (dims.num_layers * forward_block + loss)
+    final_norm = 7 * 4 * h
+    return 3.0 * (dims.num_layers * forward_block + final_norm)
+
+
+def vocab_loss_bytes_per_token(dims: ModelDims, precision: str, lm_head_fraction: float = 1.0) -> float:
+    """Bytes per token of the softmax cross-entropy over the vocabulary, forward + backward (2 x forward):
+    the logits read and written by (log-)softmax at the activation precision, the loss and its gradient in
+    fp32, for the share of positions that reach the vocabulary.
+
+    Kept apart from the other elementwise kernels because PyTorch runs a softmax over a row this long
+    (tens of thousands of entries) as one thread block per row, whose loads are bounded per SM rather
+    than by the memory bus (predictor.kernels.vocab_softmax_bytes_per_s).
+    """
+    return 3.0 * lm_head_fraction * dims.vocab_size * (activation_bytes(precision) + 4 + 8)
 
 
 # AdamW as PyTorch runs it unfused (single-tensor loop on CPU, foreach on GPU):

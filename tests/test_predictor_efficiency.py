@@ -29,7 +29,11 @@ def test_shipped_constants_are_fractions_and_say_how_they_were_fitted():
     document = yaml.safe_load(kernels.EFFICIENCY_FILE.read_text())
     eff = load_gpu_efficiency()
     for name in FITTED_FIELDS:
-        assert 0.05 <= getattr(eff, name) <= 1.0
+        if name not in kernels.NOT_FRACTIONS:
+            assert 0.05 <= getattr(eff, name) <= 1.0
+    # a per-SM softmax rate that is a bound somewhere: below an A100's bus share, above a trickle
+    a100 = lookup_gpu("A100-SXM4-80GB")
+    assert 1.0 < eff.vocab_softmax_gbps_per_sm < a100.memory_bandwidth_gbps / a100.sm_count
     assert document["fit"]["fields"] == list(FITTED_FIELDS)
     assert "dev third" in document["fit"]["on"]
     assert document["fit"]["rows"] > 50
@@ -39,6 +43,7 @@ def test_shipped_constants_are_fractions_and_say_how_they_were_fitted():
     ("matmul", 1.4, "efficiency.matmul must be in (0, 1], got 1.4"),
     ("elementwise", 0.0, "efficiency.elementwise must be in (0, 1], got 0.0"),
     ("optimizer", None, "efficiency lacks optimizer"),
+    ("vocab_softmax_gbps_per_sm", -2.0, "efficiency.vocab_softmax_gbps_per_sm must be > 0 GB/s or null, got -2.0"),
 ])
 def test_a_bad_constants_file_names_the_field(tmp_path, field, value, message):
     document = yaml.safe_load(kernels.EFFICIENCY_FILE.read_text())
@@ -81,3 +86,34 @@ def test_each_fitted_class_scales_only_its_kernels(field, moved):
     else:
         assert before.attention_s < after.attention_s < 2 * before.attention_s  # score traffic is elementwise
     assert kernels.efficiency_for(a100) is base  # the trial constants are gone after the block
+
+
+LM_CODE = TrainingCode(block="gpt", attention="eager", lm_head_fraction=1.0)
+
+
+def _loss_split(device, per_sm_gbps, code):
+    """elementwise_s with the per-SM softmax bound at ``per_sm_gbps`` (None: no bound)."""
+    eff = dataclasses.replace(kernels.GPU_EFFICIENCY, vocab_softmax_gbps_per_sm=per_sm_gbps)
+    with gpu_efficiency(eff):
+        return micro_batch_time(device, BERT_LIKE, 384, "fp16", 4, code=code).elementwise_s
+
+
+def test_the_vocabulary_softmax_runs_at_the_per_sm_bound_where_it_is_below_the_bus():
+    """A100 (108 SMs): at 2 GB/s per SM the loss streams at 216 GB/s, far under the bus share, so its
+    bytes (tokens x 3 passes x vocab x (2 + 4 + 8) B in fp16) take that much longer; without an LM head
+    (SQuAD) nothing changes."""
+    a100 = lookup_gpu("A100-SXM4-80GB")
+    unbound = _loss_split(a100, None, LM_CODE)
+    bound = _loss_split(a100, 2.0, LM_CODE)
+    loss_bytes = 4 * 384 * 3 * 30522 * (2 + 4 + 8)
+    bus_bytes_per_s = a100.memory_bandwidth_gbps * 1e9 * kernels.GPU_EFFICIENCY.elementwise
+    expected_extra_s = loss_bytes / (108 * 2.0e9) - loss_bytes / bus_bytes_per_s
+    assert bound - unbound == pytest.approx(expected_extra_s, rel=1e-9)
+    assert _loss_split(a100, 2.0, EAGER_GPT) == _loss_split(a100, None, EAGER_GPT)
+
+
+def test_the_per_sm_bound_leaves_a_gpu_alone_whose_bus_is_slower():
+    """RTX A4000: 48 SMs x 20 GB/s = 960 GB/s, above its 448 GB/s bus, so the bus still sets the rate."""
+    a4000 = lookup_gpu("RTX A4000")
+    assert a4000.sm_count * 20.0 > a4000.memory_bandwidth_gbps
+    assert _loss_split(a4000, 20.0, LM_CODE) == _loss_split(a4000, None, LM_CODE)

@@ -241,7 +241,8 @@ def fitted_note() -> str:
 
     def shown(name: str) -> str:
         value = getattr(GPU_EFFICIENCY, name)
-        return f"{name} {value:g}" + (" (at its cap)" if caps.get(name) == value else "")
+        unit = " GB/s per SM" if name.endswith("_gbps_per_sm") else ""
+        return f"{name} {value:g}{unit}" + (" (at its cap)" if caps.get(name) == value else "")
 
     values = ", ".join(shown(name) for name in fit["fields"])
     return f"{values} fitted on the {fit['rows']} dev-third rows only; the held-out rows were never used"
