@@ -117,3 +117,25 @@ def test_the_per_sm_bound_leaves_a_gpu_alone_whose_bus_is_slower():
     a4000 = lookup_gpu("RTX A4000")
     assert a4000.sm_count * 20.0 > a4000.memory_bandwidth_gbps
     assert _loss_split(a4000, 20.0, LM_CODE) == _loss_split(a4000, None, LM_CODE)
+
+
+def test_model_selection_folds_split_the_dev_third_apart_from_the_held_out_split():
+    import select_model
+
+    data = yaml.safe_load(bench_published.DATA_FILE.read_text())
+    rows = fit_efficiency.dev_rows(data["measurements"], data["workloads"])
+    sizes = [sum(1 for row in rows if select_model.fold_of(row["id"]) == fold) for fold in range(select_model.FOLDS)]
+    assert sum(sizes) == len(rows) and min(sizes) >= len(rows) // select_model.FOLDS // 2
+    # the folds are not the dev / held-out hash again (every dev row has sha256(id) % 3 == 0)
+    assert len({select_model.fold_of(row["id"]) for row in rows}) == select_model.FOLDS
+
+
+def test_a_candidate_without_the_softmax_bound_neither_fits_nor_applies_it():
+    import select_model
+
+    shipped, without = select_model.candidates()
+    assert "vocab_softmax_gbps_per_sm" in shipped.fields
+    assert "vocab_softmax_gbps_per_sm" not in without.fields
+    start = select_model.start_for(without, [])
+    assert start.vocab_softmax_gbps_per_sm is None
+    assert start.matmul == fit_efficiency.HAND_SET["matmul"]

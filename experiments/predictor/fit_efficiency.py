@@ -97,14 +97,16 @@ def objective(eff: Efficiency, rows: list[dict], workloads: dict) -> float:
     return statistics.fmean(abs(value) for value in log_errors(eff, rows, workloads))
 
 
-def fit(start: Efficiency, rows: list[dict], workloads: dict) -> Efficiency:
+def fit(start: Efficiency, rows: list[dict], workloads: dict, fields: tuple[str, ...] = FITTED_FIELDS,
+        verbose: bool = True) -> Efficiency:
+    """The constants in ``fields`` that minimise the objective over ``rows``; the others stay as in ``start``."""
     from scipy.optimize import minimize
 
     def trial(logs: np.ndarray) -> Efficiency:
         values = np.exp(logs)
         return dataclasses.replace(start, **{name: float(min(max(value, LOWER_BOUNDS.get(name, BOUNDS[0])),
                                                              UPPER_BOUNDS.get(name, BOUNDS[1])))
-                                             for name, value in zip(FITTED_FIELDS, values)})
+                                             for name, value in zip(fields, values)})
 
     evaluations = 0
 
@@ -112,21 +114,23 @@ def fit(start: Efficiency, rows: list[dict], workloads: dict) -> Efficiency:
         nonlocal evaluations
         evaluations += 1
         value = objective(trial(logs), rows, workloads)
-        if evaluations % 50 == 0:
+        if verbose and evaluations % 50 == 0:
             print(f"  {evaluations} trials, dev mean |log error| {value:.4f}", flush=True)
         return value
 
     best = None
-    for softmax_start in SOFTMAX_STARTS_GBPS_PER_SM:
+    softmax_starts = SOFTMAX_STARTS_GBPS_PER_SM if "vocab_softmax_gbps_per_sm" in fields else (None,)
+    for softmax_start in softmax_starts:
         first = np.log([softmax_start if name == "vocab_softmax_gbps_per_sm" else getattr(start, name)
-                        for name in FITTED_FIELDS])
+                        for name in fields])
         result = minimize(score, first, method="Nelder-Mead",
                           options={"xatol": 1e-3, "fatol": 1e-5, "maxfev": MAX_TRIALS})
-        print(f"  from {softmax_start:g} GB/s per SM: dev mean |log error| {result.fun:.4f}", flush=True)
+        if verbose and softmax_start is not None:
+            print(f"  from {softmax_start:g} GB/s per SM: dev mean |log error| {result.fun:.4f}", flush=True)
         if best is None or result.fun < best.fun:
             best = result
     fitted = trial(best.x)
-    return dataclasses.replace(fitted, **{name: round(getattr(fitted, name), 3) for name in FITTED_FIELDS})
+    return dataclasses.replace(fitted, **{name: round(getattr(fitted, name), 3) for name in fields})
 
 
 def median_abs_error(eff: Efficiency, rows: list[dict], workloads: dict) -> float:

@@ -1,0 +1,142 @@
+"""Choose the cold model's terms by cross-validation inside the dev third, never reading a held-out row.
+
+A term that lowers the dev third's error after being fitted on the dev third
+proves little: more constants always fit better. Here each candidate model is
+fitted on four fifths of the dev third and predicts the remaining fifth, five
+times over (folds by ``sha256("cv:" + id) mod 5``, a split independent of the
+dev / held-out one), and the out-of-fold errors are compared. A term is worth
+shipping when it lowers the out-of-fold error; only then is the held-out part
+predicted (``bench_published.py``).
+
+Candidates: the shipped model (every field of ``FITTED_FIELDS``), and the same
+model with each optional term switched off (``OPTIONAL_TERMS``: the per-SM bound
+on the vocabulary softmax).
+
+Run:  .venv/bin/python experiments/predictor/select_model.py      (about 3 minutes on 2 cores)
+Writes experiments/results/predictor/model_selection.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_published import DATA_FILE, RESULTS  # noqa: E402
+from fit_efficiency import HAND_SET, dev_rows, fit, half_rate_architectures, log_errors  # noqa: E402
+
+from geodiloco.predictor import kernels  # noqa: E402
+from geodiloco.predictor.kernels import FITTED_FIELDS, Efficiency  # noqa: E402
+
+FOLDS = 5
+# Optional terms: the field, and the value that switches the term off.
+OPTIONAL_TERMS = {"vocab_softmax_gbps_per_sm": None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A model to compare: which fields are fitted, and the values of the fields switched off."""
+
+    name: str
+    fields: tuple[str, ...]
+    switched_off: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """Out-of-fold errors of one candidate over the dev third (fractions; log errors are natural logs)."""
+
+    name: str
+    fields: tuple[str, ...]
+    mean_abs_log_error: float
+    median_abs_error: float
+    in_sample_mean_abs_log_error: float
+    rows: int
+
+
+def candidates() -> list[Candidate]:
+    shipped = Candidate("shipped", FITTED_FIELDS, {})
+    without = [Candidate(f"without {term}", tuple(name for name in FITTED_FIELDS if name != term), {term: off})
+               for term, off in OPTIONAL_TERMS.items()]
+    return [shipped, *without]
+
+
+def fold_of(row_id: str) -> int:
+    return int(hashlib.sha256(f"cv:{row_id}".encode()).hexdigest(), 16) % FOLDS
+
+
+def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
+    """The search's starting point: the hand-set values, the candidate's switched-off terms, and the half-rate
+    architectures of ``rows`` (the training folds only, as a real fit would see)."""
+    hand_set = {name: value for name, value in HAND_SET.items() if name in candidate.fields}
+    return dataclasses.replace(kernels.GPU_EFFICIENCY, **hand_set, **candidate.switched_off,
+                               half_rate_fp16_architectures=half_rate_architectures(rows))
+
+
+def score(candidate: Candidate, rows: list[dict], workloads: dict) -> Score:
+    out_of_fold = []
+    for fold in range(FOLDS):
+        train = [row for row in rows if fold_of(row["id"]) != fold]
+        test = [row for row in rows if fold_of(row["id"]) == fold]
+        fitted = fit(start_for(candidate, train), train, workloads, candidate.fields, verbose=False)
+        out_of_fold += log_errors(fitted, test, workloads)
+        print(f"  {candidate.name}: fold {fold + 1}/{FOLDS} done", flush=True)
+    whole = fit(start_for(candidate, rows), rows, workloads, candidate.fields, verbose=False)
+    in_sample = log_errors(whole, rows, workloads)
+    return Score(candidate.name, candidate.fields,
+                 statistics.fmean(abs(value) for value in out_of_fold),
+                 statistics.median(abs(math.exp(value) - 1.0) for value in out_of_fold),
+                 statistics.fmean(abs(value) for value in in_sample), len(rows))
+
+
+def markdown(scores: list[Score], seconds: float) -> str:
+    lines = [
+        "# Choosing the cold model's terms inside the dev third",
+        "",
+        f"Truth: the dev third of the published measurements (experiments/predictor/data/published_training_steps.yaml, "
+        f"rows with sha256(id) mod 3 == 0: {scores[0].rows} rows); no held-out row is read. Each candidate is fitted "
+        f"on four of {FOLDS} folds (sha256('cv:' + id) mod {FOLDS}) and predicts the fifth; the errors below are "
+        "those out-of-fold predictions. In-sample: the same candidate fitted on the whole dev third, as shipped. "
+        f"Command: `python experiments/predictor/select_model.py` ({seconds / 60:.0f} min here).",
+        "",
+        "| candidate | fitted fields | out-of-fold mean abs log error | out-of-fold median error | in-sample mean abs log error |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in scores:
+        lines.append(f"| {entry.name} | {', '.join(entry.fields)} | {entry.mean_abs_log_error:.4f} | "
+                     f"{entry.median_abs_error:.1%} | {entry.in_sample_mean_abs_log_error:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--no-write", action="store_true", help="print the table only; write no result files")
+    args = parser.parse_args()
+    data = yaml.safe_load(DATA_FILE.read_text(encoding="utf-8"))
+    workloads = data["workloads"]
+    rows = dev_rows(data["measurements"], workloads)
+    began = time.monotonic()
+    scores = [score(candidate, rows, workloads) for candidate in candidates()]
+    table = markdown(scores, time.monotonic() - began)
+    print(table)
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "model_selection.md").write_text(table, encoding="utf-8")
+        (RESULTS / "model_selection.json").write_text(
+            json.dumps([dataclasses.asdict(entry) for entry in scores], indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
