@@ -51,8 +51,11 @@ class Efficiency:
     likely bounded per SM (Little's law: bytes in flight / memory latency) rather than by
     the memory bus; fitted, it makes HBM and GDDR6 parts stream the loss at similar
     rates, as the published Transformer-XL steps do. The loss runs at the lower of this
-    times the SM count and the elementwise rate. None: no such bound (CPUs, whose rates
-    are measured).
+    times the SM count and its bus rate. None: no such bound (CPUs, whose rates are
+    measured); ``vocab_softmax_bandwidth``: the loss's bus rate, as a fraction of the
+    memory bandwidth. A softmax over rows of tens of thousands of entries streams long
+    contiguous rows, unlike the mix of small and strided tensors the elementwise fraction
+    averages over, so it gets its own fraction. None: the elementwise rate.
     """
 
     matmul: float
@@ -68,11 +71,14 @@ class Efficiency:
     half_rate_fp16_share: float = 0.5
     half_rate_fp16_architectures: tuple[str, ...] = ()
     vocab_softmax_gbps_per_sm: Optional[float] = None
+    vocab_softmax_bandwidth: Optional[float] = None
 
 
 EFFICIENCY_FILE = Path(__file__).parent / "data" / "gpu_efficiency.yaml"
 FITTED_FIELDS = ("matmul", "score_matmul", "elementwise", "optimizer", "half_rate_fp16_share",
-                 "vocab_softmax_gbps_per_sm")
+                 "vocab_softmax_gbps_per_sm", "vocab_softmax_bandwidth")
+# Fields whose null means "no such term" (the model falls back to a simpler rule).
+OPTIONAL_FIELDS = ("vocab_softmax_gbps_per_sm", "vocab_softmax_bandwidth")
 # Fitted or hand-set fields that are not fractions of a peak.
 NOT_FRACTIONS = ("host_op_us", "host_optimizer_tensor_us", "tile", "half_rate_fp16_architectures",
                  "vocab_softmax_gbps_per_sm")
@@ -87,8 +93,11 @@ def load_gpu_efficiency(path: Path = EFFICIENCY_FILE) -> Efficiency:
     if missing:
         raise ValueError(f"{path}: efficiency lacks {', '.join(missing)}")
     for name in Efficiency.__dataclass_fields__:
+        if name in OPTIONAL_FIELDS and values[name] is None:
+            continue
         if name not in NOT_FRACTIONS and not 0.0 < values[name] <= 1.0:
-            raise ValueError(f"{path}: efficiency.{name} must be in (0, 1], got {values[name]}")
+            allowed = "(0, 1] or null" if name in OPTIONAL_FIELDS else "(0, 1]"
+            raise ValueError(f"{path}: efficiency.{name} must be in {allowed}, got {values[name]}")
     per_sm = values["vocab_softmax_gbps_per_sm"]
     if per_sm is not None and not per_sm > 0.0:
         raise ValueError(f"{path}: efficiency.vocab_softmax_gbps_per_sm must be > 0 GB/s or null, got {per_sm}")
@@ -216,19 +225,24 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     working_set = 3 * tokens * max(dims.hidden_size, dims.intermediate_size) * e
     elementwise_bytes_per_s = device.bandwidth_gbps_for(working_set) * 1e9 * eff.elementwise
     loss_bytes = tokens * vocab_loss_bytes_per_token(dims, precision_moved, code.lm_head_fraction)
-    elementwise_s = (tokens * per_token / elementwise_bytes_per_s
-                     + loss_bytes / vocab_softmax_bytes_per_s(device, elementwise_bytes_per_s))
+    elementwise_s = tokens * per_token / elementwise_bytes_per_s
+    if loss_bytes:
+        elementwise_s += loss_bytes / vocab_softmax_bytes_per_s(device, loss_bytes, elementwise_bytes_per_s)
     ops = dims.num_layers * OPS_PER_LAYER + OPS_HEAD
     return MicroBatchTime(compute_s, memory_s, attention_s, elementwise_s, ops)
 
 
-def vocab_softmax_bytes_per_s(device: GpuSpec, elementwise_bytes_per_s: float) -> float:
-    """Bytes/s of the softmax cross-entropy over the vocabulary: the elementwise rate, or the per-SM bound
-    times the SM count where that is lower (see ``Efficiency.vocab_softmax_gbps_per_sm``)."""
-    per_sm = efficiency_for(device).vocab_softmax_gbps_per_sm
-    if per_sm is None:
-        return elementwise_bytes_per_s
-    return min(elementwise_bytes_per_s, device.sm_count * per_sm * 1e9)
+def vocab_softmax_bytes_per_s(device: GpuSpec, loss_bytes: float, elementwise_bytes_per_s: float) -> float:
+    """Bytes/s of the softmax cross-entropy over the vocabulary (``loss_bytes`` of traffic): its own share of
+    the bus where one is set (else the elementwise rate), or the per-SM bound times the SM count where that
+    is lower (see ``Efficiency.vocab_softmax_gbps_per_sm`` and ``vocab_softmax_bandwidth``)."""
+    eff = efficiency_for(device)
+    bus_bytes_per_s = elementwise_bytes_per_s
+    if eff.vocab_softmax_bandwidth is not None:
+        bus_bytes_per_s = device.bandwidth_gbps_for(loss_bytes) * 1e9 * eff.vocab_softmax_bandwidth
+    if eff.vocab_softmax_gbps_per_sm is None:
+        return bus_bytes_per_s
+    return min(bus_bytes_per_s, device.sm_count * eff.vocab_softmax_gbps_per_sm * 1e9)
 
 
 def attention_time_s(device: GpuSpec, dims: ModelDims, seq_len: int, precision: str, samples: int,

@@ -44,6 +44,7 @@ def test_shipped_constants_are_fractions_and_say_how_they_were_fitted():
     ("elementwise", 0.0, "efficiency.elementwise must be in (0, 1], got 0.0"),
     ("optimizer", None, "efficiency lacks optimizer"),
     ("vocab_softmax_gbps_per_sm", -2.0, "efficiency.vocab_softmax_gbps_per_sm must be > 0 GB/s or null, got -2.0"),
+    ("vocab_softmax_bandwidth", 1.3, "efficiency.vocab_softmax_bandwidth must be in (0, 1] or null, got 1.3"),
 ])
 def test_a_bad_constants_file_names_the_field(tmp_path, field, value, message):
     document = yaml.safe_load(kernels.EFFICIENCY_FILE.read_text())
@@ -91,9 +92,11 @@ def test_each_fitted_class_scales_only_its_kernels(field, moved):
 LM_CODE = TrainingCode(block="gpt", attention="eager", lm_head_fraction=1.0)
 
 
-def _loss_split(device, per_sm_gbps, code):
-    """elementwise_s with the per-SM softmax bound at ``per_sm_gbps`` (None: no bound)."""
-    eff = dataclasses.replace(kernels.GPU_EFFICIENCY, vocab_softmax_gbps_per_sm=per_sm_gbps)
+def _loss_split(device, per_sm_gbps, code, bus_share=None):
+    """elementwise_s with the per-SM softmax bound at ``per_sm_gbps`` (None: no bound) and the loss's own
+    share of the bus at ``bus_share`` (None: the elementwise share)."""
+    eff = dataclasses.replace(kernels.GPU_EFFICIENCY, vocab_softmax_gbps_per_sm=per_sm_gbps,
+                              vocab_softmax_bandwidth=bus_share)
     with gpu_efficiency(eff):
         return micro_batch_time(device, BERT_LIKE, 384, "fp16", 4, code=code).elementwise_s
 
@@ -119,6 +122,22 @@ def test_the_per_sm_bound_leaves_a_gpu_alone_whose_bus_is_slower():
     assert _loss_split(a4000, 20.0, LM_CODE) == _loss_split(a4000, None, LM_CODE)
 
 
+def test_the_vocabulary_softmax_streams_at_its_own_share_of_the_bus():
+    """RTX A4000 (448 GB/s), no per-SM bound: at a 0.9 share the loss's bytes take loss / (448e9 x 0.9)
+    instead of loss / (448e9 x the elementwise share); the other elementwise kernels keep their time."""
+    a4000 = lookup_gpu("RTX A4000")
+    elementwise_share = kernels.GPU_EFFICIENCY.elementwise
+    loss_bytes = 4 * 384 * 3 * 30522 * (2 + 4 + 8)
+    expected_change_s = loss_bytes / (448e9 * 0.9) - loss_bytes / (448e9 * elementwise_share)
+    own_share = _loss_split(a4000, None, LM_CODE, bus_share=0.9)
+    assert own_share - _loss_split(a4000, None, LM_CODE) == pytest.approx(expected_change_s, rel=1e-9)
+    # the per-SM bound still caps it where it is lower: 48 SMs x 2 GB/s = 96 GB/s
+    assert _loss_split(a4000, 2.0, LM_CODE, bus_share=0.9) == pytest.approx(
+        own_share - loss_bytes / (448e9 * 0.9) + loss_bytes / 96e9, rel=1e-9)
+    # no LM head (SQuAD), no loss traffic: the share changes nothing
+    assert _loss_split(a4000, None, EAGER_GPT, bus_share=0.9) == _loss_split(a4000, None, EAGER_GPT)
+
+
 def test_model_selection_folds_split_the_dev_third_apart_from_the_held_out_split():
     import select_model
 
@@ -130,12 +149,13 @@ def test_model_selection_folds_split_the_dev_third_apart_from_the_held_out_split
     assert len({select_model.fold_of(row["id"]) for row in rows}) == select_model.FOLDS
 
 
-def test_a_candidate_without_the_softmax_bound_neither_fits_nor_applies_it():
+@pytest.mark.parametrize("term", ["vocab_softmax_gbps_per_sm", "vocab_softmax_bandwidth"])
+def test_a_candidate_without_an_optional_term_neither_fits_nor_applies_it(term):
     import select_model
 
-    shipped, without = select_model.candidates()
-    assert "vocab_softmax_gbps_per_sm" in shipped.fields
-    assert "vocab_softmax_gbps_per_sm" not in without.fields
+    by_name = {candidate.name: candidate for candidate in select_model.candidates()}
+    shipped, without = by_name["shipped"], by_name[f"without {term}"]
+    assert term in shipped.fields and term not in without.fields
     start = select_model.start_for(without, [])
-    assert start.vocab_softmax_gbps_per_sm is None
+    assert getattr(start, term) is None
     assert start.matmul == fit_efficiency.HAND_SET["matmul"]

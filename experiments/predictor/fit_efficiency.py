@@ -4,8 +4,8 @@ The cold model's kernel classes each reach some fraction of a datasheet peak
 (predictor.kernels.Efficiency). The fields in ``FITTED_FIELDS`` (GEMMs, eager
 attention's batched score products, eager elementwise kernels, the optimizer
 passes, mixed precision on GeForce-style half-rate parts of the
-architectures the dev third has such rows of, and the per-SM rate that bounds
-the softmax over the vocabulary) are chosen here to minimise the
+architectures the dev third has such rows of, and the per-SM rate and the
+share of the bus that bound the softmax over the vocabulary) are chosen here to minimise the
 mean absolute log error of the cold prediction over the dev third only (rows
 with ``sha256(id) mod 3 == 0``); the held-out two-thirds are never read. One
 set of constants for every GPU: nothing per GPU, per source or per workload.
@@ -46,8 +46,10 @@ BOUNDS = (0.05, 1.0)
 # Where the search starts: the hand-set values the fitted fields had before any fit (so a refit
 # does not depend on the file's current contents). The per-SM softmax rate had none: it starts where
 # the bound does not bind on any listed GPU (the search then finds whether and where it does).
+# The vocabulary softmax's own share of the bus had none either: it starts at the elementwise kernels' hand-set share,
+# the rate it falls back to.
 HAND_SET = {"matmul": 0.70, "score_matmul": 0.70, "elementwise": 0.75, "optimizer": 0.75, "half_rate_fp16_share": 0.5,
-            "vocab_softmax_gbps_per_sm": 50.0}
+            "vocab_softmax_gbps_per_sm": 50.0, "vocab_softmax_bandwidth": 0.75}
 # A share below a half would put mixed precision under the datasheet's FP32-accumulate rate.
 LOWER_BOUNDS = {"half_rate_fp16_share": 0.5, "vocab_softmax_gbps_per_sm": 0.5}
 # GEMMs in a training step do not hold the datasheet peak: the peak is quoted at the boost clock, which sustained

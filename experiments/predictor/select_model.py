@@ -10,7 +10,7 @@ predicted (``bench_published.py``).
 
 Candidates: the shipped model (every field of ``FITTED_FIELDS``), and the same
 model with each optional term switched off (``OPTIONAL_TERMS``: the per-SM bound
-on the vocabulary softmax).
+on the vocabulary softmax, and that softmax's own share of the memory bus).
 
 Run:  .venv/bin/python experiments/predictor/select_model.py      (about 3 minutes on 2 cores)
 Writes experiments/results/predictor/model_selection.{md,json}.
@@ -40,7 +40,7 @@ from geodiloco.predictor.kernels import FITTED_FIELDS, Efficiency  # noqa: E402
 
 FOLDS = 5
 # Optional terms: the field, and the value that switches the term off.
-OPTIONAL_TERMS = {"vocab_softmax_gbps_per_sm": None}
+OPTIONAL_TERMS = {"vocab_softmax_gbps_per_sm": None, "vocab_softmax_bandwidth": None}
 
 
 @dataclasses.dataclass(frozen=True)
