@@ -23,7 +23,6 @@ published warm-accuracy figure use one model.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -209,7 +208,7 @@ def fit_corrections(fixed_s: np.ndarray, scaling_s: np.ndarray, step_time_s: np.
     scale = _measured_scale(design, valid)
     for _ in range(4):
         weights, covariance = _ridge(design, np.where(valid, recency, 0.0) * robust, noise, scale)
-        residuals = 1.0 - np.einsum("nmi,ni->nm", design, weights)
+        residuals = 1.0 - design[..., 0] * weights[:, :1] - design[..., 1] * weights[:, 1:]
         noise = _robust_noise(residuals, valid, default_noise)
         robust = np.minimum(1.0, HUBER_K * noise[:, None] / np.maximum(np.abs(residuals), 1e-12))
     return CorrectionFit(np.maximum(weights, MIN_WEIGHT), covariance, noise)
@@ -217,31 +216,48 @@ def fit_corrections(fixed_s: np.ndarray, scaling_s: np.ndarray, step_time_s: np.
 
 def _measured_scale(design: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Per row, the median of measured / prior time (1 without measurements): the prior's plain scale error."""
-    prior_over_measured = np.where(valid, design.sum(axis=-1), np.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        ratio = 1.0 / np.nanmedian(prior_over_measured, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = 1.0 / row_median(design.sum(axis=-1), valid)
     return np.where(np.isfinite(ratio) & (ratio > 0), ratio, 1.0)
+
+
+def row_median(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Median of each row's ``valid`` entries (NaN for a row with none): ``np.nanmedian`` of the masked rows,
+    without its masked-array path, which made the planner's refit of 10,000 nodes take a third of a second
+    per round."""
+    counts = valid.sum(axis=1)
+    ordered = np.sort(np.where(valid, values, np.inf), axis=1)
+    low = np.take_along_axis(ordered, (np.maximum(counts, 1) - 1)[:, None] // 2, axis=1)[:, 0]
+    high = np.take_along_axis(ordered, (np.maximum(counts, 1) // 2)[:, None], axis=1)[:, 0]
+    return np.where(counts > 0, (low + high) / 2.0, np.nan)
 
 
 def _ridge(design: np.ndarray, sample_weights: np.ndarray, noise: np.ndarray,
            scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ridge towards ``scale`` x (1, 1) with the prior's spread scaled alike, so a prior that is off
     by any common factor (an emulated or throttled node, a CPU) costs nothing and only shape is shrunk."""
-    precision_prior = PRIOR_PRECISION[None] / scale[:, None, None] ** 2
-    weighted = design * (sample_weights / noise[:, None] ** 2)[..., None]
-    precision = np.einsum("nmi,nmj->nij", design, weighted) + precision_prior
-    rhs = weighted.sum(axis=1) + np.einsum("nij,j->ni", precision_prior, np.ones(2)) * scale[:, None]
-    covariance = np.linalg.inv(precision)
-    return np.einsum("nij,nj->ni", covariance, rhs), covariance
+    # Two weights per row: the normal equations are 2 x 2, summed and inverted in closed form (batched
+    # matrix products and inverses of 2 x 2 matrices cost far more per row than the arithmetic).
+    prior = PRIOR_PRECISION[None] / scale[:, None, None] ** 2
+    per_sample = sample_weights / noise[:, None] ** 2
+    fixed, scaling = design[..., 0], design[..., 1]
+    # the precision matrix [[fixed_fixed, cross], [cross, scaling_scaling]] and the right-hand side
+    fixed_fixed = (per_sample * fixed * fixed).sum(axis=1) + prior[:, 0, 0]
+    cross = (per_sample * fixed * scaling).sum(axis=1) + prior[:, 0, 1]
+    scaling_scaling = (per_sample * scaling * scaling).sum(axis=1) + prior[:, 1, 1]
+    rhs_fixed = (per_sample * fixed).sum(axis=1) + prior[:, 0].sum(axis=1) * scale
+    rhs_scaling = (per_sample * scaling).sum(axis=1) + prior[:, 1].sum(axis=1) * scale
+    determinant = fixed_fixed * scaling_scaling - cross * cross
+    covariance = np.stack([np.stack([scaling_scaling, -cross], axis=-1), np.stack([-cross, fixed_fixed], axis=-1)],
+                          axis=-2) / determinant[:, None, None]
+    weights = np.stack([scaling_scaling * rhs_fixed - cross * rhs_scaling,
+                        fixed_fixed * rhs_scaling - cross * rhs_fixed], axis=-1) / determinant[:, None]
+    return weights, covariance
 
 
 def _robust_noise(residuals: np.ndarray, valid: np.ndarray, default_noise: float) -> np.ndarray:
     """Relative noise per row: 1.4826 x MAD of the valid residuals (``default_noise`` under 3 of them)."""
     counts = valid.sum(axis=1)
-    masked = np.where(valid, residuals, np.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        centre = np.nanmedian(masked, axis=1)
-        mad = np.nanmedian(np.abs(masked - centre[:, None]), axis=1) * 1.4826
+    centre = row_median(residuals, valid)
+    mad = row_median(np.abs(residuals - centre[:, None]), valid) * 1.4826
     return np.where(counts >= 3, np.maximum(MIN_NOISE, np.nan_to_num(mad, nan=default_noise)), default_noise)

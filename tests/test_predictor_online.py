@@ -1,8 +1,11 @@
 """Online calibration: converges to measured times, ignores warm-up and outliers, transfers."""
+import warnings
+
+import numpy as np
 import pytest
 
 from geodiloco.predictor.base import StepTimeModel
-from geodiloco.predictor.online import OnlineStepTimeModel
+from geodiloco.predictor.online import OnlineStepTimeModel, fit_corrections, row_median
 
 
 class LinearPrior:
@@ -106,3 +109,36 @@ def test_explain_adds_calibration_to_a_spec_prior():
     assert info["step_time_s"] == pytest.approx(1.3 * prior.predict(12), rel=0.03)
     assert info["prior_step_time_s"] == pytest.approx(prior.predict(12))
     assert info["calibration"]["num_measurements"] == 3
+
+
+def test_row_median_is_numpys_nanmedian_of_the_valid_entries():
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal((200, 9))
+    valid = rng.random((200, 9)) < 0.5
+    valid[0], valid[1] = False, True  # a row with nothing measured, a full row
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = np.nanmedian(np.where(valid, values, np.nan), axis=1)
+    np.testing.assert_allclose(row_median(values, valid), expected, equal_nan=True)
+    assert row_median(np.array([[5.0, 1.0, 9.0, 2.0]]), np.array([[True, True, False, True]]))[0] == 2.0
+
+
+def test_many_rows_fitted_at_once_match_each_row_fitted_alone():
+    """The planner fits every node in one call; each node's fit is the one it would get alone, where
+    its empty slots hold arbitrary numbers."""
+    rng = np.random.default_rng(4)
+    fixed, scaling = rng.random((6, 8)), 3 * rng.random((6, 8))
+    step = (0.7 * fixed + 1.6 * scaling) * (1 + 0.03 * rng.standard_normal((6, 8)))
+    valid = np.arange(8)[None, :] < np.array([0, 1, 2, 3, 5, 8])[:, None]
+    recency = 0.5 ** (np.arange(8)[::-1] / 3.0)[None].repeat(6, 0)
+    together = fit_corrections(fixed, scaling, step, recency, valid)
+    for row in range(6):
+        count = int(valid[row].sum())
+        alone = fit_corrections(fixed[row:row + 1, :max(count, 1)], scaling[row:row + 1, :max(count, 1)],
+                                step[row:row + 1, :max(count, 1)], recency[row:row + 1, :max(count, 1)],
+                                valid[row:row + 1, :max(count, 1)])
+        np.testing.assert_allclose(together.weights[row], alone.weights[0], rtol=1e-12)
+        np.testing.assert_allclose(together.noise[row], alone.noise[0], rtol=1e-12)
+    np.testing.assert_array_equal(together.weights[0], [1.0, 1.0])  # nothing measured: the prior
+    # eight points of t = 0.7 fixed + 1.6 scaling with 3 % noise: the shape is learned, not just a scale
+    assert together.weights[5] == pytest.approx([0.7, 1.6], rel=0.25)
