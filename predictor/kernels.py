@@ -225,9 +225,8 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     working_set = 3 * tokens * max(dims.hidden_size, dims.intermediate_size) * e
     elementwise_bytes_per_s = device.bandwidth_gbps_for(working_set) * 1e9 * eff.elementwise
     loss_bytes = tokens * vocab_loss_bytes_per_token(dims, precision_moved, code.lm_head_fraction)
-    elementwise_s = tokens * per_token / elementwise_bytes_per_s
-    if loss_bytes:
-        elementwise_s += loss_bytes / vocab_softmax_bytes_per_s(device, loss_bytes, elementwise_bytes_per_s)
+    elementwise_s = (tokens * per_token / elementwise_bytes_per_s
+                     + loss_bytes / vocab_softmax_bytes_per_s(device, loss_bytes, elementwise_bytes_per_s))
     ops = dims.num_layers * OPS_PER_LAYER + OPS_HEAD
     return MicroBatchTime(compute_s, memory_s, attention_s, elementwise_s, ops)
 
