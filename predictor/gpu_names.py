@@ -120,7 +120,13 @@ class NameIndex:
         """The row ``name`` means; UnknownName when none does."""
         key = normalize_name(name)
         if key in self.exact:
-            return NameMatch(self.exact[key])
+            row_name = self.exact[key]
+            same_model = self.by_model.get(key, {})
+            if len(same_model) > 1 and row_name in same_model:
+                # a bare model name that is also a row's spelling ("NVIDIA GeForce RTX 3080" is printed for
+                # the 10 GB and the 12 GB card): that row, but said to be a choice
+                return NameMatch(row_name, self._several_parts(name, same_model[row_name], list(same_model.values())))
+            return NameMatch(row_name)
         parts = split_name(name)
         rows = list(self.by_model.get(parts.model_key, {}).values())
         if not rows:
@@ -131,11 +137,38 @@ class NameIndex:
         if len(narrowed) == 1:
             return NameMatch(narrowed[0].name)
         chosen = next((row for row in narrowed if row.default_for_model), narrowed[0])
-        others = ", ".join(row.name for row in narrowed if row is not chosen)
+        return NameMatch(chosen.name, self._several_parts(name, chosen, narrowed))
+
+    def _several_parts(self, name: str, chosen: NamedRow, rows: list) -> str:
+        """The notice for a name that several rows fit, ``chosen`` among them."""
+        others = ", ".join(row.name for row in rows if row is not chosen)
         why = "the default" if chosen.default_for_model else "the first listed"
-        notice = (f"GPU {name!r} could be several parts ({chosen.name}, {others}); planned as {chosen.name}, "
-                  f"{why}; write its memory size and form factor (e.g. \"{chosen.name}\") to choose")
-        return NameMatch(chosen.name, notice)
+        return (f"GPU {name!r} could be several parts ({chosen.name}, {others}); planned as {chosen.name}, "
+                f"{why}; write its memory size and form factor (e.g. \"{self._unambiguous_spelling(chosen)}\") "
+                "to choose")
+
+    def _unambiguous_spelling(self, row: NamedRow) -> str:
+        """A spelling that means ``row`` alone: its model with memory size (and form factor), else its name or
+        an alias that no other row shares (a row named like its model, "RTX 3080", needs the size:
+        "RTX 3080 10GB"; parts alike but for their edition need the driver's full name)."""
+        spellings = [f"{row.model} {row.memory_gb:g}GB"]
+        if row.form_factor:
+            spellings.append(f"{row.model} {row.memory_gb:g}GB {row.form_factor}")
+        siblings = list(self.by_model.get(normalize_name(row.model or ""), {}).values())
+        for spelling in spellings:
+            key = normalize_name(spelling)
+            if key in self.exact:
+                if self.exact[key] == row.name and key not in self.by_model:
+                    return spelling
+                continue
+            parts = split_name(spelling)
+            if [sibling.name for sibling in siblings if self._fits(sibling, parts)] == [row.name]:
+                return spelling
+        for spelling in (row.name, *row.aliases):
+            key = normalize_name(spelling)
+            if self.exact.get(key) == row.name and len(self.by_model.get(key, {})) < 2:
+                return spelling
+        return row.name
 
     @staticmethod
     def _fits(row: NamedRow, parts: NameParts) -> bool:

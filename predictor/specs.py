@@ -188,18 +188,22 @@ class GpuRegistry:
         mentions, the one that matches the device's memory (within ``DETECTED_MEMORY_TOLERANCE``)
         and SM count is taken, if there is exactly one.
         """
-        spec = self.lookup(name)
+        spec, notice = self.resolve(name)
 
         def matches(row: GpuSpec) -> bool:
             return ((memory_gib is None or _memory_matches(row.memory_gb, memory_gib))
                     and (sm_count is None or row.sm_count == sm_count))
 
-        if matches(spec):
-            return spec
         candidates = [self.by_name[row.name] for model in self._models_named(name, spec)
                       for row in self.names.by_model.get(normalize_name(model), {}).values()]
-        fitting = list({row.name: row for row in candidates if matches(row)}.values())
-        return fitting[0] if len(fitting) == 1 else spec
+        fitting = list({row.name: row for row in [spec, *candidates] if matches(row)}.values())
+        if memory_gib is not None or sm_count is not None:
+            if matches(spec) and (notice is None or fitting == [spec]):
+                return spec
+            if len(fitting) == 1:
+                return fitting[0]
+        self._notice_once(name, notice)
+        return spec
 
     def _models_named(self, name: str, spec: GpuSpec) -> list[str]:
         """The models a driver string mentions: its row's, and each '/'-separated part's."""
@@ -215,10 +219,13 @@ class GpuRegistry:
 
     def lookup(self, name: str) -> GpuSpec:
         spec, notice = self.resolve(name)
+        self._notice_once(name, notice)
+        return spec
+
+    def _notice_once(self, name: str, notice: Optional[str]) -> None:
         if notice and name not in self._noticed:
             self._noticed.add(name)
             log.warning(notice)
-        return spec
 
     def suggestion(self, key: str) -> str:
         keys = list(self.names.exact)

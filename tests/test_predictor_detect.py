@@ -169,3 +169,33 @@ def test_torch_cuda_detection_passes_memory_and_compute_units(monkeypatch):
                                                                     version=types.SimpleNamespace(hip="6.0")))
     gpus, reason = detect.torch_cuda_gpus()
     assert reason == "" and gpus[0]["datasheet"] == "MI250 GCD" and gpus[0]["runtime"] == "rocm"
+
+
+def table_registry():
+    """A fresh registry over the shipped table, so that notices already logged elsewhere are logged again."""
+    from geodiloco.predictor.specs import DATA_FILE, GpuRegistry, read_gpu_file
+    registry = GpuRegistry()
+    for spec in read_gpu_file(DATA_FILE):
+        registry.add(spec)
+    return registry
+
+
+@pytest.mark.parametrize("name, memory_gib, row", [
+    ("NVIDIA GeForce RTX 4060 Ti", 15.7, "RTX 4060 Ti 16GB"),   # NVML prints one name for both sizes
+    ("NVIDIA GeForce RTX 4060 Ti", 7.6, "RTX 4060 Ti 8GB"),
+    ("NVIDIA GeForce RTX 3080", 11.8, "RTX 3080 12GB"),
+    ("NVIDIA GeForce RTX 3080", 9.8, "RTX 3080"),
+])
+def test_a_driver_name_shared_by_two_sizes_is_settled_by_memory_without_a_notice(name, memory_gib, row, caplog):
+    with caplog.at_level("WARNING", logger="geodiloco.predictor"):
+        assert table_registry().resolve_detected(name, memory_gib).name == row
+    assert not [record for record in caplog.records if "could be several parts" in record.getMessage()]
+
+
+def test_a_shared_driver_name_without_memory_takes_the_default_and_says_so_once(caplog):
+    registry = table_registry()
+    with caplog.at_level("WARNING", logger="geodiloco.predictor"):
+        assert registry.resolve_detected("NVIDIA GeForce RTX 4060 Ti").name == "RTX 4060 Ti 8GB"
+        assert registry.resolve_detected("NVIDIA GeForce RTX 4060 Ti").name == "RTX 4060 Ti 8GB"
+    notices = [record.getMessage() for record in caplog.records if "could be several parts" in record.getMessage()]
+    assert len(notices) == 1 and "RTX 4060 Ti 16GB" in notices[0] and '"RTX 4060 Ti 8GB"' in notices[0]

@@ -88,7 +88,7 @@ DRIVER_STRINGS = yaml.safe_load((Path(__file__).parent / "data" / "gpu_driver_st
 def test_driver_strings_and_config_spellings_resolve_to_their_row(entry):
     spec, notice = resolve_gpu(entry["string"])
     assert spec.name == entry["row"]
-    assert notice is None or entry.get("ambiguous"), notice
+    assert (notice is not None) == bool(entry.get("ambiguous")), notice
 
 
 def test_every_table_row_has_a_source_and_training_rates():
@@ -112,3 +112,22 @@ def test_each_model_with_several_rows_has_exactly_one_default():
     for model, rows in by_model.items():
         if len(rows) > 1:
             assert sum(row.default_for_model for row in rows) == 1, model
+
+
+def test_the_spelling_a_notice_suggests_means_that_row_alone():
+    """Every row of a model with several rows: the name its notice tells the user to write resolves to it
+    with no notice (a row named like its model, "RTX 3080", is suggested as "RTX 3080 10GB")."""
+    from geodiloco.predictor.specs import registry
+    index = registry().names
+    checked = 0
+    for rows in index.by_model.values():
+        if len(rows) < 2:
+            continue
+        for row in rows.values():
+            spelling = index._unambiguous_spelling(row)
+            match = index.resolve(spelling)
+            assert (match.row_name, match.notice) == (row.name, None), (row.name, spelling)
+            checked += 1
+    assert checked >= 40
+    notice = resolve_gpu("NVIDIA GeForce RTX 3080")[1]
+    assert notice and '(e.g. "RTX 3080 10GB")' in notice
