@@ -9,10 +9,11 @@ Hugging Face dataset (runtime/hf_data.py) goes through the same functions.
 """
 from __future__ import annotations
 
+import os
 import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Iterator, Literal, Optional
 
 import numpy as np
 import torch
@@ -22,10 +23,38 @@ from geodiloco.predictor.schema import ConfigError
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".csv", ".html", ".tex"}
 
 
+STDLIB_SKIPPED_PARTS = ("site-packages", "test")
+
+
 def stdlib_files() -> list[Path]:
+    return list(iter_stdlib_files())
+
+
+def iter_stdlib_files() -> Iterator[Path]:
+    """The standard library's ``*.py`` files outside ``site-packages`` and ``test``, in sorted path
+    order (``sorted(root.rglob("*.py"))``), found lazily: a corpus of a few hundred kilobytes needs
+    the first dozen files, not a walk and sort of all of them (most of a process's data loading)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(path for path in root.rglob("*.py")
-                  if "site-packages" not in path.parts and "test" not in path.parts)
+    if any(part in root.parts for part in STDLIB_SKIPPED_PARTS):
+        return
+    yield from _sorted_py_files(root)
+
+
+def _sorted_py_files(directory: Path) -> Iterator[Path]:
+    """Depth-first with each directory's entries sorted by name: the order of ``sorted()`` on
+    paths (part by part), as rglob would find them (symlinked directories are not entered)."""
+    try:
+        with os.scandir(directory) as scan:
+            entries = sorted(scan, key=lambda entry: entry.name)
+    except PermissionError:
+        return
+    for entry in entries:
+        if entry.name in STDLIB_SKIPPED_PARTS:
+            continue
+        if entry.name.endswith(".py"):
+            yield directory / entry.name
+        if entry.is_dir(follow_symlinks=False):
+            yield from _sorted_py_files(directory / entry.name)
 
 
 def user_files(source: str) -> list[Path]:
@@ -42,7 +71,7 @@ def user_files(source: str) -> list[Path]:
 
 def load_corpus(source: str, max_bytes: int) -> np.ndarray:
     """The corpus as uint8 byte tokens, files in sorted order, cut at ``max_bytes``."""
-    files = stdlib_files() if source == "stdlib" else user_files(source)
+    files = iter_stdlib_files() if source == "stdlib" else user_files(source)
     chunks: list[bytes] = []
     total_bytes = 0
     for path in files:
