@@ -8,7 +8,8 @@ node waited for its peers (plus the latency of one tiny collective). ``comm_s``
 is the *exposed* sync: the outer step phase (waiting for the pseudo-gradient sum,
 the outer step, the in-node broadcast) plus the waits on a sync inside the local
 phase. ``overhead_s`` is what follows before the next round (logging, evaluation,
-checkpoint). The four add up to the round's wall time by construction: each phase
+the checkpoint's snapshot), plus any wait for the previous checkpoint's background
+write before the exchange (counted out of ``wait_s``). The four add up to the round's wall time by construction: each phase
 ends where the next begins, measured with one clock.
 
 ``comm_hidden_s`` is not part of that sum: it is the sync time that ran while this
@@ -38,6 +39,9 @@ class RoundClock:
     blocked_in_phase_s: float = 0.0
     comm_hidden_s: float = 0.0
     waited_in_sync_s: float = 0.0
+    checkpoint_wait_s: float = 0.0
+    """Seconds after the local phase spent waiting for the previous round's checkpoint write
+    (runtime/checkpoint_writer.py): overhead, not waiting for peers."""
 
     def mark(self, phase_end: str) -> None:
         self.marks[phase_end] = time.time()
@@ -61,7 +65,7 @@ class RoundClock:
 
     @property
     def wait_s(self) -> float:
-        return self.span_s("local_done", "ready") + self.waited_in_sync_s
+        return max(0.0, self.span_s("local_done", "ready") - self.checkpoint_wait_s) + self.waited_in_sync_s
 
     @property
     def comm_s(self) -> float:
@@ -74,7 +78,8 @@ class RoundClock:
 
     @property
     def overhead_s(self) -> float:
-        return self.span_s("synced", "end") + self.lost_s
+        return (self.span_s("synced", "end") + self.lost_s
+                + min(self.checkpoint_wait_s, self.span_s("local_done", "ready")))
 
     def idle_windows(self) -> list[tuple[float, float]]:
         """The round's contiguous idle stretches (unix seconds): the lost time before it, if any, and

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +98,36 @@ def from_bytes(data: bytes) -> Any:
         raise CorruptStateFile(f"malformed state from a peer ({err})") from None
 
 
-def save_state(state: Any, path: Path) -> None:
-    """Write ``state`` to ``path`` (not atomic by itself; see runtime/checkpoint.py)."""
-    from safetensors.torch import save_file
+@dataclass(frozen=True)
+class EncodedState:
+    """A state taken apart for writing: its JSON structure and its tensors, copied to host memory.
 
+    Encoding is the snapshot: later in-place updates of the trainer's tensors do not reach it, so
+    the slow part (hashing every byte, writing the file) can run beside training
+    (runtime/checkpoint_writer.py)."""
+
+    structure: str
+    tensors: dict[str, torch.Tensor]
+
+
+def encode_state(state: Any) -> EncodedState:
     tensors: dict[str, torch.Tensor] = {}
     structure = json.dumps(_encode(state, tensors), allow_nan=False, sort_keys=True)
-    metadata = {"format": FORMAT, "structure": structure, "sha256": content_hash(structure, tensors)}
-    save_file(tensors, str(path), metadata=metadata)
+    return EncodedState(structure, tensors)
+
+
+def write_encoded(encoded: EncodedState, path: Path) -> None:
+    """Write an encoded state to ``path`` with its SHA-256 (not atomic by itself; see runtime/checkpoint.py)."""
+    from safetensors.torch import save_file
+
+    metadata = {"format": FORMAT, "structure": encoded.structure,
+                "sha256": content_hash(encoded.structure, encoded.tensors)}
+    save_file(encoded.tensors, str(path), metadata=metadata)
+
+
+def save_state(state: Any, path: Path) -> None:
+    """Write ``state`` to ``path`` (not atomic by itself; see runtime/checkpoint.py)."""
+    write_encoded(encode_state(state), path)
 
 
 def load_state(path: Path) -> Any:

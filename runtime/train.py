@@ -112,6 +112,9 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     try:
         return _train_rounds(trainer, resume)
     finally:
+        write_error = trainer.checkpoint_writer.close()
+        if write_error is not None:
+            print(f"[geodiloco] node {topology.node_name}: {write_error}", file=sys.stderr, flush=True)
         if trainer.gpu_sampler is not None:
             trainer.gpu_sampler.stop()
         if trainer.cpu_share is not None:
@@ -152,6 +155,10 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     sync.finish(run_id, round_idx - 1)
     if sync.barrier_free and pending_record:
         _add_final_wait(pending_record, finish_started)
+    written_after_s = trainer.finish_checkpoint_write()
+    if pending_record and written_after_s > 0.0:
+        pending_record["overhead_s"] += written_after_s
+        pending_record["round_end"] += written_after_s
     final = sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record,
                            "saved_round": trainer.saved_round})
     if not sync.barrier_free:
@@ -208,6 +215,7 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
     result = trainer.local_phase(round_idx, node_plan, time.perf_counter(), num_nodes=len(plan.nodes),
                                  round_sync=round_sync)
     clock.mark("local_done")
+    clock.checkpoint_wait_s = trainer.finish_checkpoint_write()
     stats = RoundStats(node=topology.node_name, local_rank=topology.local_rank, round=round_idx,
                        steps=result.steps, batch_size=node_plan.batch_size, tokens=result.tokens,
                        loss=result.mean_loss, lr=result.lr, compute_s=clock.compute_s,

@@ -21,6 +21,7 @@ from geodiloco.balancer.plan import NodePlan, Plan, RoundMeasurement
 from geodiloco.balancer.network import SyncSettings
 from geodiloco.balancer.planner import Planner
 from geodiloco.runtime import checkpoint
+from geodiloco.runtime.checkpoint_writer import CheckpointWriter
 from geodiloco.runtime.batching import StepSamples, accumulate_gradients, micro_batch_sizes
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import RunConfig
@@ -33,6 +34,7 @@ from geodiloco.runtime.gpu_sampler import GpuSampler
 from geodiloco.runtime.models import build_configured_model
 from geodiloco.runtime.finite_guard import NonFiniteModel, all_finite, check_global_finite
 from geodiloco.runtime.recovery import log_membership_event, write_members
+from geodiloco.runtime.state_file import encode_state
 from geodiloco.runtime.sync import RoundSync, SyncHandles, build_outer_sync
 
 
@@ -108,6 +110,7 @@ class NodeTrainer:
         self.last_sync_s: Optional[float] = None
         self.saved_round: Optional[int] = None
         self.commits_saved_round = False
+        self.checkpoint_writer = CheckpointWriter(config.checkpoint.background)
         self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()),
                                      self.planner.sync.sync_s())
         self.gpu_sampler = start_gpu_sampler(config, topology, device)
@@ -253,7 +256,12 @@ class NodeTrainer:
         (syncs in flight, error feedback) and, with ``diloco.overlap``, the local parameters
         (they differ from the global ones while a sync is in flight). Global file (the same on every
         node; written once per run directory): the global parameters, outer optimizer and planner
-        history, beside the round's ``members`` (the nodes present)."""
+        history, beside the round's ``members`` (the nodes present).
+
+        Here the states are only snapshotted (copied to host memory); ``checkpoint_writer`` hashes and
+        writes the files, in the background unless ``checkpoint.background`` is false, and sets
+        ``saved_round`` once they are on disk (``finish_checkpoint_write`` waits for that)."""
+        node_snapshot = global_snapshot = None
         if self.topology.is_leader:
             state = {
                 "round": round_idx,
@@ -265,21 +273,34 @@ class NodeTrainer:
                 "sync": self.sync.state_dict(),
             }
             if self.config.diloco.overlap != "none":
-                state["local_params"] = [param.detach().clone() for param in self.model.parameters()]
+                state["local_params"] = [param.detach() for param in self.model.parameters()]
             if not all_finite(self.model.parameters()):
                 raise NonFiniteModel(f"node {self.node.name}'s model is non-finite (NaN or inf) at the end of round "
                                      f"{round_idx + 1}; nothing of this round is saved")
-            checkpoint.save_node(self.run_dir, round_idx, self.node.name, state)
+            node_snapshot = encode_state(state)
         writes_global = self.topology.is_leader and self.sync.writes_round
         if writes_global and not checkpoint.has_global(self.run_dir, round_idx):
-            write_members(self.run_dir, round_idx, members)
             with self.sync.state_lock():
-                global_state = {"round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
-                                "measurements": [asdict(item) for item in self.measurements],
-                                "sync": self.sync.global_state_dict()}
-            checkpoint.save_global(self.run_dir, round_idx, global_state)
-        self.saved_round = round_idx
-        self.commits_saved_round = writes_global
+                global_snapshot = encode_state({"round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
+                                                "measurements": [asdict(item) for item in self.measurements],
+                                                "sync": self.sync.global_state_dict()})
+        run_dir, node_name = self.run_dir, self.node.name
+
+        def write() -> None:
+            if node_snapshot is not None:
+                checkpoint.save_node(run_dir, round_idx, node_name, node_snapshot)
+            if global_snapshot is not None:
+                write_members(run_dir, round_idx, members)
+                checkpoint.save_global(run_dir, round_idx, global_snapshot)
+            self.saved_round = round_idx
+            self.commits_saved_round = writes_global
+
+        self.checkpoint_writer.submit(write, f"round {round_idx + 1} of node {node_name}")
+
+    def finish_checkpoint_write(self) -> float:
+        """Wait for the checkpoint write under way (if any), so that the next exchange reports its round;
+        returns the seconds waited (idle: other overhead). Raises CheckpointWriteError if it failed."""
+        return self.checkpoint_writer.wait()
 
     def commit_checkpoint(self, gathered: list) -> None:
         """Point ``latest`` at the round this node saved last once every node's leader in
