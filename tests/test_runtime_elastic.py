@@ -19,7 +19,7 @@ from tests.runtime_helpers import REPO_ROOT, geodiloco, read_jsonl, small_config
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = 8
+ROUNDS = 5  # the kill drill's run: two rounds before the kill, the killed round, two after it
 
 
 def elastic_config(policy: str, step_times_s: dict[str, float], rounds: int = ROUNDS) -> dict:
