@@ -13,12 +13,14 @@ import os
 import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Literal, Optional
+from typing import TYPE_CHECKING, Iterator, Literal, Optional
 
 import numpy as np
-import torch
 
 from geodiloco.predictor.schema import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".csv", ".html", ".tex"}
 
@@ -129,12 +131,14 @@ def eval_batches(tokens: np.ndarray, starts: np.ndarray, seq_len: int,
     the same on every node; ``len(starts)`` must be a multiple of ``batch_size``."""
     if len(starts) % batch_size:
         raise ValueError(f"{len(starts)} eval windows do not fill batches of data.eval_batch_size = {batch_size}")
+    import torch
     windows = gather_windows(torch.from_numpy(np.array(tokens)), starts, seq_len)
     return [(batch[:, :-1], batch[:, 1:]) for batch in windows.split(batch_size)]
 
 
 def gather_windows(tokens: torch.Tensor, starts: np.ndarray, seq_len: int) -> torch.Tensor:
     """(len(starts), seq_len + 1) int64 windows of ``tokens`` beginning at ``starts``."""
+    import torch
     offsets = torch.arange(window_tokens(seq_len))
     return tokens[torch.as_tensor(starts, dtype=torch.int64)[:, None] + offsets].long()
 
@@ -200,7 +204,8 @@ class NodeShard:
                               f"from a corpus of {len(tokens)} bytes split {num_nodes} ways ({shards}) after the eval "
                               "windows; raise data.max_bytes or use fewer nodes, a shorter model.seq_len or a "
                               "smaller eval set")
-        self.tokens = torch.from_numpy(np.array(tokens))
+        self._corpus: Optional[np.ndarray] = np.array(tokens)
+        self._tokens: Optional[torch.Tensor] = None
         self.window_starts = starts
         self.seq_len = seq_len
         self.num_windows = len(starts)
@@ -208,6 +213,16 @@ class NodeShard:
         self.node_index = node_index
         self.cursor = ShardCursor()
         self._order = self._epoch_order(0)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The corpus as a tensor, made on first use: ``geodiloco run`` builds every node's shard
+        to check the data before any node starts, and needs no torch for that."""
+        if self._tokens is None:
+            import torch
+            self._tokens = torch.from_numpy(self._corpus)
+            self._corpus = None
+        return self._tokens
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, self.node_index, epoch])

@@ -13,10 +13,15 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where tensors are handled, not here: `geodiloco run` checks a run directory's
+# checkpoints before any node starts, and needs no torch for that.
 
 FORMAT = "geodiloco-state/1"
 TENSOR_TAG, TUPLE_TAG, ITEMS_TAG, FLOAT_TAG = "__tensor__", "__tuple__", "__items__", "__float__"
@@ -27,6 +32,7 @@ class CorruptStateFile(ValueError):
 
 
 def _encode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    import torch
     if isinstance(value, torch.Tensor):
         key = f"t{len(tensors)}"
         tensors[key] = value.detach().to("cpu").contiguous().clone()
@@ -66,6 +72,7 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 def content_hash(structure: str, tensors: dict[str, torch.Tensor]) -> str:
     """SHA-256 over the JSON structure and every tensor's name, dtype, shape and bytes."""
+    import torch
     digest = hashlib.sha256(structure.encode())
     for key in sorted(tensors):
         tensor = tensors[key].contiguous()
