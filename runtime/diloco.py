@@ -124,9 +124,11 @@ class OuterState:
         for global_param, local in zip(self.global_params, params):
             local.copy_(global_param.to(local.device, local.dtype))
 
-    def state_dict(self) -> dict:
-        return {"global_params": [param.clone() for param in self.global_params],
-                "optimizer": self.optimizer.state_dict()}
+    def state_dict(self, copy: bool = True) -> dict:
+        """The global parameters (copies, unless ``copy`` is False: for a caller that snapshots them itself)
+        and the outer optimizer's state."""
+        params = [param.clone() for param in self.global_params] if copy else list(self.global_params)
+        return {"global_params": params, "optimizer": self.optimizer.state_dict()}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:

@@ -34,7 +34,7 @@ from geodiloco.runtime.gpu_sampler import GpuSampler
 from geodiloco.runtime.models import build_configured_model
 from geodiloco.runtime.finite_guard import NonFiniteModel, all_finite, check_global_finite
 from geodiloco.runtime.recovery import log_membership_event, write_members
-from geodiloco.runtime.state_file import encode_state
+from geodiloco.runtime.state_file import EncodedState, encode_state
 from geodiloco.runtime.sync import RoundSync, SyncHandles, build_outer_sync
 
 
@@ -111,6 +111,8 @@ class NodeTrainer:
         self.saved_round: Optional[int] = None
         self.commits_saved_round = False
         self.checkpoint_writer = CheckpointWriter(config.checkpoint.background)
+        self._snapshots: dict[str, EncodedState] = {}
+        """The last checkpoint's host copies by file ("node", "global"), reused by the next snapshot."""
         self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()),
                                      self.planner.sync.sync_s())
         self.gpu_sampler = start_gpu_sampler(config, topology, device)
@@ -261,6 +263,7 @@ class NodeTrainer:
         Here the states are only snapshotted (copied to host memory); ``checkpoint_writer`` hashes and
         writes the files, in the background unless ``checkpoint.background`` is false, and sets
         ``saved_round`` once they are on disk (``finish_checkpoint_write`` waits for that)."""
+        self.checkpoint_writer.wait()  # normally ended at the exchange already: its host buffers are free again
         node_snapshot = global_snapshot = None
         if self.topology.is_leader:
             state = {
@@ -277,13 +280,17 @@ class NodeTrainer:
             if not all_finite(self.model.parameters()):
                 raise NonFiniteModel(f"node {self.node.name}'s model is non-finite (NaN or inf) at the end of round "
                                      f"{round_idx + 1}; nothing of this round is saved")
-            node_snapshot = encode_state(state)
+            node_snapshot = encode_state(state, reuse=self._snapshots.get("node"))
+            self._snapshots["node"] = node_snapshot
         writes_global = self.topology.is_leader and self.sync.writes_round
         if writes_global and not checkpoint.has_global(self.run_dir, round_idx):
             with self.sync.state_lock():
-                global_snapshot = encode_state({"round": round_idx, "run_id": run_id, "outer": self.outer.state_dict(),
+                global_snapshot = encode_state({"round": round_idx, "run_id": run_id,
+                                                "outer": self.outer.state_dict(copy=False),
                                                 "measurements": [asdict(item) for item in self.measurements],
-                                                "sync": self.sync.global_state_dict()})
+                                                "sync": self.sync.global_state_dict()},
+                                               reuse=self._snapshots.get("global"))
+            self._snapshots["global"] = global_snapshot
         run_dir, node_name = self.run_dir, self.node.name
 
         def write() -> None:

@@ -103,3 +103,21 @@ def test_background_writes_are_the_default_and_can_be_switched_off():
     nodes = [{"name": "a", "gpus": []}]
     assert RunConfig.model_validate({"nodes": nodes}).checkpoint.background is True
     assert RunConfig.model_validate({"nodes": nodes, "checkpoint": {"background": False}}).checkpoint.background is False
+
+
+def test_a_snapshot_reuses_the_host_buffers_of_the_last_one_and_holds_the_new_values(tmp_path):
+    first = encode_state({"weights": torch.zeros(4), "moments": [torch.zeros(2, 2)]})
+    buffers = [first.tensors[key].data_ptr() for key in sorted(first.tensors)]
+    second = encode_state({"weights": torch.arange(4.0), "moments": [torch.full((2, 2), 7.0)]}, reuse=first)
+    assert [second.tensors[key].data_ptr() for key in sorted(second.tensors)] == buffers
+    checkpoint.save_node(tmp_path, 1, "a", second)
+    saved = checkpoint.load_node(tmp_path, 1, "a")
+    assert saved["weights"].tolist() == [0.0, 1.0, 2.0, 3.0] and saved["moments"][0].tolist() == [[7.0, 7.0]] * 2
+
+
+def test_a_tensor_whose_shape_or_dtype_changed_gets_a_new_buffer():
+    first = encode_state({"weights": torch.zeros(4), "step": torch.tensor(1.0)})
+    second = encode_state({"weights": torch.zeros(5), "step": torch.tensor(2, dtype=torch.int64)}, reuse=first)
+    assert second.tensors["t0"].shape == (5,) and second.tensors["t1"].dtype == torch.int64
+    assert second.tensors["t0"].data_ptr() != first.tensors["t0"].data_ptr()
+    assert first.tensors["t0"].tolist() == [0.0] * 4  # the old snapshot was not written into
