@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from geodiloco.runtime.state_file import CorruptStateFile, EncodedState, load_state, save_state, write_encoded
+from geodiloco.runtime.state_file import CorruptStateFile, EncodedState, encode_state, load_state, write_encoded
 
 LATEST_FILE = "latest"
 GLOBAL_FILE = "global.safetensors"
@@ -39,10 +39,7 @@ def _atomic_save(obj: Any, path: Path) -> None:
     """Write a state (or an already encoded snapshot of one) to a temp file, then rename it over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp_path = path.with_name(path.name + f".tmp{os.getpid()}")
-    if isinstance(obj, EncodedState):
-        write_encoded(obj, temp_path)
-    else:
-        save_state(obj, temp_path)
+    write_encoded(obj if isinstance(obj, EncodedState) else encode_state(obj), temp_path)
     os.replace(temp_path, path)
 
 

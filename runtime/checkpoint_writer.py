@@ -39,19 +39,17 @@ class CheckpointWriter:
     def writing(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, write: Callable[[], None], what: str) -> float:
-        """Start ``write`` (``what`` names it in errors) after the previous write ended; returns the seconds
-        spent waiting for that previous write."""
-        waited_s = self.wait()
+    def submit(self, write: Callable[[], None], what: str) -> None:
+        """Start ``write`` (``what`` names it in errors) once the previous write has ended."""
+        self.wait()
         self._what = what
         if not self.background:
             self._run(write)
             self._raise_if_failed()
-            return waited_s
+            return
         # not a daemon: a normal exit lets the write finish rather than leave a half-written temp file
         self._thread = threading.Thread(target=self._run, args=(write,), name="geodiloco-checkpoint")
         self._thread.start()
-        return waited_s
 
     def wait(self) -> float:
         """Block until the write under way (if any) has ended; returns the seconds blocked.

@@ -28,10 +28,6 @@ TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".csv", ".html
 STDLIB_SKIPPED_PARTS = ("site-packages", "test")
 
 
-def stdlib_files() -> list[Path]:
-    return list(iter_stdlib_files())
-
-
 def iter_stdlib_files() -> Iterator[Path]:
     """The standard library's ``*.py`` files outside ``site-packages`` and ``test``, in sorted path
     order (``sorted(root.rglob("*.py"))``), found lazily: a corpus of a few hundred kilobytes needs

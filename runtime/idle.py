@@ -9,8 +9,9 @@ is the *exposed* sync: the outer step phase (waiting for the pseudo-gradient sum
 the outer step, the in-node broadcast) plus the waits on a sync inside the local
 phase. ``overhead_s`` is what follows before the next round (logging, evaluation,
 the checkpoint's snapshot), plus any wait for the previous checkpoint's background
-write before the exchange (counted out of ``wait_s``). The four add up to the round's wall time by construction: each phase
-ends where the next begins, measured with one clock.
+write before the exchange (counted out of ``wait_s``). The four add up to the
+round's wall time by construction: each phase ends where the next begins,
+measured with one clock.
 
 ``comm_hidden_s`` is not part of that sum: it is the sync time that ran while this
 node computed (overlap), i.e. the overlap of every sync landed this round with the
