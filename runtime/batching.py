@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from geodiloco.runtime.precision import TrainingPrecision
+
 BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 """Samples -> the node's next (inputs, targets), each (samples, seq_len); the same on every rank."""
 
@@ -67,13 +69,16 @@ def rank_loss_scale(rank_samples: int, ranks: int, batch_samples: int) -> float:
 
 def accumulate_gradients(train_model: torch.nn.Module, next_batch: BatchSource, batch_size: int,
                          micro_batch_size: int, local_rank: int, ranks: int, device: torch.device,
-                         node_group: Optional[object] = None) -> StepSamples:
+                         node_group: Optional[object] = None,
+                         precision: Optional[TrainingPrecision] = None) -> StepSamples:
     """Forward/backward every micro-batch of one inner step; leaves in the parameters'
     ``.grad`` the gradient of the mean loss over the step's samples (DDP syncs it on the last
     micro-batch only). ``train_model(inputs, targets)`` returns the mean loss over its
     samples' tokens (every sample has the same number of tokens). With ``ranks > 1`` the
     returned mean loss is the node's, summed over ``node_group``, the same on every rank.
+    ``precision``: autocast and loss scale of the forward/backward (default: fp32).
     """
+    precision = precision or TrainingPrecision("fp32", device.type)
     sizes = micro_batch_sizes(batch_size, micro_batch_size, ranks)
     step_samples = sum(sizes)
     is_ddp = isinstance(train_model, DistributedDataParallel)
@@ -83,8 +88,9 @@ def accumulate_gradients(train_model: torch.nn.Module, next_batch: BatchSource, 
         rank_samples = inputs.shape[0]
         syncing = index == len(sizes) - 1 or not is_ddp
         with contextlib.nullcontext() if syncing else train_model.no_sync():
-            rank_mean_loss = train_model(inputs.to(device), targets.to(device))
-            (rank_mean_loss * rank_loss_scale(rank_samples, ranks, step_samples)).backward()
+            with precision.autocast():
+                rank_mean_loss = train_model(inputs.to(device), targets.to(device))
+            precision.backward(rank_mean_loss * rank_loss_scale(rank_samples, ranks, step_samples))
         loss_sum += rank_mean_loss.detach().double() * rank_samples
     if ranks > 1:
         dist.all_reduce(loss_sum, group=node_group)

@@ -34,6 +34,7 @@ from geodiloco.runtime.gpu_sampler import GpuSampler
 from geodiloco.runtime.models import build_configured_model
 from geodiloco.runtime.finite_guard import NonFiniteModel, all_finite, check_global_finite
 from geodiloco.runtime.recovery import log_membership_event, write_members
+from geodiloco.runtime.precision import training_precision
 from geodiloco.runtime.state_file import EncodedState, encode_state
 from geodiloco.runtime.sync import RoundSync, SyncHandles, build_outer_sync
 
@@ -93,6 +94,9 @@ class NodeTrainer:
             self.train_model = DistributedDataParallel(
                 self.model, process_group=topology.node_group,
                 device_ids=[device.index] if device.type == "cuda" else None)
+        self.precision = training_precision(config.model.precision, device)
+        if self.precision.note and topology.is_leader and device.type == "cuda":
+            print(f"[geodiloco] node {self.node.name}: {self.precision.note}", file=sys.stderr, flush=True)
         inner = config.optim.inner
         self.inner_optimizer = build_inner_optimizer(self.model, inner.optimizer, inner.lr,
                                                      inner.weight_decay, inner.betas)
@@ -147,9 +151,10 @@ class NodeTrainer:
         ranks = self.topology.local_world_size
         self._warn_if_batch_grows(batch_size, micro_size, ranks)
         step = accumulate_gradients(self.train_model, self.shard.next_batch, batch_size, micro_size,
-                                    self.topology.local_rank, ranks, self.device, self.topology.node_group)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.inner.grad_clip)
-        self.inner_optimizer.step()
+                                    self.topology.local_rank, ranks, self.device, self.topology.node_group,
+                                    self.precision)
+        self.precision.step(self.inner_optimizer, lambda: torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.config.optim.inner.grad_clip))
         self.inner_optimizer.zero_grad(set_to_none=True)
         return step
 
@@ -210,7 +215,9 @@ class NodeTrainer:
         kernel selection) does not inflate the first round's measured step times."""
         position = self.shard.position_state()
         inputs, targets = self.shard.next_batch(batch_size)
-        self.model(inputs.to(self.device), targets.to(self.device)).backward()
+        with self.precision.autocast():
+            loss = self.model(inputs.to(self.device), targets.to(self.device))
+        loss.backward()
         self.inner_optimizer.zero_grad(set_to_none=True)
         self.shard.load_position_state(position)
 
@@ -269,6 +276,7 @@ class NodeTrainer:
             state = {
                 "round": round_idx,
                 "inner_optimizer": self.inner_optimizer.state_dict(),
+                "grad_scaler": self.precision.state_dict(),
                 "data_position": self.shard.position_state(),
                 "measurements": [asdict(item) for item in self.measurements],
                 "pending_record": pending_record,
@@ -355,6 +363,7 @@ class NodeTrainer:
         self.sync.load_state_dict(node_state.get("sync", {}) if keep_in_flight else {})
         if "inner_optimizer" in node_state:
             self.inner_optimizer.load_state_dict(node_state["inner_optimizer"])
+        self.precision.load_state_dict(node_state.get("grad_scaler", {}))
         if "data_position" in node_state:
             self.shard.load_position_state(node_state["data_position"])
         history = global_state.get("measurements", node_state.get("measurements", []))

@@ -12,9 +12,9 @@ more GPUs trains them with DDP over nccl.
 The runtime's only device switch is ``GEODILOCO_DEVICE`` (``cpu`` forces the CPU;
 anything else uses CUDA when torch sees it), and ``geodiloco run`` pins every
 node to the CPU (runtime/launch.py), so the run starts ``python -m geodiloco.runtime.train``
-under torchrun exactly as a site would. The runtime trains in fp32 on GPUs too
-(no autocast), so the run's config says ``precision: fp32`` and its predictions
-are fp32 ones.
+under torchrun exactly as a site would. The run's ``model.precision`` (bf16 by
+default) is what the runtime's inner steps autocast to on the GPU
+(runtime/precision.py) and what its planner predicts.
 """
 from __future__ import annotations
 
@@ -93,14 +93,15 @@ class RunSettings:
     rounds: int
     local_steps: int
     timeout_s: float
+    precision: str = "bf16"
 
 
 def run_config(settings: RunSettings, layouts: list[NodeLayout], gpu_name: Optional[str], outer: str) -> dict:
-    """The run config. ``model.precision: fp32`` because the runtime trains without autocast on GPUs
-    too, so its planner predicts what actually runs. One checkpoint, at the end (llama-150m's are GBs)."""
+    """The run config: the runtime trains (autocast) and plans at ``settings.precision``. One
+    checkpoint, at the end (llama-150m's are GBs)."""
     return {
         "run": {"name": "gpu-validate", "out_dir": "runs", "seed": 0, "gpu_sample_interval_s": 0.5},
-        "model": {"preset": settings.preset, "seq_len": settings.seq_len, "precision": "fp32"},
+        "model": {"preset": settings.preset, "seq_len": settings.seq_len, "precision": settings.precision},
         "data": {"source": "stdlib", "max_bytes": 4_000_000, "eval_batches": 2, "eval_batch_size": 4},
         "optim": {"inner": {"lr": 1.0e-3, "warmup_steps": 5}},
         "diloco": {"rounds": settings.rounds, "local_steps": settings.local_steps,
@@ -314,7 +315,7 @@ def summarize_run(run_dir: Path) -> dict:
 
 
 def cold_step_predictions(config: dict) -> dict[str, Optional[float]]:
-    """Per node, the predictor's datasheet-only t(B) (s) for what the run trains (fp32, the node's GPUs);
+    """Per node, the predictor's datasheet-only t(B) (s) for what the run trains (its precision, the node's GPUs);
     None for a node without GPU names. The planner's own predictions after round 1 are calibrated on
     measured steps, so this is the number that tests the datasheet model."""
     from geodiloco.predictor.model import node_step_model

@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="outer rounds, at least 2 so the loss can be seen to fall (default: 3)")
     run.add_argument("--run-local-steps", type=positive_int, default=20, metavar="H",
                      help="inner steps per node per round (default: 20)")
+    run.add_argument("--run-precision", choices=["bf16", "fp16", "fp32"], default="bf16",
+                     help="model.precision of the run: what its inner steps autocast to and its planner predicts; "
+                          "bf16 on a GPU without bf16 trains fp16 with a loss scale (default: bf16)")
     run.add_argument("--run-timeout-s", type=float, default=180.0, metavar="SECONDS",
                      help="the run is stopped and reported as failed after this long (default: 180)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
@@ -189,7 +192,7 @@ def plan_sentence(args: argparse.Namespace, presets: dict, run_seq_len: int) -> 
                      f"{','.join(map(str, args.batch_sizes))} until OOM beside the predictor's t(B) and largest batch")
     if not args.skip_run:
         parts.append(f"run 2 DiLoCo nodes under torchrun on the GPU ({args.run_preset}, seq {run_seq_len}, "
-                     f"batch {args.run_batch_size}, {args.run_rounds} rounds x {args.run_local_steps} steps)")
+                     f"{args.run_precision}, batch {args.run_batch_size}, {args.run_rounds} rounds x {args.run_local_steps} steps)")
     action = " and ".join(parts) if parts else "do nothing (--skip-sweep and --skip-run)"
     return f"With one, this would {action}, writing {args.out}/<gpu-slug>.txt and .json"
 
@@ -362,10 +365,10 @@ def print_run(console, outcome) -> None:
     console.print(f"layout: {outcome.layout_text}")
     config = outcome.config
     nodes = "; ".join(f"{node['name']}: {', '.join(node['gpus']) or 'no GPU name'}" for node in config["nodes"])
-    console.print(f"model {config['model']['preset']}, seq {config['model']['seq_len']}, trained in fp32 (the runtime "
-                  f"has no autocast), batch {config['diloco']['batch_size']}, {config['diloco']['rounds']} rounds x "
+    console.print(f"model {config['model']['preset']}, seq {config['model']['seq_len']}, model.precision "
+                  f"{config['model']['precision']}, batch {config['diloco']['batch_size']}, {config['diloco']['rounds']} rounds x "
                   f"{config['diloco']['local_steps']} steps; nodes {nodes}; wall {outcome.wall_s:.1f} s")
-    console.print("cold = predictor from the datasheet (fp32); planner = the run's plan (round 1 cold, later rounds "
+    console.print(f"cold = predictor from the datasheet ({config['model']['precision']}); planner = the run's plan (round 1 cold, later rounds "
                   "calibrated on the measured steps)")
     table = Table(title="DiLoCo run, per round and node")
     for column in ("round", "node", "steps x batch", "mean step ms", "cold ms", "measured/cold", "planner ms",
@@ -429,7 +432,7 @@ def diloco_run(console, args: argparse.Namespace, run_seq_len: int, gpu: dict):
 
     torch.cuda.empty_cache()
     settings = RunSettings(args.run_preset, run_seq_len, args.run_batch_size, args.run_rounds,
-                           args.run_local_steps, args.run_timeout_s)
+                           args.run_local_steps, args.run_timeout_s, args.run_precision)
     console.print(f"running 2 DiLoCo nodes under torchrun (stopped after {args.run_timeout_s:.0f} s) ...")
     with tempfile.TemporaryDirectory(prefix="geodiloco-gpu-run-") as scratch:
         outcome = launch(settings, Path(scratch) / "run", gpu["gpu_count"], gpu["datasheet"], "cuda",

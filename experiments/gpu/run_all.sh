@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Every GPU check in one go, for a machine lent for a short while:
+#   experiments/gpu/run_all.sh OUT_DIR
+# 1. what the predictor detects on this machine (NVML / torch.cuda) and a measured probe row;
+# 2. validate.py at bf16: t(B) and largest batch of tiny, small, llama-150m beside the predictor,
+#    then a short real DiLoCo run (2 nodes under torchrun, bf16 autocast);
+# 3. validate.py at fp32 (no run): the same t(B) check without tensor-core autocast;
+# 4. the tests that behave differently with CUDA present (precision, GPU kit, NVML sampler, detection).
+# Writes OUT_DIR/{detect.txt,probe_row.yaml,pytest.log} and OUT_DIR/{bf16,fp32}/<gpu-slug>.{txt,json}.
+# Exit code: the number of steps that failed (0: all passed).
+set -u
+out_dir=${1:?usage: experiments/gpu/run_all.sh OUT_DIR}
+mkdir -p "$out_dir"
+failed=0
+export PYTHONUNBUFFERED=1
+command -v geodiloco >/dev/null || geodiloco() { python3 -m geodiloco.runtime.cli "$@"; }
+
+echo "== detection and probe"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  geodiloco predict --detect
+  geodiloco predict --probe --write-row "$out_dir/probe_row.yaml"
+  geodiloco predict --resolve "$(python3 -c 'import torch; print(torch.cuda.get_device_name(0))')"
+} 2>&1 | tee "$out_dir/detect.txt" || failed=$((failed + 1))
+
+echo "== bf16 sweep and DiLoCo run"
+python3 experiments/gpu/validate.py --batch-sizes 1,2,4,8,16,32,64 --out "$out_dir/bf16" || failed=$((failed + 1))
+
+echo "== fp32 sweep"
+python3 experiments/gpu/validate.py --precision fp32 --presets small,llama-150m --batch-sizes 1,4,16 \
+    --no-max-batch-search --skip-run --out "$out_dir/fp32" || failed=$((failed + 1))
+
+echo "== tests with CUDA present"
+python3 -m pytest -q -p no:cacheprovider tests/test_runtime_precision.py tests/test_gpu_validate.py \
+    tests/test_gpu_sampler.py tests/test_predictor_detect.py 2>&1 | tee "$out_dir/pytest.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || failed=$((failed + 1))
+
+echo "== $failed step(s) failed"
+exit "$failed"
