@@ -188,9 +188,11 @@ def _best_time_s(action: Callable[[], object], repeats: int) -> float:
     return best
 
 
-def _chain_op_s(torch) -> float:
-    """Seconds per tiny forward op, its autograd backward included."""
-    weight = torch.ones(8, requires_grad=True)
+def _chain_op_s(torch, device: str = "cpu", timer: Optional[Callable[[Callable[[], object]], float]] = None) -> float:
+    """Seconds per tiny forward op on ``device``, its autograd backward included: the host's cost
+    of one eager op (Python, dispatch, and the kernel launch on a GPU), since the tensors are tiny.
+    ``timer``: action -> its fastest time in seconds (default: ``_best_time_s`` over 5 runs)."""
+    weight = torch.ones(8, requires_grad=True, device=device)
     ops = 200
 
     def chain() -> None:
@@ -199,21 +201,23 @@ def _chain_op_s(torch) -> float:
             hidden = hidden * 1.001 + 0.0
         hidden.sum().backward()
 
-    return _best_time_s(chain, 5) / ops
+    return (timer or (lambda action: _best_time_s(action, 5)))(chain) / ops
 
 
-def _optimizer_tensor_s(torch) -> float:
-    """Seconds of AdamW + clipping per (tiny) parameter tensor: the host cost of the loop."""
-    params = [torch.nn.Parameter(torch.ones(8)) for _ in range(64)]
+def _optimizer_tensor_s(torch, device: str = "cpu",
+                        timer: Optional[Callable[[Callable[[], object]], float]] = None) -> float:
+    """Seconds of AdamW + clipping per (tiny) parameter tensor on ``device``: the host cost of the
+    loop (multi-tensor launches on a GPU). ``timer`` as for ``_chain_op_s``."""
+    params = [torch.nn.Parameter(torch.ones(8, device=device)) for _ in range(64)]
     for param in params:
-        param.grad = torch.ones(8)
+        param.grad = torch.ones(8, device=device)
     optimizer = torch.optim.AdamW(params)
 
     def step() -> None:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
 
-    return _best_time_s(step, 5) / len(params)
+    return (timer or (lambda action: _best_time_s(action, 5)))(step) / len(params)
 
 
 def measure_cpu(size: int = MATMUL_SIZE, copy_sizes_mb: tuple[float, ...] = COPY_SIZES_MB, repeats: int = 5) -> dict:

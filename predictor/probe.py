@@ -1,8 +1,12 @@
 """A short measured probe of this machine's GPU, for a GPU the datasheet table does not know.
 
-It times large matmuls at fp32, tf32, fp16 and bf16 and a device-to-device
-copy (a few seconds in all) and returns a ``GpuSpec`` whose rates are those
-measured peaks, so the step-time model plans the node like any known GPU.
+It times large matmuls at fp32, tf32, fp16 and bf16, a device-to-device copy,
+and the host's cost per eager op and per optimizer tensor on that device (a
+few seconds in all) and returns a ``GpuSpec`` whose rates are those measured
+peaks, so the step-time model plans the node like any known GPU. The host
+costs matter at small batches, where a step is bound by Python and kernel
+launches rather than by the GPU; they belong to the machine (its CPU, driver
+and torch), not to the GPU model, so a datasheet row cannot hold them.
 Results are cached as JSON next to the CPU measurements (see detect.py), keyed
 by device name and torch version. ``probe_row`` turns the result into a YAML
 row for a GPU file, so the measurement can be kept and shared.
@@ -24,7 +28,7 @@ COPY_BYTES = 512 * 2**20
 CPU_MATMUL_SIZE = 1024
 CPU_COPY_BYTES = 64 * 2**20
 """A CPU probe (no GPU here) stays at sizes a CPU times in about a second; half precision is skipped."""
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 
 
 def _best_s(action: Callable[[], object], synchronize: Callable[[], None], repeats: int) -> float:
@@ -90,7 +94,14 @@ def measure_device(device: str = "cuda:0", size: int = MATMUL_SIZE, copy_bytes: 
         "fp16_tflops": _matmul_tflops(torch, device, torch.float16, size, repeats) if on_gpu else None,
         "bf16_tflops": _matmul_tflops(torch, device, torch.bfloat16, size, repeats) if on_gpu else None,
     }
+    host = {}
+    if on_gpu:
+        from geodiloco.predictor.detect import _chain_op_s, _optimizer_tensor_s
+        timer = lambda action: _best_s(action, lambda: _sync(torch, device), repeats)  # noqa: E731
+        host = {"host_op_us": _chain_op_s(torch, device, timer) * 1e6,
+                "host_optimizer_tensor_us": _optimizer_tensor_s(torch, device, timer) * 1e6}
     return {"name": name, "device": device, "memory_gb": round(memory_gb, 2), "sm_count": int(units), **rates,
+            **host,
             "memory_bandwidth_gbps": _copy_gbps(torch, device, copy_bytes, repeats),
             "torch": torch.__version__, "hip": getattr(torch.version, "hip", None),
             "matmul_size": size, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -105,8 +116,10 @@ def probe_spec(measured: dict) -> GpuSpec:
         memory_gb=float(measured["memory_gb"]), memory_bandwidth_gbps=float(measured["memory_bandwidth_gbps"]),
         fp32_tflops=fp32, tf32_tflops=measured.get("tf32_tflops"), fp16_tflops=half, fp16_fp32acc_tflops=half,
         bf16_tflops=measured.get("bf16_tflops"), consumer=False,
+        host_op_us=measured.get("host_op_us"), host_optimizer_tensor_us=measured.get("host_optimizer_tensor_us"),
         vendor="amd" if measured.get("hip") else ("nvidia" if measured.get("device", "cuda").startswith("cuda") else "other"),
-        source=(f"measured probe on this machine ({measured['matmul_size']}^3 matmuls, device copy; "
+        source=(f"measured probe on this machine ({measured['matmul_size']}^3 matmuls, device copy"
+                f"{', host cost per op' if measured.get('host_op_us') else ''}; "
                 f"torch {measured['torch']}, {measured['measured_at']})"))
 
 
@@ -139,5 +152,6 @@ def probe_row(measured: dict) -> dict:
             "memory_bandwidth_gbps": round(spec.memory_bandwidth_gbps, 1),
             "fp32_tflops": round(spec.fp32_tflops, 2),
             **{column: None if getattr(spec, column) is None else round(getattr(spec, column), 2)
-               for column in ("tf32_tflops", "fp16_tflops", "fp16_fp32acc_tflops", "bf16_tflops")},
+               for column in ("tf32_tflops", "fp16_tflops", "fp16_fp32acc_tflops", "bf16_tflops",
+                              "host_op_us", "host_optimizer_tensor_us")},
             "source": spec.source}

@@ -142,6 +142,8 @@ class GpuRow(StrictModel):
     peer_link_gbps: Optional[float] = Field(default=None, gt=0,
                                             validation_alias=AliasChoices("peer_link_gbps", "nvlink_gbps"))
     kind: Literal["gpu", "cpu"] = "gpu"
+    host_op_us: Optional[float] = Field(default=None, gt=0)
+    host_optimizer_tensor_us: Optional[float] = Field(default=None, gt=0)
     source: str = Field(min_length=1)
 
     def to_spec(self) -> GpuSpec:

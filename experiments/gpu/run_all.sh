@@ -5,8 +5,11 @@
 # 2. validate.py at bf16: t(B) and largest batch of tiny, small, llama-150m beside the predictor,
 #    then a short real DiLoCo run (2 nodes under torchrun, bf16 autocast);
 # 3. validate.py at fp32 (no run): the same t(B) check without tensor-core autocast;
-# 4. the tests that behave differently with CUDA present (precision, GPU kit, NVML sampler, detection).
-# Writes OUT_DIR/{detect.txt,probe_row.yaml,pytest.log} and OUT_DIR/{bf16,fp32}/<gpu-slug>.{txt,json}.
+# 4. host_overhead.py: small-batch steps split into host and GPU time (profiler), beside the predictor;
+# 5. a DiLoCo run at fp16: the runtime's loss-scaled path on the GPU;
+# 6. the tests that behave differently with CUDA present (precision, GPU kit, NVML sampler, detection).
+# Writes OUT_DIR/{detect.txt,probe_row.yaml,host_overhead.json,pytest.log} and
+# OUT_DIR/{bf16,fp32,fp16-run}/<gpu-slug>.{txt,json}.
 # Exit code: the number of steps that failed (0: all passed).
 set -u
 out_dir=${1:?usage: experiments/gpu/run_all.sh OUT_DIR}
@@ -28,6 +31,12 @@ python3 experiments/gpu/validate.py --batch-sizes 1,2,4,8,16,32,64 --out "$out_d
 echo "== fp32 sweep"
 python3 experiments/gpu/validate.py --precision fp32 --presets small,llama-150m --batch-sizes 1,4,16 \
     --no-max-batch-search --skip-run --out "$out_dir/fp32" || failed=$((failed + 1))
+
+echo "== host and GPU time of small-batch steps"
+python3 experiments/gpu/host_overhead.py --out "$out_dir" || failed=$((failed + 1))
+
+echo "== DiLoCo run at fp16 (loss scale)"
+python3 experiments/gpu/validate.py --skip-sweep --run-precision fp16 --out "$out_dir/fp16-run" || failed=$((failed + 1))
 
 echo "== tests with CUDA present"
 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_precision.py tests/test_gpu_validate.py \
