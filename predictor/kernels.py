@@ -124,12 +124,6 @@ def gpu_efficiency(eff: Efficiency) -> Iterator[None]:
         _active_gpu_efficiency = saved
 
 
-# Eager forward ops per block (norms 12, q/k/v views 5, rotary 22, attention 3, output 1,
-# SwiGLU 5, residuals 2) and for embedding, head and loss; each brings its backward along.
-OPS_PER_LAYER = 51
-OPS_HEAD = 15
-
-
 def efficiency_for(device: GpuSpec) -> Efficiency:
     return CPU_EFFICIENCY if device.is_cpu else _active_gpu_efficiency
 
@@ -160,7 +154,7 @@ class MicroBatchTime:
     matmul_memory_s: float
     attention_s: float
     elementwise_s: float
-    host_ops: int
+    host_ops: float
 
     @property
     def device_s(self) -> float:
@@ -227,8 +221,15 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     loss_bytes = tokens * vocab_loss_bytes_per_token(dims, precision_moved, code.lm_head_fraction)
     elementwise_s = (tokens * per_token / elementwise_bytes_per_s
                      + loss_bytes / vocab_softmax_bytes_per_s(device, loss_bytes, elementwise_bytes_per_s))
-    ops = dims.num_layers * OPS_PER_LAYER + OPS_HEAD
-    return MicroBatchTime(compute_s, memory_s, attention_s, elementwise_s, ops)
+    return MicroBatchTime(compute_s, memory_s, attention_s, elementwise_s, host_chain_ops(device, dims, precision, code))
+
+
+def host_chain_ops(device: GpuSpec, dims: ModelDims, precision: str, code: TrainingCode) -> float:
+    """Host work of one micro-batch's forward and backward, in chain ops (``host_op_us`` each)."""
+    ops = dims.num_layers * code.host_ops_per_layer + code.host_ops_head
+    if precision in ("bf16", "fp16") and not device.is_cpu:
+        ops += code.autocast_host_ops
+    return ops
 
 
 def vocab_softmax_bytes_per_s(device: GpuSpec, loss_bytes: float, elementwise_bytes_per_s: float) -> float:

@@ -303,6 +303,11 @@ class TrainingCode:
     ``memory_len``: cached key/value positions each query also attends to (Transformer-XL memory).
     ``relative_positions``: Transformer-XL relative-position attention (a second score matmul against the
     position embeddings, shifted and added to the content scores); eager attention only.
+    ``host_ops_per_layer``, ``host_ops_head``: host work of one micro-batch's forward and backward in
+    chain ops (the eager op with its backward that ``host_op_us`` prices, see predictor/detect.py),
+    per block and for the embedding, head and loss; ``autocast_host_ops``: the extra chain ops of
+    autocast (bf16/fp16 on a GPU). The defaults were counted from reading the code; the runtime's
+    own values (``RUNTIME_CODE``) were measured on a GPU (experiments/results/gpu/host_ops.md).
     """
 
     block: str = "llama"
@@ -310,6 +315,9 @@ class TrainingCode:
     lm_head_fraction: float = 1.0
     memory_len: int = 0
     relative_positions: bool = False
+    host_ops_per_layer: float = 51.0
+    host_ops_head: float = 15.0
+    autocast_host_ops: float = 0.0
 
     def __post_init__(self) -> None:
         if self.block not in ("llama", "gpt"):
@@ -322,7 +330,16 @@ class TrainingCode:
             raise ConfigError(f"memory_len must be >= 0, got {self.memory_len}")
 
 
-RUNTIME_CODE = TrainingCode()
+RUNTIME_HOST_OPS_PER_LAYER = 240.0
+RUNTIME_AUTOCAST_HOST_OPS = 100.0
+"""The runtime's model (runtime/models.py) under its inner step, in chain ops: fitted on host-bound
+tiny and small steps profiled on an H100 host (experiments/gpu/fit_host_ops.py: 237 per layer in
+fp32, 241 in bf16, about 110 more outside the layers in bf16). Counting by reading the code gave
+51 per layer (norms 12, q/k/v views 5, rotary 22, attention 3, output 1, SwiGLU 5, residuals 2),
+which missed most of the backward's and autograd's work: host-bound steps came out 3-4x too fast."""
+
+RUNTIME_CODE = TrainingCode(host_ops_per_layer=RUNTIME_HOST_OPS_PER_LAYER,
+                            autocast_host_ops=RUNTIME_AUTOCAST_HOST_OPS)
 
 # Eager attention: bytes moved per score element per training step, in activation-sized elements.
 # Forward: QK^T write 1, scale 2, mask add 2, softmax 2, dropout 2, PV read 1 (10); backward: dP write 1,

@@ -307,7 +307,7 @@ def test_the_run_config_is_one_the_runtime_accepts(gpu_count):
     assert all(value > 0 for value in cold.values())
     fp32 = gpu_diloco.RunSettings("llama-150m", 1024, 4, 3, 20, 180.0, "fp32")
     cold_fp32 = gpu_diloco.cold_step_predictions(gpu_diloco.run_config(fp32, layouts, "H100-SXM", "cpu"))
-    assert all(cold_fp32[name] > 2 * cold[name] for name in cold)  # fp32 without tensor cores is slower
+    assert all(cold_fp32[name] > cold[name] for name in cold)  # fp32 without tensor cores is slower
 
 
 def write_run_logs(run_dir: Path, checksums: dict[tuple[int, str], float], losses: dict[int, float]) -> None:
