@@ -109,12 +109,16 @@ def print_probe(write_row: str | None, as_json: bool) -> int:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     except ImportError:
         raise ConfigError("--probe needs torch installed") from None
-    row = probe_row(measure_device(device))
+    measured = measure_device(device)
+    row = probe_row(measured)
     if write_row:
         with open(write_row, "w", encoding="utf-8") as handle:
             handle.write("# Written by `geodiloco predict --probe`; load with --gpu-file or gpu_files: in a config.\n")
             yaml.safe_dump({"gpus": [row]}, handle, sort_keys=False)
     print(json.dumps(row, indent=2) if as_json else yaml.safe_dump({"gpus": [row]}, sort_keys=False).rstrip())
+    if measured.get("host_op_us") and not as_json:
+        print(f"# host, measured but not in the row (see predictor/probe.py): {measured['host_op_us']:.1f} us per "
+              f"eager op with its backward, {measured['host_optimizer_tensor_us']:.1f} us per optimizer tensor")
     if write_row:
         print(f"wrote {write_row}")
     return 0

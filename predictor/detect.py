@@ -294,7 +294,11 @@ def cpu_peak(refresh: bool = False) -> dict:
 
 def cpu_spec(refresh: bool = False) -> GpuSpec:
     """This CPU as a device row for the step-time model (rates measured, not nominal)."""
-    peak = cpu_peak(refresh)
+    return cpu_spec_from(cpu_peak(refresh))
+
+
+def cpu_spec_from(peak: dict) -> GpuSpec:
+    """A CPU device row from ``cpu_peak``'s measurements (also ones stored with a benchmark)."""
     return GpuSpec(
         name=f"CPU ({cpu_model_name()}, {peak['threads']} threads)", architecture="cpu",
         sm_count=int(peak["threads"]), memory_gb=round(memory_total_gb(), 2),

@@ -1,12 +1,19 @@
 """A short measured probe of this machine's GPU, for a GPU the datasheet table does not know.
 
-It times large matmuls at fp32, tf32, fp16 and bf16, a device-to-device copy,
-and the host's cost per eager op and per optimizer tensor on that device (a
-few seconds in all) and returns a ``GpuSpec`` whose rates are those measured
-peaks, so the step-time model plans the node like any known GPU. The host
-costs matter at small batches, where a step is bound by Python and kernel
-launches rather than by the GPU; they belong to the machine (its CPU, driver
-and torch), not to the GPU model, so a datasheet row cannot hold them.
+It times large matmuls at fp32, tf32, fp16 and bf16 and a device-to-device
+copy (a few seconds in all) and returns a ``GpuSpec`` whose rates are those
+measured peaks, so the step-time model plans the node like any known GPU.
+
+It also times the host's cost per eager op and per optimizer tensor on the
+device (``host_op_us``, ``host_optimizer_tensor_us`` in ``measure_device``'s
+result, printed by ``geodiloco predict --probe``), but the row does not use
+them. On three H100 hosts (experiments/results/gpu/) the tiny chain of ops
+this times ran 24, 29-37 and (not probed) a faster host's per-op cost, while
+the model's host-bound steps matched the table's constant within 25 % on two
+of them; on the second host the probe's figure predicted those steps 60-120 %
+too slow. Small-batch steps mix dispatch and launch costs in proportions a
+tiny chain does not share, so the table's constant stays, and the online
+calibration learns each host from its own steps.
 Results are cached as JSON next to the CPU measurements (see detect.py), keyed
 by device name and torch version. ``probe_row`` turns the result into a YAML
 row for a GPU file, so the measurement can be kept and shared.
@@ -116,10 +123,9 @@ def probe_spec(measured: dict) -> GpuSpec:
         memory_gb=float(measured["memory_gb"]), memory_bandwidth_gbps=float(measured["memory_bandwidth_gbps"]),
         fp32_tflops=fp32, tf32_tflops=measured.get("tf32_tflops"), fp16_tflops=half, fp16_fp32acc_tflops=half,
         bf16_tflops=measured.get("bf16_tflops"), consumer=False,
-        host_op_us=measured.get("host_op_us"), host_optimizer_tensor_us=measured.get("host_optimizer_tensor_us"),
         vendor="amd" if measured.get("hip") else ("nvidia" if measured.get("device", "cuda").startswith("cuda") else "other"),
         source=(f"measured probe on this machine ({measured['matmul_size']}^3 matmuls, device copy"
-                f"{', host cost per op' if measured.get('host_op_us') else ''}; "
+                "; "
                 f"torch {measured['torch']}, {measured['measured_at']})"))
 
 
@@ -152,6 +158,5 @@ def probe_row(measured: dict) -> dict:
             "memory_bandwidth_gbps": round(spec.memory_bandwidth_gbps, 1),
             "fp32_tflops": round(spec.fp32_tflops, 2),
             **{column: None if getattr(spec, column) is None else round(getattr(spec, column), 2)
-               for column in ("tf32_tflops", "fp16_tflops", "fp16_fp32acc_tflops", "bf16_tflops",
-                              "host_op_us", "host_optimizer_tensor_us")},
+               for column in ("tf32_tflops", "fp16_tflops", "fp16_fp32acc_tflops", "bf16_tflops")},
             "source": spec.source}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The runtime model's host work per layer, from profiled GPU steps (experiments/results/gpu/host_overhead.json).
+"""The runtime model's host work per layer, from profiled GPU steps (experiments/results/gpu/h100-b/host_overhead.json).
 
     python experiments/gpu/fit_host_ops.py [HOST_OVERHEAD.json]
 
@@ -49,14 +49,14 @@ def fit(rows: list[dict], probe: dict) -> dict[str, tuple[float, float]]:
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[0]) if argv else RESULTS / "host_overhead.json"
+    path = Path(argv[0]) if argv else RESULTS / "h100-b" / "host_overhead.json"
     data = json.loads(path.read_text())
     probe = data["probe"]
     host_bound = [row for row in data["rows"] if row["gpu_busy_ms"] < HOST_BOUND_SHARE * row["step_ms"]]
     lines = fit(host_bound, probe)
     lines_md = ["# Host work per layer of the runtime's model", "",
                 f"Truth: training steps profiled on one {data['gpu']} (torch {data['torch']}) by "
-                "`experiments/gpu/host_overhead.py`; probe on the same machine: "
+                f"`experiments/gpu/host_overhead.py` ({path.relative_to(RESULTS.parents[1]) if path.is_relative_to(RESULTS.parents[1]) else path.name}); probe on the same machine: "
                 f"{probe['host_op_us']:.1f} µs per chain op, {probe['host_optimizer_tensor_us']:.1f} µs per "
                 "optimizer tensor. Regenerate with `python experiments/gpu/fit_host_ops.py`.", "",
                 f"Host-bound steps (GPU busy < {HOST_BOUND_SHARE:.0%} of the step): {len(host_bound)} of "

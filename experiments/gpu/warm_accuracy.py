@@ -6,12 +6,13 @@ sizes, on batch sizes it never saw.
     python experiments/gpu/warm_accuracy.py [SWEEP.json ...]
 
 Truth: the per-step times validate.py measured on a GPU (default: every
-experiments/results/gpu/*/<gpu>.json with sweeps). For each sweep (preset x precision) the
+experiments/results/gpu/<machine>/*/<gpu>.json with sweeps). For each sweep (preset x precision) the
 measured batch sizes are split alternately: the 1st, 3rd, 5th, ... calibrate, the others are
 predicted. The model sees one discarded warm-up step, then 5 single measured steps cycling
 through the calibration batches (each step a different one of the 10 timed steps, not a
 median); each predicted batch is compared with the median of its 10 timed steps. Cold = the
-datasheet prediction the sweep recorded. Writes experiments/results/gpu/warm_accuracy.md.
+datasheet prediction by the current predictor code (recomputed, not the one the sweep recorded).
+Writes experiments/results/gpu/warm_accuracy.md.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ CALIBRATION_STEPS = 5
 
 
 def sweep_files() -> list[Path]:
-    return sorted(path for path in RESULTS.glob("*/*.json") if json.loads(path.read_text()).get("sweeps"))
+    return sorted(path for path in RESULTS.glob("*/*/*.json") if json.loads(path.read_text()).get("sweeps"))
 
 
 def evaluate_sweep(sweep: dict, datasheet: str) -> list[dict]:
@@ -37,7 +38,8 @@ def evaluate_sweep(sweep: dict, datasheet: str) -> list[dict]:
     points = [point for point in sweep["points"] if point["step_times_s"]]
     calibration, held_out = points[0::2], points[1::2]
     dims = resolve_dims(sweep["preset"])
-    online = OnlineStepTimeModel(node_step_model([datasheet], dims, sweep["seq_len"], sweep["precision"]))
+    cold = node_step_model([datasheet], dims, sweep["seq_len"], sweep["precision"])
+    online = OnlineStepTimeModel(cold)
     online.update(calibration[0]["batch_size"], calibration[0]["step_times_s"][0])  # discarded warm-up step
     for index in range(CALIBRATION_STEPS):
         point = calibration[index % len(calibration)]
@@ -46,10 +48,11 @@ def evaluate_sweep(sweep: dict, datasheet: str) -> list[dict]:
     for point in held_out:
         truth_s = statistics.median(point["step_times_s"])
         warm_s = online.predict(point["batch_size"])
+        cold_s = cold.predict(point["batch_size"])
         rows.append({"preset": sweep["preset"], "precision": sweep["precision"], "seq_len": sweep["seq_len"],
                      "batch_size": point["batch_size"], "measured_ms": truth_s * 1e3,
-                     "cold_ms": point["predicted_step_s"] * 1e3, "warm_ms": warm_s * 1e3,
-                     "cold_error": point["predicted_step_s"] / truth_s - 1, "warm_error": warm_s / truth_s - 1,
+                     "cold_ms": cold_s * 1e3, "warm_ms": warm_s * 1e3,
+                     "cold_error": cold_s / truth_s - 1, "warm_error": warm_s / truth_s - 1,
                      "warm_uncertainty": online.uncertainty(point["batch_size"]),
                      "calibrated_on": sorted({p["batch_size"] for p in calibration})})
     return rows
@@ -61,15 +64,16 @@ def median_abs(rows: list[dict], key: str) -> float:
 
 def write_markdown(rows: list[dict], sources: list[str], gpu: str) -> Path:
     lines = ["# Warm accuracy on measured GPU steps", "",
+             "One row per held-out batch size; the sweep's machine is the first folder of its file.", "",
              f"Truth: training steps measured on one {gpu} by `experiments/gpu/validate.py` ({', '.join(sources)}).",
              "The planner did not build it. Regenerate with `python experiments/gpu/warm_accuracy.py`.", "",
              f"Per sweep, the online model (`predictor.online`) sees one discarded warm-up step and {CALIBRATION_STEPS} "
              "single steps at the calibration batches, then predicts the other batch sizes; each is compared with the "
              "median of 10 measured steps. Cold: the datasheet prediction.", "",
-             "| preset | precision | batch | calibrated on | measured ms | cold ms | cold error | warm ms | warm error "
-             "| warm ±1σ |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| machine | preset | precision | batch | calibrated on | measured ms | cold ms | cold error | warm ms "
+             "| warm error | warm ±1σ |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['preset']} | {row['precision']} | {row['batch_size']} | "
+        lines.append(f"| {row['machine']} | {row['preset']} | {row['precision']} | {row['batch_size']} | "
                      f"{','.join(map(str, row['calibrated_on']))} | {row['measured_ms']:.2f} | {row['cold_ms']:.2f} | "
                      f"{row['cold_error']:+.1%} | {row['warm_ms']:.2f} | {row['warm_error']:+.1%} | "
                      f"{row['warm_uncertainty']:.1%} |")
@@ -92,7 +96,7 @@ def main(argv: list[str]) -> int:
         gpus.add(data["measured_with"]["gpu_0"])
         sources.append(str(path.relative_to(RESULTS.parents[1])) if path.is_relative_to(RESULTS.parents[1]) else path.name)
         for sweep in data["sweeps"]:
-            rows.extend(evaluate_sweep(sweep, datasheet))
+            rows.extend({"machine": path.parent.parent.name, **row} for row in evaluate_sweep(sweep, datasheet))
     path = write_markdown(rows, sources, " / ".join(sorted(gpus)))
     print(path.read_text())
     return 0

@@ -25,6 +25,9 @@ load average are recorded beside the results.
 
 Run:  .venv/bin/python experiments/predictor/bench_accuracy.py
 Writes experiments/results/predictor/{accuracy.json, accuracy.md, accuracy.png, paper_cluster.md}.
+      .venv/bin/python experiments/predictor/bench_accuracy.py --repredict
+keeps the stored measurements (steps and CPU peaks in accuracy.json) and recomputes every
+prediction with the current predictor code: for a change of the model, judged on the same truth.
       .venv/bin/python experiments/predictor/bench_accuracy.py --paper-cluster
 rewrites only the paper-cluster page (and its entry in accuracy.json): GPU predictions, no CPU timing.
 """
@@ -40,8 +43,8 @@ from pathlib import Path
 
 import torch
 
-from geodiloco.predictor.detect import cpu_model_name, cpu_peak
-from geodiloco.predictor.model import node_step_model
+from geodiloco.predictor.detect import cpu_model_name, cpu_peak, cpu_spec_from
+from geodiloco.predictor.model import NodeStepModel, node_step_model
 from geodiloco.predictor.online import OnlineStepTimeModel
 from geodiloco.predictor.specs import lookup_gpu
 from geodiloco.predictor.workload import preset_dims
@@ -183,7 +186,9 @@ def write_markdown(summary: dict, cluster: list[dict]) -> None:
         f"before / {summary['load_average_1min'][1]:.1f} after, on 2 shared cores).",
         f"Step times are the process's CPU time (one thread; see the script): the training steps took "
         f"{summary['steps_wall_over_cpu']:.2f} x longer in wall time than in CPU time.",
-        "",
+        *([f"Predictions recomputed on {summary['repredicted_at']} with the predictor code of that day, from these "
+           "stored measurements (`--repredict`); the steps and peaks were not measured again.", ""]
+          if summary.get("repredicted_at") else [""]),
         f"- warm (5 measured steps at seq {CALIBRATION_SEQ}): median error **{summary['warm_median_error']:.1%}** "
         f"(max {summary['warm_max_error']:.1%}); goal <= 5 %",
         f"- warm (5 calibration points, each the fastest of 3 steps): median error "
@@ -272,9 +277,48 @@ def refresh_paper_cluster() -> int:
     return 0
 
 
+def repredict() -> int:
+    """Cold and warm predictions of the stored points again, from the stored CPU peaks and
+    calibration steps, with the current predictor code; the measurements are not touched."""
+    summary = json.loads((RESULTS / "accuracy.json").read_text())
+    cpu = cpu_spec_from(summary["cpu_peak"])
+    for preset, details in summary["calibration"].items():
+        dims = preset_dims(preset)
+        steps = details["calibration"]
+        single = OnlineStepTimeModel(NodeStepModel([cpu], dims, CALIBRATION_SEQ, "fp32"))
+        best_of_3 = OnlineStepTimeModel(NodeStepModel([cpu], dims, CALIBRATION_SEQ, "fp32"))
+        for model in (single, best_of_3):
+            model.update(steps[0]["batch_size"], steps[0]["step_times_s"][0])  # the discarded warm-up step
+        for step in steps:
+            single.update(step["batch_size"], step["step_times_s"][0])
+            best_of_3.update(step["batch_size"], min(step["step_times_s"]))
+        details["weights_single"], details["weights_best_of_3"] = single.weights, best_of_3.weights
+        for point in (p for p in summary["points"] if p["preset"] == preset):
+            cold = NodeStepModel([cpu], dims, point["seq_len"], "fp32")
+            batch = point["batch_size"]
+            point.update({"cold_s": cold.predict(batch), "warm_s": single.with_prior(cold).predict(batch),
+                          "warm_best_of_3_s": best_of_3.with_prior(cold).predict(batch),
+                          "warm_uncertainty": single.with_prior(cold).uncertainty(batch),
+                          "bound": cold.explain(batch)["bound"]})
+            for key in ("cold", "warm", "warm_best_of_3"):
+                point[f"{key}_error"] = relative_error(point[f"{key}_s"], point["measured_s"])
+    points = summary["points"]
+    for key in ("warm", "warm_best_of_3", "cold"):
+        summary[f"{key}_median_error"] = median([p[f"{key}_error"] for p in points])
+        summary[f"{key}_max_error"] = max(p[f"{key}_error"] for p in points)
+    summary["repredicted_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    (RESULTS / "accuracy.json").write_text(json.dumps(summary, indent=2))
+    write_markdown(summary, summary["paper_cluster"])
+    plot(points)
+    print(f"repredicted: warm median error {summary['warm_median_error']:.1%}, cold {summary['cold_median_error']:.1%}")
+    return 0
+
+
 def main() -> int:
     if "--paper-cluster" in sys.argv[1:]:
         return refresh_paper_cluster()
+    if "--repredict" in sys.argv[1:]:
+        return repredict()
     torch.set_num_threads(1)
     started = time.perf_counter()
     cpu_started = time.process_time()
