@@ -7,13 +7,11 @@ measured peaks, so the step-time model plans the node like any known GPU.
 It also times the host's cost per eager op and per optimizer tensor on the
 device (``host_op_us``, ``host_optimizer_tensor_us`` in ``measure_device``'s
 result, printed by ``geodiloco predict --probe``), but the row does not use
-them. On three H100 hosts (experiments/results/gpu/) the tiny chain of ops
-this times ran 24, 29-37 and (not probed) a faster host's per-op cost, while
-the model's host-bound steps matched the table's constant within 25 % on two
-of them; on the second host the probe's figure predicted those steps 60-120 %
-too slow. Small-batch steps mix dispatch and launch costs in proportions a
-tiny chain does not share, so the table's constant stays, and the online
-calibration learns each host from its own steps.
+them. On the H100 hosts of experiments/results/gpu/ the table's constant
+(20 µs per op) predicted the host-bound steps of a host no fit saw within 25 %,
+while that host's probe read 29-37 µs and put the same steps 60-120 % too slow:
+small-batch steps mix dispatch and launch costs in proportions a tiny chain of
+ops does not share. The online calibration learns each host from its own steps.
 Results are cached as JSON next to the CPU measurements (see detect.py), keyed
 by device name and torch version. ``probe_row`` turns the result into a YAML
 row for a GPU file, so the measurement can be kept and shared.
@@ -124,8 +122,7 @@ def probe_spec(measured: dict) -> GpuSpec:
         fp32_tflops=fp32, tf32_tflops=measured.get("tf32_tflops"), fp16_tflops=half, fp16_fp32acc_tflops=half,
         bf16_tflops=measured.get("bf16_tflops"), consumer=False,
         vendor="amd" if measured.get("hip") else ("nvidia" if measured.get("device", "cuda").startswith("cuda") else "other"),
-        source=(f"measured probe on this machine ({measured['matmul_size']}^3 matmuls, device copy"
-                "; "
+        source=(f"measured probe on this machine ({measured['matmul_size']}^3 matmuls, device copy; "
                 f"torch {measured['torch']}, {measured['measured_at']})"))
 
 
