@@ -4,7 +4,9 @@ The planner predicts step times at ``model.precision`` (bf16 by default), so a G
 train at that precision too, or its first round runs at a different speed than planned.
 - ``bf16``: forward under ``torch.autocast(bfloat16)``; parameters, gradients and both
   optimizers stay fp32. A GPU without bf16 (before Ampere: V100, T4, RTX 20xx) runs fp16
-  instead, as the predictor models it for such a GPU, with a notice.
+  instead, as the predictor models it for such a GPU, with a notice. The GPUs of one node
+  agree first (``node_has_bf16``): a node with a 3090 and a V100 trains both in fp16, since
+  DDP averages the ranks' gradients before any rank could unscale its own.
 - ``fp16``: forward under ``torch.autocast(float16)`` with a dynamic loss scale
   (``torch.amp.GradScaler``): the loss is scaled before backward, the gradients unscaled
   before clipping, and a step whose gradients overflowed is skipped.
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
+
+from geodiloco.runtime.plain_collectives import all_gather_values
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -73,7 +77,8 @@ class TrainingPrecision:
 def training_precision(requested: str, device: torch.device,
                        bf16_supported: Optional[bool] = None) -> TrainingPrecision:
     """What a process on ``device`` runs for ``model.precision`` = ``requested`` (fp32 | bf16 | fp16).
-    ``bf16_supported``: whether the GPU has bf16 (default: ask torch.cuda)."""
+    ``bf16_supported``: whether every GPU of the node has bf16 (default: ask torch.cuda about this
+    one; see ``node_has_bf16``)."""
     if requested not in ("fp32", *AUTOCAST_DTYPES):
         raise ValueError(f"model.precision must be fp32, bf16 or fp16, got {requested!r}")
     if device.type != "cuda":
@@ -88,6 +93,22 @@ def training_precision(requested: str, device: torch.device,
         has_bf16 = torch.cuda.is_bf16_supported() if bf16_supported is None else bf16_supported
         if not has_bf16:
             name = "fp16"
-            note = "model.precision bf16: this GPU has no bf16, training fp16 with a dynamic loss scale instead"
+            note = ("model.precision bf16: a GPU of this node has no bf16, so the node trains fp16 with a dynamic "
+                    "loss scale instead")
     scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
     return TrainingPrecision(name, "cuda", AUTOCAST_DTYPES[name], scaler, note)
+
+
+def node_has_bf16(device: torch.device, node_group: Optional[object]) -> Optional[bool]:
+    """Whether every GPU of this node has bf16 (None on the CPU). Collective over ``node_group``
+    (the node's ranks; None: a node of one rank), so every rank of the node gets the same answer."""
+    if device.type != "cuda":
+        return None
+    return node_all(torch.cuda.is_bf16_supported(), node_group)
+
+
+def node_all(flag: bool, node_group: Optional[object]) -> bool:
+    """True when ``flag`` holds on every rank of ``node_group`` (this rank alone when None)."""
+    if node_group is None:
+        return bool(flag)
+    return all(all_gather_values(bool(flag), group=node_group))

@@ -34,7 +34,7 @@ from geodiloco.runtime.gpu_sampler import GpuSampler
 from geodiloco.runtime.models import build_configured_model
 from geodiloco.runtime.finite_guard import NonFiniteModel, all_finite, check_global_finite
 from geodiloco.runtime.recovery import log_membership_event, write_members
-from geodiloco.runtime.precision import training_precision
+from geodiloco.runtime.precision import node_has_bf16, training_precision
 from geodiloco.runtime.state_file import EncodedState, encode_state
 from geodiloco.runtime.sync import RoundSync, SyncHandles, build_outer_sync
 
@@ -94,7 +94,8 @@ class NodeTrainer:
             self.train_model = DistributedDataParallel(
                 self.model, process_group=topology.node_group,
                 device_ids=[device.index] if device.type == "cuda" else None)
-        self.precision = training_precision(config.model.precision, device)
+        self.precision = training_precision(config.model.precision, device,
+                                            node_has_bf16(device, topology.node_group))
         if self.precision.note and topology.is_leader and device.type == "cuda":
             print(f"[geodiloco] node {self.node.name}: {self.precision.note}", file=sys.stderr, flush=True)
         inner = config.optim.inner

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from geodiloco.runtime.batching import accumulate_gradients
-from geodiloco.runtime.precision import TrainingPrecision, training_precision
+from geodiloco.runtime.precision import TrainingPrecision, node_all, node_has_bf16, training_precision
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda", 0)
@@ -123,3 +123,35 @@ def test_the_inner_step_forward_runs_under_the_nodes_autocast_and_keeps_fp32_gra
     assert model.proj.weight.grad.dtype == torch.float32
     # d/dW mean((W x - 0)^2) at W = I, x = 1: 2 x^T x / 8 = 0.25 in every entry (exact in bf16)
     assert torch.allclose(model.proj.weight.grad, torch.full((8, 8), 0.25))
+
+
+def _agree_rank(rank: int, port: int, flags: list[bool], results) -> None:
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(len(flags)))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    try:
+        node = dist.new_group(list(range(len(flags))))
+        results[rank] = node_all(flags[rank], node)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("flags, agreed", [([True, False, True], False), ([True, True, True], True)])
+def test_the_ranks_of_a_node_agree_on_bf16_so_ddp_never_mixes_scaled_gradients(flags, agreed):
+    import torch.multiprocessing as mp
+
+    from geodiloco.runtime.launch import free_port
+
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_agree_rank, args=(free_port(), flags, results), nprocs=len(flags), join=True)
+        assert dict(results) == {rank: agreed for rank in range(len(flags))}
+
+
+def test_a_node_of_one_rank_decides_alone_and_a_cpu_node_has_no_answer():
+    assert node_all(False, None) is False and node_all(True, None) is True
+    assert node_has_bf16(CPU, None) is None
