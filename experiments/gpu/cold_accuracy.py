@@ -21,9 +21,11 @@ from typing import Optional
 
 import yaml
 
-from geodiloco.predictor.model import NodeStepModel
 from geodiloco.predictor.specs import GpuSpec, lookup_gpu
 from geodiloco.predictor.workload import resolve_dims
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_sweep import spec_step_ms  # noqa: E402
 
 
 def probed_host(folder: Path) -> Optional[dict]:
@@ -37,8 +39,7 @@ def probed_host(folder: Path) -> Optional[dict]:
 
 
 def predicted_ms(spec: GpuSpec, sweep: dict, batch_size: int) -> float:
-    dims = resolve_dims(sweep["preset"])
-    return NodeStepModel([spec], dims, sweep["seq_len"], precision=sweep["precision"]).predict(batch_size) * 1e3
+    return spec_step_ms(spec, resolve_dims(sweep["preset"]), sweep["seq_len"], sweep["precision"], batch_size)
 
 
 def folder_rows(folder: Path) -> tuple[list[dict], Optional[dict], str]:

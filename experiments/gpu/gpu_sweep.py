@@ -213,6 +213,12 @@ def predict_for(datasheet_name: Optional[str], dims: ModelDims, seq_len: int, pr
         return Prediction(None, str(err))
 
 
+def spec_step_ms(spec, dims: ModelDims, seq_len: int, precision: str, batch_size: int) -> float:
+    """The cold prediction (ms) for one GPU given as a device row (``GpuSpec``), e.g. a table row with
+    other host costs: what host_overhead.py and cold_accuracy.py compare measured steps with."""
+    return NodeStepModel([spec], dims, seq_len, precision=precision).predict(batch_size) * 1e3
+
+
 # ---------------------------------------------------------------- hardware side
 
 

@@ -55,13 +55,8 @@ def profile_step(runner, batch_size: int) -> dict:
     kernels = [event for event in events if event.device_type == torch.autograd.DeviceType.CUDA]
     aten_ops = [event for event in events if event.device_type == torch.autograd.DeviceType.CPU
                 and event.name.startswith("aten::")]
-    busy_us = sum(getattr(event, "device_time", getattr(event, "cuda_time", 0.0)) for event in kernels)
+    busy_us = sum(event.device_time if hasattr(event, "device_time") else event.cuda_time for event in kernels)
     return {"gpu_busy_ms": busy_us / 1e3, "kernels": len(kernels), "aten_ops": len(aten_ops)}
-
-
-def predicted_ms(spec, dims, seq_len: int, precision: str, batch_size: int) -> float:
-    from geodiloco.predictor.model import NodeStepModel
-    return NodeStepModel([spec], dims, seq_len, precision=precision).predict(batch_size) * 1e3
 
 
 def main(argv=None) -> int:
@@ -71,7 +66,7 @@ def main(argv=None) -> int:
         print(f"no CUDA device (torch {torch.__version__}): nothing was run; with one this would time and profile "
               f"{args.presets} at batch {args.batch_sizes} in {args.precisions}.")
         return 0
-    from gpu_sweep import StepRunner, set_matmul_precision
+    from gpu_sweep import StepRunner, set_matmul_precision, spec_step_ms
     from geodiloco.predictor.probe import measure_device, probe_spec
     from geodiloco.predictor.specs import lookup_gpu
     from geodiloco.predictor.workload import resolve_dims
@@ -101,9 +96,9 @@ def main(argv=None) -> int:
                        "seq_len": dims.max_seq_len, "step_ms": statistics.median(times_s) * 1e3,
                        **profile_step(runner, batch_size)}
                 shape = (dims, dims.max_seq_len, precision, batch_size)
-                row.update({"predicted_ms": predicted_ms(datasheet, *shape),
-                            "predicted_ms_probed_host": predicted_ms(with_probed_host, *shape),
-                            "predicted_gpu_only_ms": predicted_ms(without_host, *shape)})
+                row.update({"predicted_ms": spec_step_ms(datasheet, *shape),
+                            "predicted_ms_probed_host": spec_step_ms(with_probed_host, *shape),
+                            "predicted_gpu_only_ms": spec_step_ms(without_host, *shape)})
                 rows.append(row)
                 print(f"{preset:<11}{precision:<6}{batch_size:>6}{row['step_ms']:>9.2f}{row['gpu_busy_ms']:>9.2f}"
                       f"{row['kernels']:>8}{row['aten_ops']:>9}{row['predicted_ms']:>9.2f}"
