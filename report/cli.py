@@ -60,7 +60,6 @@ def _renderables(summaries, args: argparse.Namespace) -> list:
 
 def _report(args: argparse.Namespace) -> int:
     from geodiloco.report.export import write_html, write_json
-    from geodiloco.report.plots import write_plot
     from geodiloco.report.runs import summarize_runs
 
     summaries = summarize_runs(args.run_dirs, args.price, args.skip_rounds)
@@ -82,6 +81,8 @@ def _report(args: argparse.Namespace) -> int:
         write_html(renderables, args.html)
         print(f"wrote {args.html}", file=sys.stderr)
     if args.plot:
+        from geodiloco.report.plots import write_plot  # matplotlib takes a second or two to import: only to draw
+
         write_plot(summaries, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
