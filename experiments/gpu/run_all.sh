@@ -7,8 +7,9 @@
 # 3. validate.py at fp32 (no run): the same t(B) check without tensor-core autocast;
 # 4. host_overhead.py: small-batch steps split into host and GPU time (profiler), beside the predictor;
 # 5. a DiLoCo run at fp16: the runtime's loss-scaled path on the GPU;
-# 6. the tests that behave differently with CUDA present (precision, GPU kit, NVML sampler, detection).
-# Writes OUT_DIR/{detect.txt,probe_row.yaml,host_overhead.json,pytest.log} and
+# 6. kernel_classes.py: GPU-bound steps' kernel time by class, beside the predictor's split;
+# 7. the tests that behave differently with CUDA present (precision, GPU kit, NVML sampler, detection).
+# Writes OUT_DIR/{detect.txt,probe_row.yaml,host_overhead.json,kernel_classes.{json,md},pytest.log} and
 # OUT_DIR/{bf16,fp32,fp16-run}/<gpu-slug>.{txt,json}.
 # Exit code: the number of steps that failed (0: all passed).
 set -u
@@ -38,8 +39,12 @@ python3 experiments/gpu/host_overhead.py --out "$out_dir" || failed=$((failed + 
 echo "== DiLoCo run at fp16 (loss scale)"
 python3 experiments/gpu/validate.py --skip-sweep --run-precision fp16 --out "$out_dir/fp16-run" || failed=$((failed + 1))
 
+echo "== kernel time by class (GPU-bound steps)"
+python3 experiments/gpu/kernel_classes.py --out "$out_dir" || failed=$((failed + 1))
+
 echo "== tests with CUDA present"
 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_precision.py tests/test_gpu_validate.py \
+    tests/test_gpu_kernel_classes.py \
     tests/test_gpu_sampler.py tests/test_predictor_detect.py 2>&1 | tee "$out_dir/pytest.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || failed=$((failed + 1))
 

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Where a GPU-bound training step's kernel time goes, by the predictor's kernel classes, beside the
+predictor's own split of the same step.
+
+    python experiments/gpu/kernel_classes.py [--presets llama-150m] [--batch-sizes 8,32]
+                                             [--precisions bf16,fp32] [--out DIR]
+
+The cold predictor prices a step as GEMMs, attention, elementwise kernels (the softmax
+cross-entropy over the vocabulary among them) and the optimizer, each at a share of a datasheet
+peak (predictor/kernels.py). A whole-step time that is off says little about which share is
+wrong; this script profiles one training step (the runtime's inner step, as validate.py times it)
+with torch.profiler, sorts every CUDA kernel into those classes by its name, and prints the
+measured milliseconds per class beside the predicted ones (``NodeStepModel.explain``). The loss
+kernels (PyTorch's one-block-per-row softmax, ``cunn_SoftMax*``, and ``nll_loss*``) are also
+shown apart: their rate is the predictor's per-SM bound.
+
+Without CUDA it prints one line and exits 0. Writes DIR/kernel_classes.{json,md} (default
+experiments/results/gpu/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+WARMUP_STEPS = 3
+CLASSES = ("matmul", "attention", "elementwise", "optimizer")
+# Checked in this order; the first match wins. Attention first: its CUTLASS kernels ("fmha_cutlassF")
+# would otherwise read as GEMMs. The loss is part of "elementwise" for the comparison, and shown apart.
+KERNEL_PATTERNS = (
+    ("attention", re.compile(r"flash|fmha|sdpa|attention", re.IGNORECASE)),
+    ("vocab_loss", re.compile(r"cunn_SoftMax|nll_loss|cross_entropy", re.IGNORECASE)),
+    ("optimizer", re.compile(r"multi_tensor_apply|lpnorm_cleanup|fused_adam|adamw?_", re.IGNORECASE)),
+    ("matmul", re.compile(r"gemm|gemv|nvjet|xmma|cutlass|cublas|splitKreduce", re.IGNORECASE)),
+)
+
+
+def classify_kernel(name: str) -> str:
+    """The predictor's kernel class of a CUDA kernel, from its name: matmul, attention, vocab_loss,
+    optimizer, or elementwise (everything else: norms, activations, residuals, casts, copies)."""
+    for kernel_class, pattern in KERNEL_PATTERNS:
+        if pattern.search(name):
+            return kernel_class
+    return "elementwise"
+
+
+def class_times_ms(kernels: list[tuple[str, float]]) -> dict:
+    """Milliseconds per class of (kernel name, device microseconds) pairs; ``elementwise`` includes the
+    loss kernels, which ``vocab_loss`` also counts apart."""
+    times = {name: 0.0 for name in (*CLASSES, "vocab_loss")}
+    for name, device_us in kernels:
+        kernel_class = classify_kernel(name)
+        times[kernel_class] += device_us / 1e3
+        if kernel_class == "vocab_loss":
+            times["elementwise"] += device_us / 1e3
+    return times
+
+
+def predicted_classes_ms(spec, dims, seq_len: int, precision: str, batch_size: int) -> dict:
+    """The cold model's milliseconds per class for one GPU row (no host cost: kernels only)."""
+    from geodiloco.predictor.model import NodeStepModel
+
+    explained = NodeStepModel([spec], dims, seq_len, precision=precision).explain(batch_size)
+    return {name: explained[f"{name}_s"] * 1e3 for name in CLASSES}
+
+
+def profiled_kernels(runner, batch_size: int) -> list[tuple[str, float]]:
+    """(name, device microseconds) of every CUDA kernel of one training step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner.step(batch_size)
+        torch.cuda.synchronize()
+    return [(event.name, event.device_time if hasattr(event, "device_time") else event.cuda_time)
+            for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def markdown(rows: list[dict], gpu: str, torch_version: str) -> str:
+    lines = [
+        f"# Kernel time by class: {gpu}",
+        "",
+        f"Truth: one profiled training step per row (torch.profiler, CUDA kernel durations; torch {torch_version}), "
+        "after warm-up steps. Predicted: the cold model's split of the same step (`NodeStepModel.explain`, "
+        "kernels only). Elementwise includes the loss over the vocabulary, which is also shown apart (measured). "
+        "Command: `python experiments/gpu/kernel_classes.py`.",
+        "",
+        "| preset | precision | batch | class | measured ms | predicted ms | predicted / measured |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        for name in CLASSES:
+            measured, predicted = row["measured_ms"][name], row["predicted_ms"][name]
+            ratio = f"{predicted / measured:.2f}" if measured > 0 else "-"
+            lines.append(f"| {row['preset']} | {row['precision']} | {row['batch_size']} | {name} | {measured:.2f} | "
+                         f"{predicted:.2f} | {ratio} |")
+        lines.append(f"| {row['preset']} | {row['precision']} | {row['batch_size']} | (loss kernels, measured) | "
+                     f"{row['measured_ms']['vocab_loss']:.2f} | | |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python experiments/gpu/kernel_classes.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", default="llama-150m", help="comma-separated model presets")
+    parser.add_argument("--batch-sizes", default="8,32", help="comma-separated batch sizes (GPU-bound ones)")
+    parser.add_argument("--precisions", default="bf16,fp32", help="comma-separated: fp32, bf16, fp16")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "gpu",
+                        help="folder for kernel_classes.json and kernel_classes.md")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print(f"no CUDA device (torch {torch.__version__}): nothing was run; with one this would profile "
+              f"{args.presets} at batch {args.batch_sizes} in {args.precisions}, kernel class by class.")
+        return 0
+    from gpu_sweep import StepRunner, set_matmul_precision
+    from geodiloco.predictor.specs import lookup_gpu
+    from geodiloco.predictor.workload import resolve_dims
+
+    device = torch.device("cuda", 0)
+    gpu = torch.cuda.get_device_name(0)
+    datasheet = lookup_gpu(gpu)
+    print(f"{gpu} (row {datasheet.name}); torch {torch.__version__}", flush=True)
+    rows = []
+    for preset in args.presets.split(","):
+        dims = resolve_dims(preset)
+        for precision in args.precisions.split(","):
+            set_matmul_precision(precision)
+            runner = StepRunner(dims, dims.max_seq_len, precision, device)
+            for batch_size in map(int, args.batch_sizes.split(",")):
+                runner.timed_steps_s(batch_size, WARMUP_STEPS, 1)
+                row = {"preset": preset, "precision": precision, "batch_size": batch_size, "seq_len": dims.max_seq_len,
+                       "measured_ms": class_times_ms(profiled_kernels(runner, batch_size)),
+                       "predicted_ms": predicted_classes_ms(datasheet, dims, dims.max_seq_len, precision, batch_size)}
+                rows.append(row)
+                print(f"{preset} {precision} batch {batch_size}: " + ", ".join(
+                    f"{name} {row['measured_ms'][name]:.1f} ms (predicted {row['predicted_ms'][name]:.1f})"
+                    for name in CLASSES) + f"; loss kernels {row['measured_ms']['vocab_loss']:.1f} ms", flush=True)
+            del runner
+            torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "kernel_classes.json").write_text(json.dumps(
+        {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "gpu": gpu, "row": datasheet.name, "torch": torch.__version__,
+         "rows": rows}, indent=2), encoding="utf-8")
+    (args.out / "kernel_classes.md").write_text(markdown(rows, gpu, torch.__version__), encoding="utf-8")
+    print(f"wrote {args.out / 'kernel_classes.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

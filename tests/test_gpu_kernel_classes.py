@@ -1,0 +1,119 @@
+"""experiments/gpu/kernel_classes.py: kernel names as CUDA profiles print them sorted into the predictor's
+classes, the per-class sums, the predicted split it compares with, and the script without CUDA."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+KIT = ROOT / "experiments" / "gpu"
+sys.path.insert(0, str(KIT))
+
+import kernel_classes  # noqa: E402
+from geodiloco.predictor.specs import lookup_gpu  # noqa: E402
+from geodiloco.predictor.workload import resolve_dims  # noqa: E402
+
+# Kernel names as torch.profiler records them on Ampere and Hopper GPUs (cuBLAS, cuBLASLt, CUTLASS, PyTorch).
+KERNEL_NAMES = [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_"
+     "kernel__5x_cublas", "matmul"),
+    ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "matmul"),
+    ("ampere_sgemm_128x64_tn", "matmul"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_tn_align4>(cutlass_80_tensorop_s1688gemm_"
+     "64x64_16x6_tn_align4::Params)", "matmul"),
+    ("void splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>(cublasSplitKParams<float>"
+     ", float const*, float const*, float*, float const*, float const*, float const*, float const*, float*, void*, "
+     "long, float*, int*)", "matmul"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t, "
+     "Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, false, true, false, false, false, true, false, "
+     "false>(FLASH_NAMESPACE::Flash_fwd_params)", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t, "
+     "cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0", "attention"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::(anonymous "
+     "namespace)::LogSoftMaxForwardEpilogue>(float*, float const*, int)", "vocab_loss"),
+    ("void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>(float*, "
+     "float*, float const*, long const*, float const*, bool, long, long, long, long)", "vocab_loss"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "TensorListMetadata<4>, at::native::(anonymous namespace)::PointwiseOpScalarFunctor<float, 4, 3, 0>, "
+     "std::multiplies<float>, float>(...)", "optimizer"),
+    ("void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float, float>(float const*, "
+     "at::native::TensorListAddresses, int)", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+     "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
+     "elementwise"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, "
+     "float>, unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float, float, "
+     "float>, unsigned int, float, 4, 4>)", "elementwise"),
+    # a softmax over short rows (eager attention scores) is an elementwise kernel, not the vocabulary's
+    ("void (anonymous namespace)::softmax_warp_forward<c10::BFloat16, c10::BFloat16, float, 10, false, false>"
+     "(c10::BFloat16*, c10::BFloat16 const*, int, int, int, bool const*, int, bool)", "elementwise"),
+    ("Memcpy DtoD (Device -> Device)", "elementwise"),
+]
+
+
+@pytest.mark.parametrize("name,expected", KERNEL_NAMES, ids=[expected + ":" + name[:40] for name, expected in
+                                                               KERNEL_NAMES])
+def test_each_kernel_name_lands_in_its_class(name, expected):
+    assert kernel_classes.classify_kernel(name) == expected
+
+
+def test_class_sums_count_the_loss_in_elementwise_and_apart():
+    kernels = [("ampere_sgemm_128x64_tn", 1500.0), ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 500.0),
+               ("void pytorch_flash::flash_fwd_kernel<...>", 300.0),
+               ("void at::native::vectorized_elementwise_kernel<4, ...>", 250.0),
+               ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, ...>", 120.0),
+               ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>", 80.0)]
+    times = kernel_classes.class_times_ms(kernels)
+    assert times == pytest.approx({"matmul": 2.0, "attention": 0.3, "elementwise": 0.37, "optimizer": 0.08,
+                                   "vocab_loss": 0.12})
+    assert sum(times[name] for name in kernel_classes.CLASSES) == pytest.approx(2.75)  # every kernel once
+
+
+def test_the_predicted_split_adds_up_to_the_kernel_time_of_a_gpu_bound_step():
+    dims = resolve_dims("llama-150m")
+    spec = lookup_gpu("H100-SXM")
+    split = kernel_classes.predicted_classes_ms(spec, dims, 1024, "bf16", 32)
+    assert set(split) == set(kernel_classes.CLASSES)
+    assert all(value > 0 for value in split.values())
+    from geodiloco.predictor.model import NodeStepModel
+    step_ms = NodeStepModel([spec], dims, 1024, precision="bf16").predict(32) * 1e3
+    # at batch 32 the GPU's kernels, not the host, set the step: the four classes are the whole step
+    assert sum(split.values()) == pytest.approx(step_ms, rel=1e-6)
+
+
+def test_the_markdown_table_has_a_row_per_class_and_the_ratio():
+    row = {"preset": "llama-150m", "precision": "bf16", "batch_size": 32,
+           "measured_ms": {"matmul": 50.0, "attention": 5.0, "elementwise": 100.0, "optimizer": 10.0,
+                           "vocab_loss": 40.0},
+           "predicted_ms": {"matmul": 55.0, "attention": 6.5, "elementwise": 212.0, "optimizer": 10.7}}
+    table = kernel_classes.markdown([row], "NVIDIA H100 80GB HBM3", "2.11.0")
+    assert "| llama-150m | bf16 | 32 | elementwise | 100.00 | 212.00 | 2.12 |" in table
+    assert "| llama-150m | bf16 | 32 | matmul | 50.00 | 55.00 | 1.10 |" in table
+    assert "(loss kernels, measured) | 40.00 |" in table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the script would really run")
+def test_without_cuda_the_script_prints_one_line_writes_nothing_and_exits_0(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(KIT / "kernel_classes.py"), "--presets", "small",
+                             "--batch-sizes", "16", "--out", str(out)], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"no CUDA device (torch {torch.__version__}): nothing was run; with one this would profile small at batch "
+        "16 in bf16,fp32, kernel class by class."]
+    assert not out.exists()
+
+
+def test_help_names_every_option():
+    result = subprocess.run([sys.executable, str(KIT / "kernel_classes.py"), "--help"], capture_output=True,
+                            text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0
+    for option in ("--presets", "--batch-sizes", "--precisions", "--out"):
+        assert option in result.stdout
