@@ -117,3 +117,25 @@ def test_help_names_every_option():
     assert result.returncode == 0
     for option in ("--presets", "--batch-sizes", "--precisions", "--out"):
         assert option in result.stdout
+
+
+def test_preset_runners_build_one_runner_per_preset_and_precision_and_close_each():
+    import gpu_sweep
+
+    seen = []
+    for preset, dims, precision, runner in gpu_sweep.preset_runners(["tiny"], ["fp32", "bf16"], torch.device("cpu")):
+        assert dims.max_seq_len == resolve_dims("tiny").max_seq_len and runner.seq_len == dims.max_seq_len
+        runner.step(2)  # a real training step on the CPU
+        seen.append((preset, precision, runner))
+    assert [(preset, precision) for preset, precision, _ in seen] == [("tiny", "fp32"), ("tiny", "bf16")]
+    assert all(runner.model is None and runner.optimizer is None for _, _, runner in seen)
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available, disabling CUDA profiling")
+def test_a_profiled_cpu_step_has_no_cuda_kernels_but_counts_its_aten_ops():
+    import gpu_sweep
+
+    runner = gpu_sweep.StepRunner(resolve_dims("tiny"), 64, "fp32", torch.device("cpu"))
+    kernels, aten_ops = gpu_sweep.profiled_step(runner, 2)
+    assert kernels == []
+    assert aten_ops > 100  # forward, backward, clipping and AdamW of a 2-layer model dispatch hundreds of ops

@@ -12,13 +12,13 @@ import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
 from geodiloco.predictor.model import NodeStepModel, node_step_model
 from geodiloco.predictor.schema import ConfigError
-from geodiloco.predictor.workload import ModelDims
+from geodiloco.predictor.workload import ModelDims, resolve_dims
 from geodiloco.runtime.diloco import build_inner_optimizer
 from geodiloco.runtime.models import build_model
 
@@ -303,6 +303,15 @@ class StepRunner:
         self.release_memory()
         return False
 
+    def close(self) -> None:
+        """Drop the model, optimizer and batch, and return their memory to the device, before the next
+        runner is built (a caller may still hold this object)."""
+        self.model = self.optimizer = None
+        self._batch = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def release_memory(self) -> None:
         """Drop gradients, the cached batch and the allocator's free blocks after an OOM."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -311,6 +320,35 @@ class StepRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+
+
+def preset_runners(presets: list[str], precisions: list[str],
+                   device: torch.device) -> Iterator[tuple[str, ModelDims, str, StepRunner]]:
+    """(preset, dims, precision, runner) for each preset x precision, each at the preset's own sequence
+    length with its matmul precision set; each runner's memory is released before the next is built."""
+    for preset in presets:
+        dims = resolve_dims(preset)
+        for precision in precisions:
+            set_matmul_precision(precision)
+            runner = StepRunner(dims, dims.max_seq_len, precision, device)
+            yield preset, dims, precision, runner
+            runner.close()
+
+
+def profiled_step(runner: StepRunner, batch_size: int) -> tuple[list[tuple[str, float]], int]:
+    """One training step under torch.profiler: (name, device microseconds) of each CUDA kernel it ran,
+    and the number of aten ops it dispatched."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner.step(batch_size)
+        synchronize(runner.device)
+    events = prof.events()
+    kernels = [(event.name, event.device_time if hasattr(event, "device_time") else event.cuda_time)
+               for event in events if event.device_type == torch.autograd.DeviceType.CUDA]
+    aten_ops = sum(1 for event in events
+                   if event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith("aten::"))
+    return kernels, aten_ops
 
 @dataclass
 class PresetSweep:

@@ -45,18 +45,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def profile_step(runner, batch_size: int) -> dict:
     """GPU busy ms, kernels and aten ops of one training step, from torch.profiler."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from gpu_sweep import profiled_step
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        runner.step(batch_size)
-        torch.cuda.synchronize()
-    events = prof.events()
-    kernels = [event for event in events if event.device_type == torch.autograd.DeviceType.CUDA]
-    aten_ops = [event for event in events if event.device_type == torch.autograd.DeviceType.CPU
-                and event.name.startswith("aten::")]
-    busy_us = sum(event.device_time if hasattr(event, "device_time") else event.cuda_time for event in kernels)
-    return {"gpu_busy_ms": busy_us / 1e3, "kernels": len(kernels), "aten_ops": len(aten_ops)}
+    kernels, aten_ops = profiled_step(runner, batch_size)
+    return {"gpu_busy_ms": sum(device_us for _, device_us in kernels) / 1e3, "kernels": len(kernels),
+            "aten_ops": aten_ops}
 
 
 def main(argv=None) -> int:
@@ -66,10 +59,9 @@ def main(argv=None) -> int:
         print(f"no CUDA device (torch {torch.__version__}): nothing was run; with one this would time and profile "
               f"{args.presets} at batch {args.batch_sizes} in {args.precisions}.")
         return 0
-    from gpu_sweep import StepRunner, set_matmul_precision, spec_step_ms
-    from geodiloco.predictor.probe import measure_device, probe_spec
+    from gpu_sweep import preset_runners, spec_step_ms
+    from geodiloco.predictor.probe import measure_device
     from geodiloco.predictor.specs import lookup_gpu
-    from geodiloco.predictor.workload import resolve_dims
 
     device = torch.device("cuda", 0)
     measured = measure_device("cuda:0")
@@ -85,26 +77,20 @@ def main(argv=None) -> int:
               f"{'pred ms':>9}{'probed':>9}{'GPU only':>9}")
     print(header + "\n(pred: constant host cost; probed: host costs measured here; GPU only: no host cost)",
           flush=True)
-    for preset in args.presets.split(","):
-        dims = resolve_dims(preset)
-        for precision in args.precisions.split(","):
-            set_matmul_precision(precision)
-            runner = StepRunner(dims, dims.max_seq_len, precision, device)
-            for batch_size in map(int, args.batch_sizes.split(",")):
-                times_s, _ = runner.timed_steps_s(batch_size, WARMUP_STEPS, TIMED_STEPS)
-                row = {"preset": preset, "precision": precision, "batch_size": batch_size,
-                       "seq_len": dims.max_seq_len, "step_ms": statistics.median(times_s) * 1e3,
-                       **profile_step(runner, batch_size)}
-                shape = (dims, dims.max_seq_len, precision, batch_size)
-                row.update({"predicted_ms": spec_step_ms(datasheet, *shape),
-                            "predicted_ms_probed_host": spec_step_ms(with_probed_host, *shape),
-                            "predicted_gpu_only_ms": spec_step_ms(without_host, *shape)})
-                rows.append(row)
-                print(f"{preset:<11}{precision:<6}{batch_size:>6}{row['step_ms']:>9.2f}{row['gpu_busy_ms']:>9.2f}"
-                      f"{row['kernels']:>8}{row['aten_ops']:>9}{row['predicted_ms']:>9.2f}"
-                      f"{row['predicted_ms_probed_host']:>9.2f}{row['predicted_gpu_only_ms']:>9.2f}", flush=True)
-            del runner
-            torch.cuda.empty_cache()
+    for preset, dims, precision, runner in preset_runners(args.presets.split(","), args.precisions.split(","), device):
+        for batch_size in map(int, args.batch_sizes.split(",")):
+            times_s, _ = runner.timed_steps_s(batch_size, WARMUP_STEPS, TIMED_STEPS)
+            row = {"preset": preset, "precision": precision, "batch_size": batch_size,
+                   "seq_len": dims.max_seq_len, "step_ms": statistics.median(times_s) * 1e3,
+                   **profile_step(runner, batch_size)}
+            shape = (dims, dims.max_seq_len, precision, batch_size)
+            row.update({"predicted_ms": spec_step_ms(datasheet, *shape),
+                        "predicted_ms_probed_host": spec_step_ms(with_probed_host, *shape),
+                        "predicted_gpu_only_ms": spec_step_ms(without_host, *shape)})
+            rows.append(row)
+            print(f"{preset:<11}{precision:<6}{batch_size:>6}{row['step_ms']:>9.2f}{row['gpu_busy_ms']:>9.2f}"
+                  f"{row['kernels']:>8}{row['aten_ops']:>9}{row['predicted_ms']:>9.2f}"
+                  f"{row['predicted_ms_probed_host']:>9.2f}{row['predicted_gpu_only_ms']:>9.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host_overhead.json").write_text(json.dumps(
         {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,

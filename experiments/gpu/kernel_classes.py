@@ -70,18 +70,6 @@ def predicted_classes_ms(spec, dims, seq_len: int, precision: str, batch_size: i
     return {name: explained[f"{name}_s"] * 1e3 for name in CLASSES}
 
 
-def profiled_kernels(runner, batch_size: int) -> list[tuple[str, float]]:
-    """(name, device microseconds) of every CUDA kernel of one training step."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        runner.step(batch_size)
-        torch.cuda.synchronize()
-    return [(event.name, event.device_time if hasattr(event, "device_time") else event.cuda_time)
-            for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-
-
 def markdown(rows: list[dict], gpu: str, torch_version: str) -> str:
     lines = [
         f"# Kernel time by class: {gpu}",
@@ -123,31 +111,25 @@ def main(argv=None) -> int:
         print(f"no CUDA device (torch {torch.__version__}): nothing was run; with one this would profile "
               f"{args.presets} at batch {args.batch_sizes} in {args.precisions}, kernel class by class.")
         return 0
-    from gpu_sweep import StepRunner, set_matmul_precision
+    from gpu_sweep import preset_runners, profiled_step
     from geodiloco.predictor.specs import lookup_gpu
-    from geodiloco.predictor.workload import resolve_dims
 
     device = torch.device("cuda", 0)
     gpu = torch.cuda.get_device_name(0)
     datasheet = lookup_gpu(gpu)
     print(f"{gpu} (row {datasheet.name}); torch {torch.__version__}", flush=True)
     rows = []
-    for preset in args.presets.split(","):
-        dims = resolve_dims(preset)
-        for precision in args.precisions.split(","):
-            set_matmul_precision(precision)
-            runner = StepRunner(dims, dims.max_seq_len, precision, device)
-            for batch_size in map(int, args.batch_sizes.split(",")):
-                runner.timed_steps_s(batch_size, WARMUP_STEPS, 1)
-                row = {"preset": preset, "precision": precision, "batch_size": batch_size, "seq_len": dims.max_seq_len,
-                       "measured_ms": class_times_ms(profiled_kernels(runner, batch_size)),
-                       "predicted_ms": predicted_classes_ms(datasheet, dims, dims.max_seq_len, precision, batch_size)}
-                rows.append(row)
-                print(f"{preset} {precision} batch {batch_size}: " + ", ".join(
-                    f"{name} {row['measured_ms'][name]:.1f} ms (predicted {row['predicted_ms'][name]:.1f})"
-                    for name in CLASSES) + f"; loss kernels {row['measured_ms']['vocab_loss']:.1f} ms", flush=True)
-            del runner
-            torch.cuda.empty_cache()
+    for preset, dims, precision, runner in preset_runners(args.presets.split(","), args.precisions.split(","), device):
+        for batch_size in map(int, args.batch_sizes.split(",")):
+            runner.timed_steps_s(batch_size, WARMUP_STEPS, 1)
+            kernels, _ = profiled_step(runner, batch_size)
+            row = {"preset": preset, "precision": precision, "batch_size": batch_size, "seq_len": dims.max_seq_len,
+                   "measured_ms": class_times_ms(kernels),
+                   "predicted_ms": predicted_classes_ms(datasheet, dims, dims.max_seq_len, precision, batch_size)}
+            rows.append(row)
+            print(f"{preset} {precision} batch {batch_size}: " + ", ".join(
+                f"{name} {row['measured_ms'][name]:.1f} ms (predicted {row['predicted_ms'][name]:.1f})"
+                for name in CLASSES) + f"; loss kernels {row['measured_ms']['vocab_loss']:.1f} ms", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernel_classes.json").write_text(json.dumps(
         {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "gpu": gpu, "row": datasheet.name, "torch": torch.__version__,
