@@ -159,3 +159,24 @@ def test_a_candidate_without_an_optional_term_neither_fits_nor_applies_it(term):
     start = select_model.start_for(without, [])
     assert getattr(start, term) is None
     assert start.matmul == fit_efficiency.HAND_SET["matmul"]
+
+
+def measured(row_id: str, gpu: str, batch_size: int, measured_s: float, precision: str = "fp16") -> dict:
+    return {"id": row_id, "gpu": gpu, "workload": "bert-large-squad", "precision": precision, "seq_len": 384,
+            "batch_size": batch_size, "measured_s": measured_s}
+
+
+def test_repeat_disagreement_pairs_one_measurement_across_sources_only():
+    rows = [measured("lambda-v0-a", "A100-SXM4-80GB", 32, 0.50),
+            measured("lambda-v1-a", "A100-SXM4-80GB", 32, 0.60),      # the same run re-published: 20 % apart
+            measured("lambda-v1-b", "A100-SXM4-80GB", 32, 0.40),      # same generation as the row above: not a pair
+            measured("dle-pt-a", "A100-SXM4-80GB", 64, 1.00),          # another batch size: not a pair
+            measured("lambda-v0-c", "RTX 3090", 8, 0.30),
+            measured("lambda-v1-c", "RTX 3090", 8, 0.20),              # faster in the newer one: 50 % apart
+            measured("lambda-v1-d", "RTX 3090", 8, 0.30, "tf32")]      # another precision: not a pair
+    pairs, median, worst = bench_published.repeat_disagreement(rows)
+    # pairs: v0-a/v1-a (0.60/0.50), v0-a/v1-b (0.50/0.40), v0-c/v1-c (0.30/0.20)
+    assert pairs == 3
+    assert median == pytest.approx(0.25)
+    assert worst == pytest.approx(0.5)
+    assert bench_published.repeat_disagreement(rows[:1])[0] == 0
