@@ -16,6 +16,13 @@ REPO = Path(__file__).resolve().parent.parent
 PRICES = ["--price", "A30=0.60", "--price", "RTX 2080 Ti=0.25"]
 
 
+@pytest.fixture(autouse=True)
+def piped_width(monkeypatch):
+    """The tables as a pipe gets them (160 columns): a COLUMNS exported in the shell running the tests would
+    otherwise set the width and wrap the lines these tests read."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 def _tuned_run(directory: Path) -> Path:
     """The default cluster under a better policy: a waits 1 s instead of 3 s, rounds of 8 s."""
     records = [idle_record(r, dict(NODE_A, wait_s=1.0), run_id="run-2", policy="time", round_s=8.0) for r in range(3)]
