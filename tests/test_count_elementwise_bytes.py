@@ -60,3 +60,7 @@ def test_the_script_refuses_bad_options_naming_them(capsys):
         counting.main(["--batch-sizes", "4,2", "--no-write"])
     assert exited.value.code == 2
     assert "--batch-sizes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        counting.main(["--presets", "llama-7b", "--no-write"])
+    assert exited.value.code == 2
+    assert "unknown model preset 'llama-7b'" in capsys.readouterr().err

@@ -7,8 +7,8 @@ LLaMA block's eager ops) and the loss over the vocabulary apart
 GPU-bound bf16 step's predicted time, and those steps are predicted 13-25 %
 too slow, so the hand count is the first suspect.
 
-Truth here: the aten ops that a real forward + backward of ``runtime.models.Decoder``
-dispatches on this CPU, at fp32 or under bf16 autocast (the op graph CUDA
+Truth here: the aten ops that a forward + backward of ``runtime.models.Decoder``
+dispatches on the CPU, at fp32 or under bf16 autocast (the op graph CUDA
 autocast runs, minus fusions). A TorchDispatchMode adds up the bytes of every
 tensor each op reads and writes (views move none), by class: GEMMs, attention
 (the scaled-dot-product op's inputs and outputs), the loss over the vocabulary
@@ -38,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from geodiloco.predictor.schema import ConfigError
 from geodiloco.predictor.workload import ModelDims, elementwise_bytes_per_token, preset_dims, vocab_loss_bytes_per_token
 from geodiloco.runtime.models import build_model
 
@@ -45,7 +46,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "predictor"
 MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm"}
 MOVES_NOTHING = {"detach", "alias", "lift_fresh", "_unsafe_view", "view", "_reshape_alias", "t", "transpose",
                  "permute", "expand", "slice", "select", "unsqueeze", "squeeze", "as_strided", "split", "unbind",
-                 "chunk", "split_with_sizes", "_to_copy_noop", "empty", "empty_like", "zeros", "ones", "new_empty",
+                 "chunk", "split_with_sizes", "empty", "empty_like", "zeros", "ones", "new_empty",
                  "new_zeros", "empty_strided", "ones_like", "zeros_like", "scalar_tensor", "arange"}
 CLASSES = ("elementwise", "attention", "vocab_loss", "embedding", "matmul")
 
@@ -167,7 +168,7 @@ def markdown(rows: list[Comparison]) -> str:
     lines = [
         "# Bytes per token outside the GEMMs: dispatched ops against the predictor's hand count",
         "",
-        "Truth: the aten ops a real forward + backward of the runtime's `Decoder` dispatches on this CPU "
+        "Truth: the aten ops a forward + backward of the runtime's `Decoder` dispatches on the CPU "
         "(bf16: under CPU autocast), every tensor each op reads and writes added up by a TorchDispatchMode, "
         "views excluded; the difference between two batch sizes, per token. Each op is charged its whole "
         "arguments, also where it reads a part (nll_loss reads one logit per row), so the loss's count is an upper "
@@ -211,8 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     if set(precisions) - {"fp32", "bf16"}:
         parser.error(f"--precisions: fp32 and/or bf16, got {args.precisions!r}")
     torch.set_num_threads(1)
+    presets = [name.strip() for name in args.presets.split(",")]
+    for preset in presets:
+        try:
+            preset_dims(preset)
+        except (ConfigError, ValueError) as err:
+            parser.error(f"--presets: {err}")
     rows = []
-    for preset in (name.strip() for name in args.presets.split(",")):
+    for preset in presets:
         for precision in precisions:
             rows.append(compare(preset, precision, args.seq_len, (small, large), fake=not args.real))
             print(f"  {preset} {precision}: predicted / counted elementwise {rows[-1].elementwise_ratio:.2f}, "
