@@ -213,7 +213,7 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     attention_s = attention_time_s(device, dims, seq_len, precision, samples, activation_checkpointing, code)
     precision_moved = "fp32" if device.is_cpu else precision
     if code.block == "gpt":
-        per_token = gpt_elementwise_bytes_per_token(dims, precision_moved)
+        per_token = gpt_elementwise_bytes_per_token(dims, precision_moved, code.activation)
     else:
         per_token = elementwise_bytes_per_token(dims, seq_len, precision_moved)
     working_set = 3 * tokens * max(dims.hidden_size, dims.intermediate_size) * e

@@ -297,6 +297,9 @@ class TrainingCode:
     SwiGLU-equivalent width (2/3 of the real MLP width: same parameters and FLOPs).
     ``attention``: "flash" (fused kernel, no score matrix, causal half skipped) or "eager" (scores and
     probabilities written to memory, full square computed).
+    ``activation``: how a "gpt" block's MLP activation runs: "fused" (one kernel forward, one backward)
+    or "gelu_new" (HuggingFace GPT-2's tanh approximation written as eager tensor ops,
+    ``transformers.activations.NewGELUActivation``: ``GELU_NEW_PASSES`` passes over the MLP width).
     ``lm_head_fraction``: share of positions projected onto the vocabulary and through the loss (1 for a
     language model, the masked share for BERT MLM that gathers masked positions first, 0 for a
     classification / QA head).
@@ -312,6 +315,7 @@ class TrainingCode:
 
     block: str = "llama"
     attention: str = "flash"
+    activation: str = "fused"
     lm_head_fraction: float = 1.0
     memory_len: int = 0
     relative_positions: bool = False
@@ -324,6 +328,8 @@ class TrainingCode:
             raise ConfigError(f"block must be 'llama' or 'gpt', got {self.block!r}")
         if self.attention not in ("flash", "eager"):
             raise ConfigError(f"attention must be 'flash' or 'eager', got {self.attention!r}")
+        if self.activation not in ("fused", "gelu_new"):
+            raise ConfigError(f"activation must be 'fused' or 'gelu_new', got {self.activation!r}")
         if not 0.0 <= self.lm_head_fraction <= 1.0:
             raise ConfigError(f"lm_head_fraction must be in [0, 1], got {self.lm_head_fraction}")
         if self.memory_len < 0:
@@ -360,19 +366,30 @@ def eager_attention_bytes_per_sample(dims: ModelDims, seq_len: int, precision: s
     return elements * (passes * activation_bytes(precision) + EAGER_SCORE_MASK_BYTES)
 
 
-def gpt_elementwise_bytes_per_token(dims: ModelDims, precision: str) -> float:
+# Passes over the MLP width (activation-sized elements, forward + backward) of a "gpt" block's activation:
+# fused, one read and one write forward (the backward counted as 2 x forward); HuggingFace GPT-2's gelu_new
+# as eager ops, 184 B per fp32 element as its dispatched aten ops move them (mul 104, add 44, pow 16,
+# tanh 8, tanh_backward 12; experiments/predictor/count_elementwise_bytes.py, tests/test_count_elementwise_bytes.py).
+FUSED_ACTIVATION_PASSES = 6
+GELU_NEW_PASSES = 46
+
+
+def gpt_elementwise_bytes_per_token(dims: ModelDims, precision: str, activation: str = "fused") -> float:
     """Bytes per token of the non-matmul kernels of BERT/GPT-2 style blocks, forward + backward (2 x forward).
 
     Per block forward: two LayerNorms (read + write), bias + activation over the MLP width (read + write),
     two dropouts (read, write, 1-byte mask), two residual adds (two reads, one write) and the attention
     context's permute copy (read + write), all at the activation precision (fp16 models keep fp16 weights
-    and activations), and the final LayerNorm. The loss over the vocabulary is ``vocab_loss_bytes_per_token``.
+    and activations), and the final LayerNorm. ``activation`` "gelu_new" (``TrainingCode.activation``) adds
+    the passes of an activation written as eager ops. The loss over the vocabulary is
+    ``vocab_loss_bytes_per_token``.
     """
     e = activation_bytes(precision)
     h, mlp = dims.hidden_size, 1.5 * dims.intermediate_size
     forward_block = 2 * 2 * e * h + 2 * e * mlp + 2 * (2 * e + 1) * h + 2 * 3 * e * h + 2 * e * h
     final_norm = 2 * 2 * e * h
-    return 3.0 * (dims.num_layers * forward_block + final_norm)
+    eager_activation = (GELU_NEW_PASSES - FUSED_ACTIVATION_PASSES) * e * mlp if activation == "gelu_new" else 0.0
+    return 3.0 * (dims.num_layers * forward_block + final_norm) + dims.num_layers * eager_activation
 
 
 def elementwise_bytes_per_token(dims: ModelDims, seq_len: int, precision: str) -> float:

@@ -64,3 +64,25 @@ def test_the_script_refuses_bad_options_naming_them(capsys):
         counting.main(["--presets", "llama-7b", "--no-write"])
     assert exited.value.code == 2
     assert "unknown model preset 'llama-7b'" in capsys.readouterr().err
+
+
+def test_gelu_new_moves_the_passes_the_predictor_gives_it():
+    """HuggingFace GPT-2's gelu_new, written as eager ops: the bytes its dispatched ops move per MLP element,
+    forward + backward, are the passes predictor.workload charges for it (fp32: 4 B per pass)."""
+    from transformers.activations import NewGELUActivation
+
+    from geodiloco.predictor.workload import GELU_NEW_PASSES
+
+    inputs = torch.randn(100, 64, requires_grad=True)
+    counter = counting.ByteCounter()
+    with counter:
+        outputs = NewGELUActivation()(inputs)
+        outputs.backward(torch.ones_like(outputs))
+    assert counter.bytes_by_class["elementwise"] == GELU_NEW_PASSES * 4 * inputs.numel()
+    inputs.grad = None  # a second backward would add into it: an extra pass not part of the activation
+    fused = counting.ByteCounter()
+    with fused:
+        outputs = torch.nn.functional.gelu(inputs)
+        outputs.backward(torch.ones_like(outputs))
+    # one kernel each way: read + write forward, read 2 + write backward (the hand count rounds it to 6 passes)
+    assert fused.bytes_by_class["elementwise"] == 5 * 4 * inputs.numel()

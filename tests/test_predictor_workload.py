@@ -74,3 +74,19 @@ def test_resolve_dims_errors(tmp_path):
     path.write_text("hidden_size: 65\nintermediate_size: 1\nnum_layers: 1\nnum_heads: 2\nvocab_size: 3\n")
     with pytest.raises(ConfigError, match="divisible"):
         resolve_dims(str(path))
+
+
+def test_an_eager_gelu_new_adds_its_passes_over_the_mlp_width():
+    from geodiloco.predictor.workload import (FUSED_ACTIVATION_PASSES, GELU_NEW_PASSES, ModelDims, TrainingCode,
+                                              gpt_elementwise_bytes_per_token)
+
+    dims = ModelDims(hidden_size=1280, intermediate_size=3413, num_layers=36, num_heads=20, vocab_size=50257,
+                     max_seq_len=1024)
+    mlp_width = 1.5 * 3413
+    for precision, element_bytes in (("fp32", 4), ("fp16", 2)):
+        fused = gpt_elementwise_bytes_per_token(dims, precision)
+        eager = gpt_elementwise_bytes_per_token(dims, precision, "gelu_new")
+        assert eager - fused == pytest.approx(36 * (GELU_NEW_PASSES - FUSED_ACTIVATION_PASSES) * element_bytes
+                                              * mlp_width)
+    with pytest.raises(ConfigError, match="activation must be 'fused' or 'gelu_new'"):
+        TrainingCode(block="gpt", activation="swish")

@@ -85,10 +85,11 @@ def row_precision(row: dict) -> str:
 
 
 def row_code(row: dict, workloads: dict) -> TrainingCode:
-    """How the row's source code runs its workload (block kind, attention, LM-head share, Transformer-XL memory),
-    from the workload's fields; a row's ``lm_head_fraction`` overrides the workload's."""
+    """How the row's source code runs its workload (block kind, attention, MLP activation, LM-head share,
+    Transformer-XL memory), from the workload's fields; a row's ``lm_head_fraction`` overrides the workload's."""
     spec = workloads[row["workload"]]
     return TrainingCode(block=spec.get("block", "llama"), attention=spec.get("attention", "flash"),
+                        activation=spec.get("activation", "fused"),
                         lm_head_fraction=float(row.get("lm_head_fraction", spec.get("lm_head_fraction", 1.0))),
                         memory_len=int(spec.get("memory_len", 0)),
                         relative_positions=bool(spec.get("relative_positions", False)))
