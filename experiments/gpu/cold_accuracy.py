@@ -74,7 +74,10 @@ def summary(rows: list[dict], key: str) -> str:
 
 
 def write(folder: Path) -> str:
+    """Writes FOLDER/cold_accuracy.md and returns its text; "" (and writes nothing) without measured points."""
     rows, host, gpu = folder_rows(folder)
+    if not rows:
+        return ""
     host_text = (f"{host['host_op_us']:.1f} µs per chain op, {host['host_optimizer_tensor_us']:.1f} µs per optimizer "
                  "tensor" if host else "no probe with host costs in this folder")
     lines = [f"# Cold accuracy on measured steps: {folder.name}", "",
@@ -99,7 +102,8 @@ def main(argv: list[str]) -> int:
         print("usage: python experiments/gpu/cold_accuracy.py DIR [DIR ...]", file=sys.stderr)
         return 2
     for folder in map(Path, argv):
-        print(write(folder))
+        text = write(folder)
+        print(text if text else f"{folder}: no measured sweep points (validate.py */<gpu>.json); nothing written")
     return 0
 
 
