@@ -180,3 +180,18 @@ def test_repeat_disagreement_pairs_one_measurement_across_sources_only():
     assert median == pytest.approx(0.25)
     assert worst == pytest.approx(0.5)
     assert bench_published.repeat_disagreement(rows[:1])[0] == 0
+
+
+def with_errors(gpu: str, errors: list[float]) -> list[dict]:
+    return [{"gpu": gpu, "error": error} for error in errors]
+
+
+def test_the_median_interval_resamples_whole_gpus():
+    steady = with_errors("A10", [0.10, -0.10, 0.10]) + with_errors("L4", [-0.10, 0.10])
+    assert bench_published.median_interval(steady, draws=200) == pytest.approx((0.10, 0.10))
+    # two GPUs: a draw of two GPUs holds A twice (median 0.02) a quarter of the time, else B's nine
+    # rows decide (0.30). Resampling the ten rows one by one instead would almost never draw A's one
+    # row six times, and both ends would be 0.30.
+    lopsided = with_errors("A", [0.02]) + with_errors("B", [0.30, -0.30] * 4 + [0.30])
+    low, high = bench_published.median_interval(lopsided, draws=2000)
+    assert low == pytest.approx(0.02) and high == pytest.approx(0.30)
