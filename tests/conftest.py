@@ -23,6 +23,5 @@ def pytest_collection_modifyitems(config, items):
     """Longest modules first (see LONG_MODULES_S); the order inside a module is unchanged."""
     first_seen: dict[str, int] = {}
     for item in items:
-        first_seen.setdefault(item.module.__name__, len(first_seen))
-    items.sort(key=lambda item: (-LONG_MODULES_S.get(item.module.__name__.rsplit(".", 1)[-1], 0),
-                                 first_seen[item.module.__name__]))
+        first_seen.setdefault(item.path.stem, len(first_seen))
+    items.sort(key=lambda item: (-LONG_MODULES_S.get(item.path.stem, 0), first_seen[item.path.stem]))

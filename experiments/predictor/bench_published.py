@@ -228,8 +228,8 @@ def cross_gpu_factor_median(held: list, dev: list) -> float:
     return statistics.median(errors)
 
 
-def interval_line(results: list) -> str:
-    low, high = median_interval(results)
+def interval_line(results: list, interval: tuple[float, float]) -> str:
+    low, high = interval
     gpus = len({result["gpu"] for result in results})
     return (f"resampling the {gpus} GPUs with replacement ({BOOTSTRAP_DRAWS} draws, each GPU with all its rows), "
             f"the median lies between {low:.1%} and {high:.1%} in 95 % of the draws.")
@@ -245,7 +245,7 @@ def repeat_line(results: list) -> str:
             "itself; a cold model sees neither container nor software version.")
 
 
-def markdown(held: list, dev: list, skipped: list, sources: int) -> str:
+def markdown(held: list, dev: list, skipped: list, sources: int, interval: tuple[float, float]) -> str:
     head = overall(held)
     lines = [
         "# Cold step-time accuracy on published measurements",
@@ -265,7 +265,7 @@ def markdown(held: list, dev: list, skipped: list, sources: int) -> str:
         dev_head = overall(dev)
         lines.append(f"Dev third ({dev_head['rows']} rows, reported apart): median {dev_head['median']:.1%}, "
                      f"worst {dev_head['worst']:.1%}.")
-    lines += ["", f"How much the held-out median depends on which GPUs were published: {interval_line(held)}",
+    lines += ["", f"How much the held-out median depends on which GPUs were published: {interval_line(held, interval)}",
               "", f"The data's own floor: a free factor per (GPU, precision) and per (workload, source generation), "
               f"fitted to all {len(held) + len(dev)} rows at once, still leaves a median error of "
               f"{in_sample_floor(held + dev):.1%}.",
@@ -345,16 +345,17 @@ def main() -> int:
     if "--dev" in sys.argv[1:]:
         print(dev_table(dev, rows, workloads))
         return 0
+    interval = median_interval(held)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "published.md").write_text(markdown(held, dev, skipped, sources), encoding="utf-8")
+    (RESULTS / "published.md").write_text(markdown(held, dev, skipped, sources, interval), encoding="utf-8")
     (RESULTS / "published.json").write_text(json.dumps(
-        {"held_out": overall(held), "held_out_median_interval_95": median_interval(held),
+        {"held_out": overall(held), "held_out_median_interval_95": interval,
          "dev": overall(dev) if dev else None,
          "per_workload": summary(held, "workload"), "per_gpu": summary(held, "gpu"),
          "repeat_disagreement": dict(zip(("pairs", "median", "worst"), repeat_disagreement(results))),
          "rows": results, "skipped": skipped}, indent=2), encoding="utf-8")
     head = overall(held)
-    low, high = median_interval(held)
+    low, high = interval
     print(f"held-out: {head['rows']} rows, median {head['median']:.1%} (95 % interval over GPUs {low:.1%}-{high:.1%}), "
           f"worst {head['worst']:.1%} (roofline median {head['roofline_median']:.1%}); skipped {len(skipped)}")
     return 0
