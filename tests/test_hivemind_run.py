@@ -16,8 +16,11 @@ from tests.runtime_helpers import REPO_ROOT, geodiloco, read_jsonl, small_config
 pytestmark = pytest.mark.slow
 
 SEQ_LEN = 32
+# start_wait_s: founders stop waiting as soon as every config node proposed, so a long wait costs
+# nothing when all start together; a short one lets the first node train alone (and finish) while
+# the others still import torch on a loaded machine
 HIVEMIND = {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "heartbeat_ttl_s": 3.0, "round_timeout_s": 60.0,
-            "start_wait_s": 20.0}
+            "start_wait_s": 120.0}
 
 
 def hivemind_config(nodes, rounds, **hivemind):
@@ -216,7 +219,7 @@ def test_a_killed_node_does_not_stop_the_others(tmp_path):
 def test_a_late_node_joins_with_its_peers_parameters(tmp_path):
     rounds = 20  # long enough that c, started after a's first round, arrives mid-run on a slow machine
     slower = [{**node, "emulate": {"step_time_s": 0.3}} for node in EMULATED]
-    config = hivemind_config(slower, rounds=rounds, start_wait_s=20.0)  # b starts after a is up: imports take seconds
+    config = hivemind_config(slower, rounds=rounds, start_wait_s=20.0)  # founders a and b wait this long for c, which starts later
     config_path, run_dir = write_config(tmp_path, config), tmp_path / "run"
     peers_file = tmp_path / "peers.txt"
     processes = [start_node(config_path, run_dir, "a", peers_file, first=True)]
