@@ -5,8 +5,9 @@ out by hand below), compression, and that no p2pd process outlives the peers.
 """
 import asyncio
 import contextlib
-import subprocess
+import os
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -34,18 +35,41 @@ def topology(index):
                     local_world_size=1, node_ranks=[0], leader_ranks=[0, 1, 2])
 
 
-def p2pd_pids():
-    found = subprocess.run(["pgrep", "-x", "p2pd"], capture_output=True, text=True)
-    return {int(pid) for pid in found.stdout.split()}
+def live_processes():
+    """{pid: (name, parent pid)} of every live process, read from /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name_end = stat.rindex(")")
+        found[int(entry.name)] = (stat[stat.index("(") + 1:name_end], int(stat[name_end + 2:].split()[1]))
+    return found
+
+
+def p2pd_pids(below_this_process=False):
+    """Live p2pd processes; with ``below_this_process`` only those this test started (another
+    pytest worker may be running peers of its own)."""
+    processes = live_processes()
+    candidates = set(processes)
+    if below_this_process:
+        candidates, frontier = set(), {os.getpid()}
+        while frontier:
+            frontier = {pid for pid, (_, parent) in processes.items() if parent in frontier} - candidates
+            candidates |= frontier
+    return {pid for pid in candidates if processes[pid][0] == "p2pd"}
 
 
 @contextlib.contextmanager
 def three_peers(run_name, **options):
-    before = p2pd_pids()
+    before = p2pd_pids(below_this_process=True)
     first = HivemindOuterSync(topology(0), peer_options([], **options), run_name, NAMES, NUMEL, "none")
     syncs = [first] + [HivemindOuterSync(topology(index), peer_options(first.maddrs, **options), run_name, NAMES,
                                          NUMEL, "none") for index in (1, 2)]
-    started = p2pd_pids() - before
+    started = p2pd_pids(below_this_process=True) - before
     try:
         yield syncs
     finally:
