@@ -206,7 +206,7 @@ class HivemindSection(StrictModel):
     ``initial_peers``: multiaddrs of any running peer (empty on the first node; ``geodiloco run``
     fills them in). ``host_maddrs``: where this node's DHT listens (``tcp/0`` = any free port).
     ``announce_maddrs``: addresses to tell peers when they differ from ``host_maddrs`` (NAT).
-    ``start_wait_s``: how long the first nodes wait for each other before round 0.
+    ``start_wait_s``: how long the first nodes wait for each other before round 0 (later ones join mid-run).
     ``round_timeout_s``: longest wait for a live but late peer at the outer sync; past it the
     round completes with the peers present. ``heartbeat_ttl_s``: a node whose heartbeat is
     older than this is dead and no longer awaited. ``matchmaking_time_s`` / ``request_timeout_s``:

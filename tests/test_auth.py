@@ -208,6 +208,7 @@ def test_a_hivemind_peer_with_the_wrong_secret_is_refused_and_the_run_finishes(t
         stop_all(processes)
     assert stranger_code != 0 and "the hivemind peer did not start" in stranger_out, stranger_out[-3000:]
     assert "Traceback" not in stranger_out and "use the same GEODILOCO_SECRET" in stranger_out
+    assert "the peers are there but refuse this node's requests" in stranger_out, stranger_out[-3000:]
     assert forger_code == 0 and "READ \n" in forger_out + "\n", forger_out[-3000:]  # it could read nothing
     assert node_rounds(run_dir, "a") == node_rounds(run_dir, "b") == list(range(12))
     assert_same_parameters([final_checksum(logs["a"]), final_checksum(logs["b"])])

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +18,7 @@ from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import HivemindSection
 from geodiloco.runtime.diloco import outer_weights
 from geodiloco.runtime.sync.hivemind_backend import (MISSING_SHARE_KEY, HivemindOuterSync, OutOfSync, make_averager_class,
-                                   incomplete_share, round_group_bits, wire_codec)
+                                   incomplete_share, peer_start_failure, round_group_bits, wire_codec)
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +62,16 @@ def p2pd_pids(below_this_process=False):
             frontier = {pid for pid, (_, parent) in processes.items() if parent in frontier} - candidates
             candidates |= frontier
     return {pid for pid in candidates if processes[pid][0] == "p2pd"}
+
+
+def bootstrapping_from(maddr):
+    """Live p2pd processes anywhere on the machine started with ``maddr`` among their bootstrap peers."""
+    found = set()
+    for pid in p2pd_pids():
+        with contextlib.suppress(OSError):
+            if maddr.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+    return found
 
 
 @contextlib.contextmanager
@@ -322,3 +333,35 @@ def test_incomplete_share_counts_lost_results_and_inputs_this_node_reduced_witho
         parts_for_local_averaging=[torch.zeros(200), torch.zeros(100)])
     assert incomplete_share(complete) == 0.0
     assert incomplete_share(None) == 0.0
+
+
+def test_a_peer_with_no_one_at_its_initial_peers_is_told_the_run_may_have_begun_or_ended_without_it():
+    """A real p2pd bootstrapping from an address where nothing listens (a peer that finished, or never
+    started): the error names that case and start_wait_s, not a secret mismatch."""
+    from geodiloco.runtime.auth import AuthError
+    from geodiloco.runtime.launch import free_port
+
+    nobody = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/12D3KooWAZuFGWf4wHQD99X5L2GRFnsBzn21quhQRVL5TbhwEemT"
+    with pytest.raises(AuthError) as refused:
+        HivemindOuterSync(topology(1), peer_options([nobody]), "orphan", NAMES, NUMEL, "none")
+    message = str(refused.value)
+    assert message.startswith("node b: the hivemind peer did not start (") and nobody in message
+    assert "nothing answers at those addresses" in message
+    assert "comm.hivemind.start_wait_s (5 s) began without them" in message
+    assert "GEODILOCO_SECRET" not in message
+    deadline = time.monotonic() + 10
+    while bootstrapping_from(nobody) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not bootstrapping_from(nobody), "the failed peer's p2pd outlived it"
+
+
+@pytest.mark.parametrize("error, says, not_says", [
+    ("DHTNode bootstrap failed: none of the initial_peers responded to a ping. (set ensure_bootstrap_success=False "
+     "to ignore)", "refuse this node's requests: do they use the same GEODILOCO_SECRET?", "start_wait_s"),
+    ("Daemon failed to start in 15.0 seconds", "are they running and reachable, and do they use the same "
+     "GEODILOCO_SECRET?", "start_wait_s"),
+])
+def test_a_peer_that_cannot_start_is_told_the_likely_cause(error, says, not_says):
+    message = peer_start_failure("c", error, ["/ip4/10.0.0.1/tcp/31337/p2p/Qm"], 60.0)
+    assert message.startswith(f"node c: the hivemind peer did not start ({error}); initial peers: /ip4/10.0.0.1/")
+    assert says in message and not_says not in message

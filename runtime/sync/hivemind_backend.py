@@ -161,6 +161,24 @@ def initial_peers(options: HivemindSection) -> list[str]:
     return list(options.initial_peers) + extra
 
 
+def peer_start_failure(node_name: str, error: str, peers: list[str], start_wait_s: float) -> str:
+    """Why this node's hivemind peer could not start, told apart by where bootstrapping stopped:
+    p2pd reaching no one at the initial peers' addresses (nothing listens there: not started yet,
+    already finished, or not reachable from here), or the DHT's ping answered by no one (the peers
+    are there but refuse this node's requests, i.e. another secret)."""
+    head = (f"node {node_name}: the hivemind peer did not start ({error}); initial peers: "
+            f"{', '.join(peers) or 'none'}")
+    if "failed to connect to bootstrap peers" in error:
+        return (f"{head} (nothing answers at those addresses: is that peer running and reachable from here? "
+                f"A run whose nodes did not all start within comm.hivemind.start_wait_s ({start_wait_s:g} s) "
+                "began without them, and a short one may have ended already)")
+    if "none of the initial_peers responded" in error:
+        return (f"{head} (the peers are there but refuse this node's requests: do they use the same "
+                f"{SECRET_ENV}? peers answer only requests signed with it)")
+    return (f"{head} (are they running and reachable, and do they use the same {SECRET_ENV}? peers answer only "
+            "requests signed with it)")
+
+
 def make_averager_class():
     """DecentralizedAverager that shares a published outer state and resizes its groups."""
     _, DecentralizedAverager = _import_hivemind()
@@ -322,9 +340,8 @@ class HivemindOuterSync:
                                     announce_maddrs=list(options.announce_maddrs) or None, initial_peers=peers,
                                     **self._auth_options())
         except Exception as err:
-            raise AuthError(f"node {self.topology.node_name}: the hivemind peer did not start ({err}); initial "
-                            f"peers: {', '.join(peers) or 'none'} (are they running and reachable, and do they "
-                            f"use the same {SECRET_ENV}? peers answer only requests signed with it)") from None
+            raise AuthError(peer_start_failure(self.topology.node_name, str(err), peers,
+                                               options.start_wait_s)) from None
         self.maddrs = [str(addr) for addr in self.dht.get_visible_maddrs()]
         self.peer_id = str(self.dht.peer_id)
         print(f"[geodiloco] node {self.topology.node_name}: hivemind peer up; other nodes can join with "
