@@ -365,3 +365,34 @@ def test_a_peer_that_cannot_start_is_told_the_likely_cause(error, says, not_says
     message = peer_start_failure("c", error, ["/ip4/10.0.0.1/tcp/31337/p2p/Qm"], 60.0)
     assert message.startswith(f"node c: the hivemind peer did not start ({error}); initial peers: /ip4/10.0.0.1/")
     assert says in message and not_says not in message
+
+
+def test_founders_say_whom_they_wait_for_and_start_without_a_node_that_never_came(capsys, monkeypatch):
+    from geodiloco.runtime.sync import hivemind_backend
+
+    monkeypatch.setattr(hivemind_backend, "FOUNDING_QUIET_S", 0.8)
+    first = HivemindOuterSync(topology(0), peer_options([]), "founding", NAMES, NUMEL, "none")
+    syncs = [first, HivemindOuterSync(topology(1), peer_options(first.maddrs), "founding", NAMES, NUMEL, "none")]
+    agreed = {}
+
+    def found(sync):
+        name = sync.topology.node_name
+        agreed[name] = sync.found({"run_id": f"run-of-{name}", "resume_round": None, "node": name}, 2.5)
+
+    try:
+        threads = [threading.Thread(target=found, args=(sync,)) for sync in syncs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    finally:
+        for sync in syncs:
+            sync.close()
+    # c never started: both founders wait the whole start_wait_s, then agree on a's proposal (lowest index)
+    assert agreed == {"a": {"run_id": "run-of-a", "resume_round": None, "node": "a"},
+                      "b": {"run_id": "run-of-a", "resume_round": None, "node": "a"}}
+    out = capsys.readouterr().out
+    for name in "ab":
+        assert f"node {name}: waiting up to 2.5 s (comm.hivemind.start_wait_s) for c to start" in out, out
+        assert (f"node {name}: starting without c (not up within comm.hivemind.start_wait_s, 2.5 s); they join "
+                "mid-run when they come") in out, out

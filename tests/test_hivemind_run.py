@@ -234,6 +234,9 @@ def test_a_late_node_joins_with_its_peers_parameters(tmp_path):
     joined = node_rounds(run_dir, "c")
     assert joined and joined[0] >= 1 and joined[-1] == rounds - 1
     assert "joined run" in logs["c"]
+    # a founded the run without c, and said so (b too, had it come after a's start_wait_s)
+    assert re.search(r"node a: starting without (b, )?c \(not up within comm\.hivemind\.start_wait_s, 20 s\)",
+                     logs["a"]), logs["a"][-3000:]
     # the run ends with every node holding the same parameters
     assert_same_parameters([final_checksum(logs[name]) for name in "abc"])
     metrics = read_jsonl(run_dir / "metrics.jsonl")

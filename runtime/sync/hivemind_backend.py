@@ -50,6 +50,8 @@ INITIAL_PEERS_ENV = "GEODILOCO_INITIAL_PEERS"
 MADDRS_FILE_ENV = "GEODILOCO_MADDRS_FILE"
 HOST_MADDRS_ENV = "GEODILOCO_HOST_MADDRS"
 MISSING_SHARE_KEY = "geodiloco_missing_share"
+FOUNDING_QUIET_S = 2.0
+"""Seconds a founding node waits for the others before it says whom it waits for."""
 
 
 def _import_hivemind():
@@ -457,7 +459,8 @@ class HivemindOuterSync:
         a peer is seen training.
         """
         self._store("start", self.topology.node_name, proposal, ROUND_KEY_TTL_S)
-        deadline = time.monotonic() + wait_s
+        started = time.monotonic()
+        told = False
         while True:
             proposals = self._read("start")
             running = self.running_round()
@@ -465,11 +468,23 @@ class HivemindOuterSync:
                 if self._founded_without_waiting(proposals, running):
                     break
                 return None
-            if set(self.node_names) <= set(proposals) or time.monotonic() > deadline:
+            if set(self.node_names) <= set(proposals) or time.monotonic() > started + wait_s:
                 break
+            if not told and time.monotonic() > started + FOUNDING_QUIET_S:
+                print(f"[geodiloco] node {self.topology.node_name}: waiting up to {wait_s:g} s "
+                      f"(comm.hivemind.start_wait_s) for {', '.join(self._missing(proposals))} to start", flush=True)
+                told = True
             time.sleep(POLL_S)
         self._founders = [name for name in self.node_names if name in proposals]
+        missing = self._missing(proposals)
+        if missing:
+            print(f"[geodiloco] node {self.topology.node_name}: starting without {', '.join(missing)} (not up "
+                  f"within comm.hivemind.start_wait_s, {wait_s:g} s); they join mid-run when they come", flush=True)
         return proposals[self._founders[0]]
+
+    def _missing(self, proposals: dict) -> list[str]:
+        """Config nodes that have not proposed (not started, or not reachable yet)."""
+        return [name for name in self.node_names if name not in proposals]
 
     def _founded_without_waiting(self, proposals: dict, running_round: int) -> bool:
         """Peers started the first round as soon as they saw this node's proposal: it is a founder."""
