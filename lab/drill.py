@@ -8,7 +8,9 @@ written to ``RUN_DIR/drill.jsonl`` with its unix time, so the report and the ben
 measure detection, recovery and rejoin from the logs.
 
 Rounds count from 1 as the progress lines do; "halfway" is half the duration of the last
-round the run logged (the round starts when the previous one is in plan.jsonl).
+round the run logged (the round starts when the previous one is in plan.jsonl). Both are read
+from the times plan.jsonl was written, not from when the drill noticed, so an event lands in
+the middle of its round even when rounds last only a second.
 """
 from __future__ import annotations
 
@@ -55,13 +57,17 @@ def parse_drill(text: str, config) -> list[DrillEvent]:
     return sorted(events, key=lambda event: event.round)
 
 
-def rounds_logged(run_dir: Path) -> int:
-    """Rounds the coordinator has finished and logged (highest round in plan.jsonl, plus one)."""
+def rounds_logged(run_dir: Path) -> tuple[int, float]:
+    """Rounds the coordinator has finished and logged (highest round in plan.jsonl, plus one), and
+    the unix time plan.jsonl was last written (0 rounds and 0.0 before it exists)."""
     path = run_dir / "plan.jsonl"
-    if not path.is_file():
-        return 0
-    rounds = [json.loads(line)["round"] for line in path.read_text().splitlines() if line.strip()]
-    return max(rounds) + 1 if rounds else 0
+    try:
+        written_at = path.stat().st_mtime
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return 0, 0.0
+    rounds = [json.loads(line)["round"] for line in lines if line.strip()]
+    return (max(rounds) + 1 if rounds else 0), written_at
 
 
 class DrillRunner:
@@ -93,14 +99,17 @@ class DrillRunner:
 
     def _run(self) -> None:
         logged, logged_at, round_s = 0, time.time(), None
-        while not self._stop.wait(self.poll_s):
-            now_logged = rounds_logged(self.run_dir)
+        wait_s = self.poll_s
+        while not self._stop.wait(wait_s):
+            now_logged, written_at = rounds_logged(self.run_dir)
             if now_logged > logged:
-                round_s = time.time() - logged_at if logged else None
-                logged, logged_at = now_logged, time.time()
+                round_s = written_at - logged_at if logged else None
+                logged, logged_at = now_logged, written_at
+            wait_s = self.poll_s
             while self.events and logged >= self.events[0].round - 1:
-                halfway_s = (round_s or 0.0) / 2
-                if time.time() - logged_at < halfway_s:
+                until_halfway_s = logged_at + (round_s or 0.0) / 2 - time.time()
+                if until_halfway_s > 0:
+                    wait_s = min(wait_s, until_halfway_s)
                     break
                 self._fire(self.events.pop(0))
             if not self.events:

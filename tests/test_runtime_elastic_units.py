@@ -17,7 +17,7 @@ from geodiloco.runtime.heartbeat import Heartbeat
 from geodiloco.runtime.launch import elastic_exit_code, free_port
 from geodiloco.runtime.recovery import SavedRounds, choose_resume_point, saved_rounds, write_members
 from geodiloco.runtime.sync.overlap import OverlapSchedule
-from geodiloco.lab.drill import parse_drill
+from geodiloco.lab.drill import DrillRunner, parse_drill, read_drill
 from tests.runtime_helpers import small_config
 
 NAMES = ["a", "b", "c", "d"]
@@ -178,6 +178,39 @@ def test_drill_items_parse_in_round_order():
 def test_bad_drill_items_say_what_is_wrong(text, message):
     with pytest.raises(ConfigError, match=message):
         parse_drill(text, four_node_config())
+
+
+def test_a_drill_fires_halfway_through_its_round_even_when_it_polls_slowly(tmp_path):
+    """Rounds of 1 s, polled every 0.4 s: "kill:c@3" must land inside round 3, not at its end, where
+    the killed site would already have synced the round (what short test runs met)."""
+    import subprocess
+    import sys
+    import threading
+    from types import SimpleNamespace
+
+    round_s = 1.0
+    site_c = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    processes = [None, None, site_c, None]
+    launcher = SimpleNamespace(config=four_node_config())
+    ends_at = []
+
+    def coordinator():
+        for round_idx in range(4):
+            time.sleep(round_s)
+            with open(tmp_path / "plan.jsonl", "a", encoding="utf-8") as handle:
+                handle.write(f'{{"round": {round_idx}}}\n')
+            ends_at.append(time.time())
+
+    writer = threading.Thread(target=coordinator)
+    try:
+        with DrillRunner(parse_drill("kill:c@3", launcher.config), processes, launcher, tmp_path, poll_s=0.4):
+            writer.start()
+            writer.join()
+    finally:
+        site_c.kill()
+    fired_s = read_drill(tmp_path)[0]["time"] - ends_at[1]  # round 3 runs from round 2's end to round 3's
+    assert 0.3 < fired_s < 0.7, (fired_s, ends_at)
+    assert site_c.wait(timeout=5) == -9
 
 
 def test_the_run_succeeds_when_min_nodes_sites_finish(capsys):
