@@ -164,10 +164,31 @@ def test_a_torch_worker_without_a_secret_is_told_how_to_set_one(tmp_path):
         "geodiloco.runtime.train: error: no shared secret for this run: set GEODILOCO_SECRET")
 
 
-FORGER_SCRIPT = textwrap.dedent("""
+# Both attempts import what they need first, then wait for the run's first node to publish its
+# multiaddrs: started beside that node, they reach the run while it is surely going on, however
+# slowly a loaded machine imports torch and hivemind.
+WAIT_FOR_PEERS = textwrap.dedent("""
+    def wait_for_peers(path):
+        import pathlib, time
+        peers_file = pathlib.Path(path)
+        deadline = time.monotonic() + 120
+        while not peers_file.is_file():
+            assert time.monotonic() < deadline, "the run never published its multiaddrs"
+            time.sleep(0.05)
+        return peers_file.read_text().split()
+""")
+
+STRANGER_SCRIPT = WAIT_FOR_PEERS + textwrap.dedent("""
+    import os, sys, hivemind
+    from geodiloco.runtime import train
+    os.environ["GEODILOCO_INITIAL_PEERS"] = ",".join(wait_for_peers(sys.argv[1]))
+    sys.exit(train.main(sys.argv[2:]))
+""")
+
+FORGER_SCRIPT = WAIT_FOR_PEERS + textwrap.dedent("""
     import sys, hivemind
     from hivemind.utils import get_dht_time
-    peers = sys.argv[1].split(",")
+    peers = wait_for_peers(sys.argv[1])
     dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=peers,
                        ensure_bootstrap_success=False)
     forged = dht.store("geodiloco_test.members", {"round": 0, "joined": 0, "left": False, "peer": "forged"},
@@ -190,22 +211,23 @@ def test_a_hivemind_peer_with_the_wrong_secret_is_refused_and_the_run_finishes(t
     run_dir.mkdir()
     started = time.monotonic()
     processes = [start_node(config_path, run_dir, "a", peers_file, first=True)]
+    stranger_env = dict(os.environ, OMP_NUM_THREADS="1", GEODILOCO_NODE="b", GEODILOCO_DEVICE="cpu", RANK="0",
+                        WORLD_SIZE="1", GEODILOCO_SECRET=WRONG)
+    attempts = [subprocess.Popen([sys.executable, "-c", STRANGER_SCRIPT, str(peers_file), "--config", str(config_path),
+                                  "--run-dir", str(tmp_path / "stranger")], env=stranger_env, cwd=REPO_ROOT,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+                subprocess.Popen([sys.executable, "-c", FORGER_SCRIPT, str(peers_file)], cwd=REPO_ROOT, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
     try:
         processes.append(start_node(config_path, run_dir, "b", peers_file, first=False))
-        peers = ",".join(peers_file.read_text().split())
-        stranger_env = dict(os.environ, OMP_NUM_THREADS="1", GEODILOCO_NODE="b", GEODILOCO_DEVICE="cpu", RANK="0",
-                            WORLD_SIZE="1", GEODILOCO_SECRET=WRONG, GEODILOCO_INITIAL_PEERS=peers)
-        attempts = [subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.train", "--config", str(config_path),
-                                      "--run-dir", str(tmp_path / "stranger")], env=stranger_env, cwd=REPO_ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-                    subprocess.Popen([sys.executable, "-c", FORGER_SCRIPT, peers], cwd=REPO_ROOT, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
         (stranger_code, stranger_out), (forger_code, forger_out) = [
             (attempt.wait(timeout=120), attempt.stdout.read()) for attempt in attempts]
         assert all(process.poll() is None for process in processes), "the run ended before the attempts were made"
         logs = assert_all_finish(processes, ["a", "b"], tmp_path)
     finally:
         stop_all(processes)
+        for attempt in attempts:
+            attempt.kill()
     assert stranger_code != 0 and "the hivemind peer did not start" in stranger_out, stranger_out[-3000:]
     assert "Traceback" not in stranger_out and "use the same GEODILOCO_SECRET" in stranger_out
     assert "the peers are there but refuse this node's requests" in stranger_out, stranger_out[-3000:]

@@ -183,19 +183,31 @@ def test_bad_drill_items_say_what_is_wrong(text, message):
 def test_a_drill_fires_halfway_through_its_round_even_when_it_polls_slowly(tmp_path):
     """Rounds of 1 s, polled every 0.4 s: "kill:c@3" must land inside round 3, not at its end, where
     the killed site would already have synced the round (what short test runs met)."""
+    fired_s, ends_at = run_drill_against_rounds(tmp_path, "kill:c@3", [1.0, 1.0, 1.0, 1.0], poll_s=0.4)
+    assert 0.3 < fired_s - ends_at[1] < 0.7, (fired_s, ends_at)  # round 3 runs from round 2's end to its own
+
+
+def test_a_drill_after_a_long_round_fires_by_the_end_of_its_own(tmp_path):
+    """Round 2 held a failure (5 s): half of it would reach past round 3, which lasts 1 s."""
+    fired_s, ends_at = run_drill_against_rounds(tmp_path, "kill:c@3", [1.0, 5.0, 1.0, 1.0], poll_s=0.2)
+    assert ends_at[2] <= fired_s < ends_at[2] + 0.5, (fired_s, ends_at)
+
+
+def run_drill_against_rounds(tmp_path, drill: str, rounds_s: list[float], poll_s: float) -> tuple[float, list[float]]:
+    """A coordinator thread appends plan.jsonl rows after rounds of the given lengths while a
+    DrillRunner acts on a real process for node c; returns when the event fired and the rounds' ends."""
     import subprocess
     import sys
     import threading
     from types import SimpleNamespace
 
-    round_s = 1.0
     site_c = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     processes = [None, None, site_c, None]
     launcher = SimpleNamespace(config=four_node_config())
     ends_at = []
 
     def coordinator():
-        for round_idx in range(4):
+        for round_idx, round_s in enumerate(rounds_s):
             time.sleep(round_s)
             with open(tmp_path / "plan.jsonl", "a", encoding="utf-8") as handle:
                 handle.write(f'{{"round": {round_idx}}}\n')
@@ -203,14 +215,13 @@ def test_a_drill_fires_halfway_through_its_round_even_when_it_polls_slowly(tmp_p
 
     writer = threading.Thread(target=coordinator)
     try:
-        with DrillRunner(parse_drill("kill:c@3", launcher.config), processes, launcher, tmp_path, poll_s=0.4):
+        with DrillRunner(parse_drill(drill, launcher.config), processes, launcher, tmp_path, poll_s=poll_s):
             writer.start()
             writer.join()
     finally:
         site_c.kill()
-    fired_s = read_drill(tmp_path)[0]["time"] - ends_at[1]  # round 3 runs from round 2's end to round 3's
-    assert 0.3 < fired_s < 0.7, (fired_s, ends_at)
     assert site_c.wait(timeout=5) == -9
+    return read_drill(tmp_path)[0]["time"], ends_at
 
 
 def test_the_run_succeeds_when_min_nodes_sites_finish(capsys):
