@@ -165,8 +165,8 @@ def test_a_torch_worker_without_a_secret_is_told_how_to_set_one(tmp_path):
 
 
 # Both attempts import what they need first, then wait for the run's first node to publish its
-# multiaddrs: started beside that node, they reach the run while it is surely going on, however
-# slowly a loaded machine imports torch and hivemind.
+# multiaddrs: started beside that node, they reach it while it waits for its peer, however slowly
+# a loaded machine imports torch and hivemind.
 WAIT_FOR_PEERS = textwrap.dedent("""
     def wait_for_peers(path):
         import pathlib, time
@@ -219,10 +219,12 @@ def test_a_hivemind_peer_with_the_wrong_secret_is_refused_and_the_run_finishes(t
                 subprocess.Popen([sys.executable, "-c", FORGER_SCRIPT, str(peers_file)], cwd=REPO_ROOT, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
     try:
-        processes.append(start_node(config_path, run_dir, "b", peers_file, first=False))
         (stranger_code, stranger_out), (forger_code, forger_out) = [
             (attempt.wait(timeout=120), attempt.stdout.read()) for attempt in attempts]
-        assert all(process.poll() is None for process in processes), "the run ended before the attempts were made"
+        # a waits up to start_wait_s (120 s) for b: it was surely up while the attempts were made,
+        # and b, started only now, trains the whole run beside the forged record
+        assert processes[0].poll() is None, "the run ended before the attempts were made"
+        processes.append(start_node(config_path, run_dir, "b", peers_file, first=False))
         logs = assert_all_finish(processes, ["a", "b"], tmp_path)
     finally:
         stop_all(processes)
