@@ -7,6 +7,7 @@ backends are in runtime/sync/.
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import torch.distributed as dist
 
 from geodiloco.runtime.auth import SECRET_ENV, AuthError, derived_id, verify_world
 from geodiloco.runtime.plain_collectives import all_gather_values
+from geodiloco.runtime.store_socket import inherited_listener
 
 
 @dataclass
@@ -82,22 +84,38 @@ def init_process_group(timeout_s: float, use_cuda: bool, secret: Optional[bytes]
 
 
 def world_store(rank: int, timeout: timedelta) -> Any:
-    """The TCP store at MASTER_ADDR:MASTER_PORT: rank 0 serves it, bound to MASTER_ADDR alone
-    (all interfaces only if that address is not on this machine, with a notice)."""
+    """The TCP store at MASTER_ADDR:MASTER_PORT: rank 0 serves it, on the socket it inherited from
+    `geodiloco run` (runtime/store_socket.py), else bound to MASTER_ADDR alone (all interfaces only if that address is
+    not on this machine, with a notice)."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if rank != 0:
         return dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    listener = inherited_listener() or store_listener(host, port)
+    return dist.TCPStore(host, port, is_master=True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=listener.detach(), use_libuv=True)
+
+
+def store_listener(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or on every interface where host is not this machine's."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind((host, port))
-    except OSError:
-        print(f"[geodiloco] MASTER_ADDR {host} is not an address of this machine; the store listens on all "
-              "interfaces (runs are still authenticated by their secret)", flush=True)
-        listener.bind(("", port))
+        try:
+            listener.bind((host, port))
+        except OSError as err:
+            if err.errno != errno.EADDRNOTAVAIL:
+                raise
+            print(f"[geodiloco] MASTER_ADDR {host} is not an address of this machine; the store listens on all "
+                  "interfaces (runs are still authenticated by their secret)", flush=True)
+            listener.bind(("", port))
+    except OSError as err:
+        listener.close()
+        if err.errno == errno.EADDRINUSE:
+            raise RuntimeError(f"rank 0 cannot serve the world's store on port {port} (MASTER_PORT): another "
+                               "process holds it; start the run with another port (torchrun --master-port)") from None
+        raise
     listener.listen(128)
-    return dist.TCPStore(host, port, is_master=True, timeout=timeout, wait_for_workers=False,
-                         master_listen_fd=listener.detach(), use_libuv=True)
+    return listener
 
 
 def present_nodes(reports: list[str], config_node_names: list[str], min_nodes: int) -> dict[str, list[int]]:

@@ -40,6 +40,7 @@ from geodiloco.runtime.node_output import NodeOutput, log_path
 from geodiloco.runtime.preflight import preflight
 from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
+from geodiloco.runtime.store_socket import STORE_FD_ENV, reserve_port
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.lab.drill import DrillRunner, parse_drill
 from geodiloco.lab.process_tree import descendants
@@ -87,8 +88,9 @@ class NodeLauncher:
     (runtime/elastic_launch.py), which starts and restarts the node's worker."""
 
     def __init__(self, config: RunConfig, mode: str, site_set, train_args: list[str], master_addr: str,
-                 port: int, rendezvous_endpoint: Optional[str]) -> None:
+                 port: int, rendezvous_endpoint: Optional[str], store_socket: Optional[socket.socket] = None) -> None:
         self.config, self.mode, self.site_set = config, mode, site_set
+        self.store_socket = store_socket
         self.train_args, self.master_addr, self.port = train_args, master_addr, port
         self.rendezvous_endpoint = rendezvous_endpoint
         self.peers_file = Path(train_args[train_args.index("--run-dir") + 1]) / PEERS_FILE
@@ -121,8 +123,12 @@ class NodeLauncher:
             else:
                 env["GEODILOCO_INITIAL_PEERS"] = ",".join(wait_for_peers(self.peers_file, first,
                                                                          config.comm.init_timeout_s))
+        inherited = ()
+        if index == 0 and self.store_socket is not None:
+            inherited = (self.store_socket.fileno(),)
+            env[STORE_FD_ENV] = str(self.store_socket.fileno())
         process = subprocess.Popen(command, env=env, start_new_session=self.hivemind, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, errors="replace")
+                                   stderr=subprocess.PIPE, text=True, errors="replace", pass_fds=inherited)
         name = config.nodes[index].name
         self.outputs[name] = NodeOutput(process, log_path(self.peers_file.parent, name))
         return process
@@ -143,20 +149,26 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str],
     ``elastic``: a rendezvous store and one torchrun elastic agent per node instead."""
     stack = contextlib.ExitStack()
     processes: list[subprocess.Popen] = []
+    store_socket = None
     with stack:
         if mode == "netns":
             from geodiloco.lab import sites
             site_set = stack.enter_context(sites.netns_sites(sites.site_links(config.nodes)))
             master_addr, port = site_set.master_addr, 29500
         else:
-            site_set, master_addr, port = None, "127.0.0.1", free_port()
+            site_set, master_addr = None, "127.0.0.1"
+            if not elastic and config.comm.backend == "torch":  # the first node serves the world's store
+                store_socket = stack.enter_context(reserve_port(master_addr))
+                port = store_socket.getsockname()[1]
+            else:
+                port = free_port()
         run_dir = Path(train_args[train_args.index("--run-dir") + 1])
         endpoint = None
         if elastic:
             from geodiloco.runtime.elastic_launch import rendezvous_store
             endpoint = stack.enter_context(rendezvous_store(site_set, master_addr, port, run_dir,
                                                             config.comm.init_timeout_s))
-        launcher = NodeLauncher(config, mode, site_set, train_args, master_addr, port, endpoint)
+        launcher = NodeLauncher(config, mode, site_set, train_args, master_addr, port, endpoint, store_socket)
         try:
             for index in range(len(config.nodes)):
                 processes.append(launcher.start(index, processes[0] if processes else None))
