@@ -85,8 +85,8 @@ def init_process_group(timeout_s: float, use_cuda: bool, secret: Optional[bytes]
 
 def world_store(rank: int, timeout: timedelta) -> Any:
     """The TCP store at MASTER_ADDR:MASTER_PORT: rank 0 serves it, on the socket it inherited from
-    `geodiloco run` (runtime/store_socket.py), else bound to MASTER_ADDR alone (all interfaces only if that address is
-    not on this machine, with a notice)."""
+    `geodiloco run` (runtime/store_socket.py), else bound to MASTER_ADDR alone (all interfaces only
+    if that address is not on this machine, with a notice)."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if rank != 0:
         return dist.TCPStore(host, port, is_master=False, timeout=timeout)
@@ -100,22 +100,28 @@ def store_listener(host: str, port: int) -> socket.socket:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        try:
-            listener.bind((host, port))
-        except OSError as err:
-            if err.errno != errno.EADDRNOTAVAIL:
-                raise
-            print(f"[geodiloco] MASTER_ADDR {host} is not an address of this machine; the store listens on all "
-                  "interfaces (runs are still authenticated by their secret)", flush=True)
-            listener.bind(("", port))
+        bind_store_port(listener, host, port)
     except OSError as err:
-        listener.close()
+        if err.errno != errno.EADDRNOTAVAIL:
+            raise
+        print(f"[geodiloco] MASTER_ADDR {host} is not an address of this machine; the store listens on all "
+              "interfaces (runs are still authenticated by their secret)", flush=True)
+        bind_store_port(listener, "", port)
+    listener.listen(128)
+    return listener
+
+
+def bind_store_port(listener: socket.socket, host: str, port: int) -> None:
+    """Bind, naming a port that another process holds (closing the socket on any failure)."""
+    try:
+        listener.bind((host, port))
+    except OSError as err:
+        if err.errno != errno.EADDRNOTAVAIL:
+            listener.close()
         if err.errno == errno.EADDRINUSE:
             raise RuntimeError(f"rank 0 cannot serve the world's store on port {port} (MASTER_PORT): another "
                                "process holds it; start the run with another port (torchrun --master-port)") from None
         raise
-    listener.listen(128)
-    return listener
 
 
 def present_nodes(reports: list[str], config_node_names: list[str], min_nodes: int) -> dict[str, list[int]]:
