@@ -58,7 +58,7 @@ def nvml_gpus() -> tuple[list[dict], str]:
     except pynvml.NVMLError as err:
         return [], f"NVML unavailable: {err}"
     try:
-        gpus = [_nvml_device(pynvml, index) for index in range(pynvml.nvmlDeviceGetCount())]
+        gpus = [device for index in range(pynvml.nvmlDeviceGetCount()) for device in _nvml_devices(pynvml, index)]
     except pynvml.NVMLError as err:
         return [], f"NVML query failed: {err}"
     finally:
@@ -69,22 +69,65 @@ def nvml_gpus() -> tuple[list[dict], str]:
     return gpus, ""
 
 
-def _nvml_device(pynvml, index: int) -> dict:
+def _nvml_devices(pynvml, index: int) -> list[dict]:
+    """GPU ``index`` as NVML sees it: the GPU itself, or its MIG instances when MIG mode is on (then the
+    instances are the devices CUDA programs get; the whole GPU is not one of them)."""
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-    name = pynvml.nvmlDeviceGetName(handle)
-    if isinstance(name, bytes):
-        name = name.decode()
-    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-    memory_gib = round(memory.total / 2**30, 2)
-    info = {"index": index, "name": name, "memory_gb": memory_gib, "datasheet": _datasheet_name(name, memory_gib)}
+    name = _text(pynvml.nvmlDeviceGetName(handle))
+    clocks = {}
     for key, clock in (("sm_clock_max_mhz", "NVML_CLOCK_SM"), ("memory_clock_max_mhz", "NVML_CLOCK_MEM")):
         try:
-            info[key] = pynvml.nvmlDeviceGetMaxClockInfo(handle, getattr(pynvml, clock))
+            clocks[key] = pynvml.nvmlDeviceGetMaxClockInfo(handle, getattr(pynvml, clock))
         except pynvml.NVMLError:
-            info[key] = None
+            clocks[key] = None
+    instances = _nvml_mig_instances(pynvml, handle, name)
+    if instances:
+        return [{"index": index, **instance, **clocks} for instance in instances]
+    memory_gib = round(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 2)
+    info = {"index": index, "name": name, "memory_gb": memory_gib, "datasheet": _datasheet_name(name, memory_gib),
+            **clocks}
     if info["datasheet"]:
         info["sm_count"] = lookup_gpu(info["datasheet"]).sm_count
-    return info
+    return [info]
+
+
+def _nvml_mig_instances(pynvml, handle, parent_name: str) -> list[dict]:
+    """The MIG instances of a GPU in MIG mode (name, memory, SM count, datasheet row), else [].
+
+    NVML names an instance "MIG 1g.5gb" or after its parent ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", newer
+    drivers); the parent's name is put in front where it is missing, so the name resolves (predictor/mig.py).
+    """
+    try:
+        current_mode, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+        if current_mode != getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1):
+            return []
+        slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+    except (pynvml.NVMLError, AttributeError):
+        return []
+    instances = []
+    for slot in range(slots):
+        try:
+            mig_handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError:
+            continue
+        name = _text(pynvml.nvmlDeviceGetName(mig_handle))
+        if not name.lower().startswith(parent_name.lower()):
+            name = f"{parent_name} {name}"
+        memory_gib = round(pynvml.nvmlDeviceGetMemoryInfo(mig_handle).total / 2**30, 2)
+        try:
+            sm_count = int(pynvml.nvmlDeviceGetAttributes(mig_handle).multiprocessorCount)
+        except (pynvml.NVMLError, AttributeError):
+            sm_count = None
+        datasheet = _datasheet_name(name, memory_gib, sm_count)
+        if sm_count is None and datasheet:
+            sm_count = detected_gpu(name, memory_gib).sm_count
+        instances.append({"mig_slot": slot, "name": name, "memory_gb": memory_gib, "datasheet": datasheet,
+                          "sm_count": sm_count})
+    return instances
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 ROCM_SMI_ARGS = ("rocm-smi", "--showproductname", "--showmeminfo", "vram", "--json")

@@ -232,6 +232,9 @@ class NodeStepModel:
         if len(self.devices) > 1 and self.split == "equal" and len({d.name for d in self.devices}) > 1:
             notes.append(f"equal split: the slowest GPU ({device.name}) sets the pace; split='by_speed' would "
                          "balance the GPUs")
+        if len(self.devices) > 1 and any("mig_profile" in d.extra for d in self.devices):
+            notes.append("MIG instances have no peer-to-peer path: the in-node all-reduce is modelled through host "
+                         "memory over PCIe, and each rank must see its own instance (CUDA_VISIBLE_DEVICES=MIG-<uuid>)")
         if step.micro_batches > 1:
             notes.append(f"{step.micro_batches} micro-batches of {step.micro_batch_size} per GPU "
                          "(gradient accumulation)")

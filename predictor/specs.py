@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import AliasChoices, Field
 
 from geodiloco.predictor.gpu_names import NameIndex, NameMatch, UnknownName, normalize_name
+from geodiloco.predictor.mig import MigProfile, mig_spec, profile_problem, split_mig_name
 from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
 from geodiloco.predictor.workload import check_precision
 
@@ -59,6 +60,8 @@ class GpuSpec:
     host_op_us: Optional[float] = None
     host_optimizer_tensor_us: Optional[float] = None
     bandwidth_curve: tuple[tuple[float, float], ...] = ()
+    mig_instances: Optional[int] = None
+    mig_sms_per_slice: Optional[int] = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -117,6 +120,8 @@ class GpuRow(StrictModel):
     ``model`` (the product without form factor or memory, "A100"), ``form_factor``
     and ``memory_gb`` let names like "A100 80GB SXM4" resolve; ``default_for_model``
     marks the row a bare model name means. ``nvlink_gbps`` is read as ``peer_link_gbps``.
+    ``mig_instances``: the most MIG instances the part splits into (absent: no MIG; predictor/mig.py);
+    ``mig_sms_per_slice``: SMs per MIG compute slice where published.
     """
 
     name: str = Field(min_length=1)
@@ -144,6 +149,8 @@ class GpuRow(StrictModel):
     kind: Literal["gpu", "cpu"] = "gpu"
     host_op_us: Optional[float] = Field(default=None, gt=0)
     host_optimizer_tensor_us: Optional[float] = Field(default=None, gt=0)
+    mig_instances: Optional[int] = Field(default=None, ge=2, le=8)
+    mig_sms_per_slice: Optional[int] = Field(default=None, ge=1)
     source: str = Field(min_length=1)
 
     def to_spec(self) -> GpuSpec:
@@ -173,10 +180,47 @@ class GpuRegistry:
         try:
             match: NameMatch = self.names.resolve(name)
         except UnknownName as err:
+            mig = split_mig_name(name)
+            if mig:
+                return self._resolve_mig(name, *mig)
             detail = err.detail or self.suggestion(normalize_name(name))
             raise ConfigError(f"unknown GPU {name!r}; {detail}; "
                               "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file") from None
         return self.by_name[match.row_name], match.notice
+
+    def _resolve_mig(self, name: str, parent_name: str, profile: MigProfile,
+                     sm_count: Optional[int] = None) -> tuple[GpuSpec, Optional[str]]:
+        """(row, notice) of a MIG instance (predictor/mig.py). A parent name that fits several rows
+        ("A100") is narrowed to the rows the profile fits: "3g.20gb" is half of a 40 GB A100."""
+        if not parent_name:
+            raise ConfigError(f"GPU {name!r} names a MIG profile but not its GPU; write the GPU's name before it, "
+                              f"as torch prints it (e.g. \"A100-SXM4-40GB MIG {profile.label}\")")
+        try:
+            parent, notice = self.resolve(parent_name)
+        except ConfigError as err:
+            raise ConfigError(f"GPU {name!r} is a MIG instance of a GPU the table does not know: {err}") from None
+        if notice:
+            parent, notice = self._mig_parent_among_siblings(name, parent_name, parent, profile)
+        problem = profile_problem(parent, profile)
+        if problem:
+            raise ConfigError(f"GPU {name!r}: {problem}")
+        return mig_spec(parent, profile, sm_count), notice
+
+    def _mig_parent_among_siblings(self, name: str, parent_name: str, parent: GpuSpec,
+                                   profile: MigProfile) -> tuple[GpuSpec, Optional[str]]:
+        """The row of an ambiguous parent name that ``profile`` fits, and a notice unless only one does."""
+        siblings = [self.by_name[row.name]
+                    for row in self.names.by_model.get(normalize_name(parent.model or ""), {}).values()]
+        fitting = [row for row in siblings if profile_problem(row, profile) is None]
+        if not fitting:
+            return parent, None
+        chosen = parent if parent in fitting else next((row for row in fitting if row.default_for_model), fitting[0])
+        if len(fitting) == 1:
+            return chosen, None
+        others = ", ".join(row.name for row in fitting if row is not chosen)
+        return chosen, (f"GPU {name!r}: {parent_name!r} could be several parts; a {profile.label} instance fits "
+                        f"{chosen.name} and {others}; planned as {chosen.name}; write the GPU's full name to choose "
+                        f"(e.g. \"{chosen.name} MIG {profile.label}\")")
 
     def resolve_detected(self, name: str, memory_gib: Optional[float] = None,
                          sm_count: Optional[int] = None) -> GpuSpec:
@@ -188,8 +232,14 @@ class GpuRegistry:
         "AMD Instinct MI250X / MI250" (104 compute units; an MI250X die has 110). The named row
         stands when it matches the device; otherwise, among the rows of every model the name
         mentions, the one that matches the device's memory (within ``DETECTED_MEMORY_TOLERANCE``)
-        and SM count is taken, if there is exactly one.
+        and SM count is taken, if there is exactly one. A MIG instance ("NVIDIA A100-SXM4-40GB MIG 1g.5gb")
+        gets its parent's row scaled to the instance, by the SM count reported when there is one.
         """
+        mig = split_mig_name(name) if normalize_name(name) not in self.names.exact else None
+        if mig:
+            spec, notice = self._resolve_mig(name, *mig, sm_count=sm_count)
+            self._notice_once(name, notice)
+            return spec
         spec, notice = self.resolve(name)
 
         def matches(row: GpuSpec) -> bool:
