@@ -6,6 +6,7 @@ peaks in TFLOPS (1e12 FLOP/s), bandwidth in GB/s (1e9 B/s), memory in GiB.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import math
@@ -20,6 +21,7 @@ from pydantic import AliasChoices, Field
 
 from geodiloco.predictor.gpu_names import NameIndex, NameMatch, UnknownName, normalize_name
 from geodiloco.predictor.mig import MigProfile, mig_spec, profile_problem, split_mig_name
+from geodiloco.predictor.vgpu import VgpuProfile, split_vgpu_name, time_share_notice, time_sliced_problem, time_sliced_spec
 from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
 from geodiloco.predictor.workload import check_precision
 
@@ -183,6 +185,9 @@ class GpuRegistry:
             mig = split_mig_name(name)
             if mig:
                 return self._resolve_mig(name, *mig)
+            vgpu = split_vgpu_name(name)
+            if vgpu:
+                return self._resolve_vgpu(name, *vgpu)
             detail = err.detail or self.suggestion(normalize_name(name))
             raise ConfigError(f"unknown GPU {name!r}; {detail}; "
                               "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file") from None
@@ -205,6 +210,23 @@ class GpuRegistry:
         if problem:
             raise ConfigError(f"GPU {name!r}: {problem}")
         return mig_spec(parent, profile, sm_count), notice
+
+    def _resolve_vgpu(self, name: str, board_name: str, profile: VgpuProfile) -> tuple[GpuSpec, Optional[str]]:
+        """(row, notice) of a vGPU (predictor/vgpu.py): a MIG-backed one is its MIG instance, a time-sliced
+        one its share of the board, with a notice saying so."""
+        if profile.mig:
+            spec, notice = self._resolve_mig(name, board_name, profile.mig)
+            return dataclasses.replace(spec, name=f"{spec.extra['mig_parent']} vGPU {profile.label}"), notice
+        try:
+            board, notice = self.resolve(board_name)
+        except ConfigError as err:
+            raise ConfigError(f"GPU {name!r} is a vGPU of a GPU the table does not know: {err}") from None
+        problem = time_sliced_problem(board, profile)
+        if problem:
+            raise ConfigError(f"GPU {name!r}: {problem}")
+        spec = time_sliced_spec(board, profile)
+        shared = time_share_notice(name, board.name, spec.extra["vgpu_share"]) if spec.extra["vgpu_share"] < 1 else None
+        return spec, "; ".join(filter(None, [notice, shared])) or None
 
     def _mig_parent_among_siblings(self, name: str, parent_name: str, parent: GpuSpec,
                                    profile: MigProfile) -> tuple[GpuSpec, Optional[str]]:

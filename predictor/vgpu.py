@@ -1,0 +1,84 @@
+"""NVIDIA vGPU profiles: a virtual machine's share of a GPU, named as the guest driver prints it.
+
+A VM with a vGPU sees a device named after the board and the profile: "NVIDIA A10-4Q" (4 GB of an
+A10's frame buffer, Q series), "NVIDIA A100-40C" (a whole A100 40GB for compute), "NVIDIA A100-3-20C"
+(a MIG-backed vGPU: the A100's 3g.20gb instance). Cloud VMs sold as "1/6 of an A10" are such
+profiles. The series letter (Q, C, B, A) says which license the profile needs, not its speed.
+
+A time-sliced vGPU shares the GPU's engines in turns with the other vGPUs on the board, at most
+frame buffer / profile size of them (NVIDIA Virtual GPU Software User Guide: each profile's "maximum
+vGPUs per GPU"). Its rates are planned at that share (the fixed-share scheduler's slice; the default
+best-effort scheduler gives more while the neighbours are idle), with a notice, so the first plan is
+on the safe side and the node's measured steps set its real speed from the first round. A MIG-backed
+vGPU is its MIG instance (predictor/mig.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from geodiloco.predictor.mig import MigProfile
+
+VGPU_GUIDE = "NVIDIA Virtual GPU Software User Guide, vGPU types"
+
+_PROFILE = re.compile(r"^(?P<board>.+?)-(?:(?P<slices>\d+)-)?(?P<memory>\d+)(?P<series>[QCBA])$", re.IGNORECASE)
+_GRID = re.compile(r"^\s*grid\s+", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class VgpuProfile:
+    """A vGPU type: ``memory_gb`` of frame buffer, and ``mig`` when it is backed by a MIG instance."""
+
+    memory_gb: float
+    series: str
+    mig: Optional[MigProfile] = None
+
+    @property
+    def label(self) -> str:
+        if self.mig:
+            return f"{self.mig.gpu_slices}-{self.memory_gb:g}{self.series}"
+        return f"{self.memory_gb:g}{self.series}"
+
+
+def split_vgpu_name(name: str) -> Optional[tuple[str, VgpuProfile]]:
+    """(board name, profile) when ``name`` names a vGPU ("NVIDIA A10-4Q", "GRID A100-3-20C"), else None."""
+    found = _PROFILE.match(_GRID.sub("", name.strip()))
+    if not found:
+        return None
+    memory_gb = float(found.group("memory"))
+    series = found.group("series").upper()
+    mig = MigProfile(int(found.group("slices")), memory_gb, int(found.group("slices"))) if found.group("slices") else None
+    return found.group("board").strip(), VgpuProfile(memory_gb=memory_gb, series=series, mig=mig)
+
+
+def time_sliced_problem(board, profile: VgpuProfile) -> Optional[str]:
+    """Why a time-sliced ``profile`` cannot run on ``board`` (a GpuSpec), or None."""
+    if board.consumer:
+        return f"{board.name} is a GeForce card, and NVIDIA vGPU runs on data-center and RTX workstation boards only"
+    if profile.memory_gb > board.memory_gb * 1.02:
+        return f"a {profile.label} vGPU needs {profile.memory_gb:g} GB and {board.name} has {board.memory_gb:g} GB"
+    return None
+
+
+def time_sliced_spec(board, profile: VgpuProfile):
+    """The row of a time-sliced vGPU on ``board``: every rate and the bandwidth at its share of the board
+    (profile frame buffer over the board's), its own memory, no peer link."""
+    share = min(1.0, profile.memory_gb / board.memory_gb)
+    scaled = {column: None if getattr(board, column) is None else getattr(board, column) * share
+              for column in ("fp32_tflops", "tf32_tflops", "fp16_tflops", "fp16_fp32acc_tflops", "bf16_tflops",
+                             "fp8_tflops", "memory_bandwidth_gbps")}
+    return dataclasses.replace(
+        board, **scaled, name=f"{board.name} vGPU {profile.label}", aliases=(), model=None, form_factor=None,
+        default_for_model=False, memory_gb=profile.memory_gb, peer_link=None, peer_link_gbps=None,
+        mig_instances=None, mig_sms_per_slice=None,
+        source=(f"time-sliced vGPU {profile.label} of {board.name}: {share:.3g} of its rates and bandwidth, "
+                f"{profile.memory_gb:g} GB ({VGPU_GUIDE}); board: {board.source}"),
+        extra={**board.extra, "vgpu_board": board.name, "vgpu_profile": profile.label, "vgpu_share": share})
+
+
+def time_share_notice(name: str, board_name: str, share: float) -> str:
+    return (f"GPU {name!r} is a time-sliced vGPU: planned at its fixed share ({share:.3g}) of {board_name}; "
+            "with the default best-effort scheduler it runs faster while its neighbours idle, and the node's "
+            "measured steps set its speed from the first round")
