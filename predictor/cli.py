@@ -85,17 +85,22 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def print_resolved(names: list, as_json: bool) -> int:
+    from geodiloco.predictor.mig import standard_profiles
     from geodiloco.predictor.specs import resolve_gpu
 
     answers = []
     for name in names:
         spec, notice = resolve_gpu(name)
-        answers.append({"name": name, "row": spec.name, "notice": notice, "source": spec.source})
+        answers.append({"name": name, "row": spec.name, "notice": notice, "source": spec.source,
+                        "mig_profiles": standard_profiles(spec) if spec.mig_instances else []})
     if as_json:
         print(json.dumps(answers, indent=2))
     else:
         for answer in answers:
             print(f"{answer['name']!r} -> {answer['row']}" + (f"  ({answer['notice']})" if answer["notice"] else ""))
+            if answer["mig_profiles"]:
+                print(f"  MIG profiles: {', '.join(answer['mig_profiles'])} (write e.g. \"{answer['row']} MIG "
+                      f"{answer['mig_profiles'][0]}\")")
     return 0
 
 

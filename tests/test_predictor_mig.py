@@ -184,3 +184,13 @@ def test_the_example_mig_cluster_plans_the_faster_slice_for_more_steps():
     # 42 of 108 SMs (121 TFLOPS) and half of 1.56 TB/s: the H100 slice must be given more steps.
     assert steps["cloud"] > 1.5 * steps["campus-a"]
     assert steps["campus-a"] > steps["campus-b"]
+
+
+def test_resolve_lists_a_parts_mig_profiles_and_a_wrong_profile_exits_2(capsys):
+    from geodiloco.runtime.cli import main
+
+    assert main(["predict", "--resolve", "NVIDIA A30", "--resolve", "RTX 3090"]) == 0
+    out = capsys.readouterr().out
+    assert "MIG profiles: 1g.6gb, 2g.12gb, 4g.24gb" in out and out.count("MIG profiles") == 1
+    assert main(["predict", "--resolve", "A30 MIG 3g.18gb"]) == 2
+    assert "A30 has no MIG profile 3g.18gb" in capsys.readouterr().err
