@@ -19,6 +19,7 @@ import torch.distributed as dist
 from geodiloco.runtime.auth import SECRET_ENV, AuthError, derived_id, verify_world
 from geodiloco.runtime.plain_collectives import all_gather_values
 from geodiloco.runtime.store_socket import inherited_listener
+from geodiloco.runtime.mig_devices import cuda_backend
 
 
 @dataclass
@@ -67,7 +68,7 @@ def init_process_group(timeout_s: float, use_cuda: bool, secret: Optional[bytes]
     serves the store on MASTER_ADDR only, and every key lives under a prefix derived from the
     secret, so a process without it waits in a world of its own until its timeout.
     """
-    backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
+    backend = f"cpu:gloo,cuda:{cuda_backend()}" if use_cuda else "gloo"
     timeout = timedelta(seconds=timeout_s)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or "MASTER_ADDR" not in os.environ:
         dist.init_process_group(backend=backend, timeout=timeout)

@@ -35,6 +35,7 @@ from geodiloco.runtime.idle import RoundClock
 from geodiloco.runtime.checkpoint import latest_round
 from geodiloco.runtime.finite_guard import NonFiniteModel, check_some_node_finite, non_finite_nodes
 from geodiloco.runtime.metrics_sinks import build_sinks
+from geodiloco.runtime.mig_devices import cuda_device_index, pin_mig_instance
 from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.sync import OutOfSync, RoundSync, SyncOutcome, join_world
 from geodiloco.runtime.trainer import LocalResult, NodeTrainer
@@ -107,7 +108,7 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     topology = join_world(config, node_name, use_cuda, secret)
     if config.run.deterministic:
         torch.use_deterministic_algorithms(True)
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
+    device = torch.device(f"cuda:{cuda_device_index()}" if use_cuda else "cpu")
     trainer = NodeTrainer(config, topology, run_dir, device)
     try:
         return _train_rounds(trainer, resume)
@@ -369,6 +370,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train_from_args(args: argparse.Namespace) -> int:
+    instance = pin_mig_instance()
+    if instance:
+        print(f"[geodiloco] local rank {os.environ.get('LOCAL_RANK', '0')} trains on MIG instance {instance}", flush=True)
     config = load_config(args.config, args.overrides)
     preflight(config, data=False)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(config)

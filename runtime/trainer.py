@@ -31,6 +31,7 @@ from geodiloco.lab.cpu_share import NodeCpuShare, start_node_share
 from geodiloco.lab.virtual_gpu import StepPacer
 from geodiloco.runtime.evaluation import BackgroundEvaluator
 from geodiloco.runtime.gpu_sampler import GpuSampler
+from geodiloco.runtime.mig_devices import PINNED_ENV
 from geodiloco.runtime.models import build_configured_model
 from geodiloco.runtime.finite_guard import NonFiniteModel, all_finite, check_global_finite
 from geodiloco.runtime.recovery import log_membership_event, write_members
@@ -412,6 +413,10 @@ def build_data(config: RunConfig, topology: Topology) -> tuple[list, object]:
 def start_gpu_sampler(config: RunConfig, topology: Topology, device: torch.device) -> Optional[GpuSampler]:
     """The node leader samples its node's GPUs through NVML; None on CPU or when NVML fails."""
     if not topology.is_leader or device.type != "cuda" or config.run.gpu_sample_interval_s == 0:
+        return None
+    if os.environ.get(PINNED_ENV):
+        print(f"[geodiloco] node {topology.node_name}: GPU sampling off: this node trains on MIG instances, and NVML "
+              "reports power and utilization for the whole GPU, shared with other instances", file=sys.stderr)
         return None
     sampler = GpuSampler(interval_s=config.run.gpu_sample_interval_s,
                          device_indices=list(range(topology.local_world_size)))
