@@ -19,6 +19,8 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import AliasChoices, Field
 
+from geodiloco.predictor.amd_partitions import (partition_count, partition_problem, partition_spec,
+                                                 split_partition_name)
 from geodiloco.predictor.gpu_names import NameIndex, NameMatch, UnknownName, normalize_name
 from geodiloco.predictor.mig import MigProfile, mig_spec, profile_problem, split_mig_name
 from geodiloco.predictor.vgpu import VgpuProfile, split_vgpu_name, time_share_notice, time_sliced_problem, time_sliced_spec
@@ -188,6 +190,9 @@ class GpuRegistry:
             vgpu = split_vgpu_name(name)
             if vgpu:
                 return self._resolve_vgpu(name, *vgpu)
+            partitioned = split_partition_name(name)
+            if partitioned:
+                return self._resolve_partition(name, *partitioned)
             detail = err.detail or self.suggestion(normalize_name(name))
             raise ConfigError(f"unknown GPU {name!r}; {detail}; "
                               "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file") from None
@@ -228,6 +233,17 @@ class GpuRegistry:
         shared = time_share_notice(name, board.name, spec.extra["vgpu_share"]) if spec.extra["vgpu_share"] < 1 else None
         return spec, "; ".join(filter(None, [notice, shared])) or None
 
+    def _resolve_partition(self, name: str, gpu_name: str, count: int) -> tuple[GpuSpec, Optional[str]]:
+        """(row, notice) of one of ``count`` AMD compute partitions of ``gpu_name`` (predictor/amd_partitions.py)."""
+        try:
+            row, notice = self.resolve(gpu_name)
+        except ConfigError as err:
+            raise ConfigError(f"GPU {name!r} is a compute partition of a GPU the table does not know: {err}") from None
+        problem = partition_problem(row)
+        if problem:
+            raise ConfigError(f"GPU {name!r}: {problem}")
+        return (row if count == 1 else partition_spec(row, count)), notice
+
     def _mig_parent_among_siblings(self, name: str, parent_name: str, parent: GpuSpec,
                                    profile: MigProfile) -> tuple[GpuSpec, Optional[str]]:
         """The row of an ambiguous parent name that ``profile`` fits, and a notice unless only one does."""
@@ -255,7 +271,9 @@ class GpuRegistry:
         stands when it matches the device; otherwise, among the rows of every model the name
         mentions, the one that matches the device's memory (within ``DETECTED_MEMORY_TOLERANCE``)
         and SM count is taken, if there is exactly one. A MIG instance ("NVIDIA A100-SXM4-40GB MIG 1g.5gb")
-        gets its parent's row scaled to the instance, by the SM count reported when there is one.
+        gets its parent's row scaled to the instance, by the SM count reported when there is one; an AMD
+        compute partition (an MI300X in CPX mode lists 8 devices of 38 CUs named like the whole GPU) gets
+        its share of the row (predictor/amd_partitions.py).
         """
         mig = split_mig_name(name) if normalize_name(name) not in self.names.exact else None
         if mig:
@@ -276,6 +294,9 @@ class GpuRegistry:
                 return spec
             if len(fitting) == 1:
                 return fitting[0]
+            partitions = partition_count(spec, sm_count) if not fitting else None
+            if partitions:
+                return partition_spec(spec, partitions)
         self._notice_once(name, notice)
         return spec
 

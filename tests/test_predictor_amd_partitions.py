@@ -1,0 +1,56 @@
+"""AMD compute partitions: an MI300X in DPX/QPX/CPX mode lists 2/4/8 devices named like the whole GPU.
+
+Expected values come from AMD's MI300X datasheet (304 CUs, 192 GB at 5.3 TB/s, 1307.4 dense BF16
+TFLOPS) and the partition modes' fractions (CPX: 8 devices of 38 CUs).
+"""
+import sys
+import types
+
+import pytest
+
+from geodiloco.predictor import detect
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.specs import detected_gpu, resolve_gpu
+
+
+@pytest.mark.parametrize("compute_units, name, share", [(38, "MI300X CPX", 1 / 8), (76, "MI300X QPX", 1 / 4),
+                                                         (152, "MI300X DPX", 1 / 2), (304, "MI300X", 1.0)])
+def test_a_detected_partition_is_planned_at_its_share_of_the_gpu(compute_units, name, share):
+    row = detected_gpu("AMD Instinct MI300X", 191.5 * share, compute_units)
+    assert (row.name, row.sm_count) == (name, compute_units)
+    assert row.bf16_tflops == pytest.approx(1307.4 * share)
+    assert row.memory_bandwidth_gbps == pytest.approx(5300 * share)
+    assert row.memory_gb == pytest.approx(192 * share)
+
+
+@pytest.mark.parametrize("name, compute_units, row_name", [
+    ("AMD Instinct MI300X", 300, "MI300X"),            # not a partition count: the whole row stays
+    ("AMD Instinct MI250X / MI250", 104, "MI250 GCD"),  # a die of another row, not a partition
+    ("NVIDIA A100-SXM4-40GB", 54, "A100-SXM4-40GB"),    # NVIDIA parts split by MIG, named as such
+])
+def test_devices_that_are_not_partitions_keep_their_row(name, compute_units, row_name):
+    assert detected_gpu(name, None, compute_units).name == row_name
+
+
+@pytest.mark.parametrize("name, row_name, compute_units", [
+    ("MI300X CPX", "MI300X CPX", 38), ("AMD Instinct MI325X QPX", "MI325X QPX", 76), ("MI300X SPX", "MI300X", 304)])
+def test_a_partition_mode_written_in_a_config_resolves(name, row_name, compute_units):
+    row, _ = resolve_gpu(name)
+    assert (row.name, row.sm_count) == (row_name, compute_units)
+
+
+@pytest.mark.parametrize("name", ["MI250X CPX", "A100-SXM4-40GB CPX"])
+def test_a_partition_mode_on_a_part_without_one_says_so(name):
+    with pytest.raises(ConfigError, match="has no compute partitions"):
+        resolve_gpu(name)
+
+
+def test_torch_detection_of_a_cpx_machine_lists_eighths_of_an_mi300x(monkeypatch):
+    props = types.SimpleNamespace(name="AMD Instinct MI300X", total_memory=int(23.9 * 2**30),
+                                  multi_processor_count=38)
+    fake_cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 8,
+                                      get_device_properties=lambda index: props)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=fake_cuda,
+                                                                    version=types.SimpleNamespace(hip="6.2")))
+    gpus, reason = detect.torch_cuda_gpus()
+    assert reason == "" and [gpu["datasheet"] for gpu in gpus] == ["MI300X CPX"] * 8
