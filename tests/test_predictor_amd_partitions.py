@@ -3,14 +3,12 @@
 Expected values come from AMD's MI300X datasheet (304 CUs, 192 GB at 5.3 TB/s, 1307.4 dense BF16
 TFLOPS) and the partition modes' fractions (CPX: 8 devices of 38 CUs).
 """
-import sys
-import types
-
 import pytest
 
 from geodiloco.predictor import detect
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.predictor.specs import detected_gpu, resolve_gpu
+from gpu_fakes import install_fake_torch_cuda
 
 
 @pytest.mark.parametrize("compute_units, name, share", [(38, "MI300X CPX", 1 / 8), (76, "MI300X QPX", 1 / 4),
@@ -46,11 +44,6 @@ def test_a_partition_mode_on_a_part_without_one_says_so(name):
 
 
 def test_torch_detection_of_a_cpx_machine_lists_eighths_of_an_mi300x(monkeypatch):
-    props = types.SimpleNamespace(name="AMD Instinct MI300X", total_memory=int(23.9 * 2**30),
-                                  multi_processor_count=38)
-    fake_cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 8,
-                                      get_device_properties=lambda index: props)
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=fake_cuda,
-                                                                    version=types.SimpleNamespace(hip="6.2")))
+    install_fake_torch_cuda(monkeypatch, "AMD Instinct MI300X", int(23.9 * 2**30), 38, count=8)
     gpus, reason = detect.torch_cuda_gpus()
     assert reason == "" and [gpu["datasheet"] for gpu in gpus] == ["MI300X CPX"] * 8

@@ -6,6 +6,7 @@ import types
 import pytest
 
 from geodiloco.predictor import detect
+from gpu_fakes import install_fake_torch_cuda
 from geodiloco.predictor.specs import detected_gpu, lookup_gpu
 
 
@@ -161,12 +162,7 @@ def test_torch_name_of_an_mi250_die_is_told_apart_by_its_compute_units(sm_count,
 
 
 def test_torch_cuda_detection_passes_memory_and_compute_units(monkeypatch):
-    props = types.SimpleNamespace(name="AMD Instinct MI250X / MI250", total_memory=68702699520,
-                                  multi_processor_count=104)
-    fake_cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1,
-                                      get_device_properties=lambda index: props)
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=fake_cuda,
-                                                                    version=types.SimpleNamespace(hip="6.0")))
+    install_fake_torch_cuda(monkeypatch, "AMD Instinct MI250X / MI250", 68702699520, 104, hip="6.0")
     gpus, reason = detect.torch_cuda_gpus()
     assert reason == "" and gpus[0]["datasheet"] == "MI250 GCD" and gpus[0]["runtime"] == "rocm"
 
