@@ -146,16 +146,40 @@ def rocm_smi_gpus(run: Optional[Callable[..., "subprocess.CompletedProcess"]] = 
         cards = json.loads(result.stdout)
     except json.JSONDecodeError as err:
         return [], f"rocm-smi printed no JSON: {err}"
+    partitions = _rocm_compute_partitions(run)
     gpus = []
     for key in sorted((k for k in cards if k.lower().startswith("card")), key=lambda k: int("".join(
             filter(str.isdigit, k)) or 0)):
         fields = {name.lower(): value for name, value in cards[key].items()}
-        name = fields.get("card series") or fields.get("card model") or fields.get("device name") or key
+        name = str(fields.get("card series") or fields.get("card model") or fields.get("device name") or key).strip()
         vram = fields.get("vram total memory (b)")
         memory_gib = round(int(vram) / 2**30, 2) if vram and str(vram).isdigit() else None
-        gpus.append({"index": len(gpus), "name": str(name).strip(), "memory_gb": memory_gib,
-                     "datasheet": _datasheet_name(str(name), memory_gib)})
+        mode = partitions.get(key.lower(), "SPX")
+        row_name = name if mode == "SPX" else f"{name} {mode}"
+        gpus.append({"index": len(gpus), "name": name, "memory_gb": memory_gib, "compute_partition": mode,
+                     "datasheet": _datasheet_name(row_name, None if mode != "SPX" else memory_gib)})
     return gpus, "" if gpus else "rocm-smi lists no GPU"
+
+
+ROCM_SMI_PARTITION_ARGS = ("rocm-smi", "--showcomputepartition", "--json")
+
+
+def _rocm_compute_partitions(run: Callable[..., "subprocess.CompletedProcess"]) -> dict[str, str]:
+    """Each card's compute-partition mode ("SPX", "CPX", ...) as ``rocm-smi`` reports it; {} where this
+    rocm-smi cannot say (older releases lack the option). An MI300X in CPX mode lists eight cards named
+    like the whole GPU, and only the mode tells them apart (predictor/amd_partitions.py)."""
+    try:
+        result = run(list(ROCM_SMI_PARTITION_ARGS), capture_output=True, text=True, timeout=30)
+        cards = json.loads(result.stdout) if result.returncode == 0 else {}
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError):
+        return {}
+    modes = {}
+    for key, fields in cards.items():
+        if isinstance(fields, dict):
+            for field, value in fields.items():
+                if "compute partition" in field.lower() and str(value).strip().upper() in ("SPX", "DPX", "QPX", "CPX"):
+                    modes[key.lower()] = str(value).strip().upper()
+    return modes
 
 
 def torch_cuda_gpus() -> tuple[list[dict], str]:

@@ -47,3 +47,34 @@ def test_torch_detection_of_a_cpx_machine_lists_eighths_of_an_mi300x(monkeypatch
     install_fake_torch_cuda(monkeypatch, "AMD Instinct MI300X", int(23.9 * 2**30), 38, count=8)
     gpus, reason = detect.torch_cuda_gpus()
     assert reason == "" and [gpu["datasheet"] for gpu in gpus] == ["MI300X CPX"] * 8
+
+
+def rocm_smi(outputs: dict):
+    """A fake ``rocm-smi``: the JSON it prints for each option set (an option it lacks exits 1)."""
+    import subprocess
+
+    def run(args, **kwargs):
+        for option, stdout in outputs.items():
+            if option in args:
+                return subprocess.CompletedProcess(args, 0, stdout=stdout, stderr="")
+        return subprocess.CompletedProcess(args, 1, stdout="", stderr="unrecognized arguments")
+    return run
+
+
+CPX_CARDS = {f"card{index}": {"Card Series": "AMD Instinct MI300X", "VRAM Total Memory (B)": str(24 * 10**9)}
+             for index in range(8)}
+
+
+def test_rocm_smi_on_a_cpx_machine_lists_partitions_by_their_mode():
+    import json
+    modes = {key: {"Compute Partition": "CPX"} for key in CPX_CARDS}
+    gpus, reason = detect.rocm_smi_gpus(run=rocm_smi({"--showproductname": json.dumps(CPX_CARDS),
+                                                      "--showcomputepartition": json.dumps(modes)}))
+    assert reason == "" and [gpu["datasheet"] for gpu in gpus] == ["MI300X CPX"] * 8
+    assert {gpu["compute_partition"] for gpu in gpus} == {"CPX"}
+
+
+def test_a_rocm_smi_without_the_partition_option_still_lists_the_cards():
+    import json
+    gpus, reason = detect.rocm_smi_gpus(run=rocm_smi({"--showproductname": json.dumps({"card0": CPX_CARDS["card0"]})}))
+    assert reason == "" and [(gpu["datasheet"], gpu["compute_partition"]) for gpu in gpus] == [("MI300X", "SPX")]
