@@ -71,13 +71,14 @@ def saved_global_rounds(run_dir: Path) -> list[int]:
 
 
 def mark_latest(run_dir: Path, round_idx: int, keep: int) -> None:
-    """Point ``latest`` at ``round_idx`` and delete the rounds older than the newest ``keep``.
+    """Point ``latest`` at ``round_idx`` and delete the checkpoints older than the newest ``keep`` of those up
+    to it (``checkpoint.keep`` counts checkpoints, so with ``every_rounds: 2`` two are two saves apart).
 
     Newer rounds are left alone: nodes may already be writing the next one."""
     point_latest(run_dir, round_idx)
-    for old_round in _saved_rounds(run_dir):
-        if old_round <= round_idx - keep:
-            shutil.rmtree(round_dir(run_dir, old_round), ignore_errors=True)
+    saved = [saved_round for saved_round in _saved_rounds(run_dir) if saved_round <= round_idx]
+    for old_round in saved[:-keep]:
+        shutil.rmtree(round_dir(run_dir, old_round), ignore_errors=True)
 
 
 def point_latest(run_dir: Path, round_idx: int) -> None:

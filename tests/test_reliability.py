@@ -153,3 +153,13 @@ def test_a_model_too_large_for_a_nodes_gpus_is_refused_before_any_node_starts(tm
     assert message.startswith("nodes[0].gpus: the model (13016 M parameters, seq_len 128) needs about"), message
     assert "more than RTX 2080 Ti holds (11 GiB)" in message and "\n" not in message
     preflight(load_config(None, ["model.preset=llama-150m"]), data=False)  # 150 M fits everywhere
+
+
+def test_checkpoint_keep_counts_checkpoints_not_rounds(tmp_path):
+    from geodiloco.runtime import checkpoint
+    for round_idx in (1, 3, 5, 6):  # saved every 2 rounds; round 6 is being written by the next save
+        checkpoint.round_dir(tmp_path, round_idx).mkdir(parents=True)
+    checkpoint.mark_latest(tmp_path, 5, keep=2)
+    assert sorted(path.name for path in (tmp_path / "checkpoints").glob("round_*")) == [
+        "round_00003", "round_00005", "round_00006"]
+    assert (tmp_path / "checkpoints" / checkpoint.LATEST_FILE).read_text().strip() == "5"
