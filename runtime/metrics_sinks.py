@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Optional, Protocol
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 NODE_METRIC_FIELDS = {"loss": "train_loss", "lr": "lr", "local_steps": "local_steps",
                       "batch_size": "batch_size", "compute_s": "compute_s"}
@@ -118,8 +118,21 @@ def build_sinks(logging: Any, run_name: str, run_dir: Path, config: dict) -> Opt
     """The sinks of the config's ``logging`` section, or None when none is configured."""
     writers: list[ScalarWriter] = []
     if logging.tensorboard:
-        writers.append(TensorBoardWriter(Path(logging.tensorboard) / run_name))
+        _start_writer(writers, "TensorBoard", lambda: TensorBoardWriter(Path(logging.tensorboard) / run_name))
     if logging.wandb is not None:
         wandb = logging.wandb
-        writers.append(WandbWriter(wandb.project, run_name, run_dir, wandb.mode, wandb.entity, config))
+        _start_writer(writers, "W&B", lambda: WandbWriter(wandb.project, run_name, run_dir, wandb.mode, wandb.entity,
+                                                         config),
+                      hint="log in (wandb login), set WANDB_API_KEY, or set logging.wandb.mode: offline")
     return MetricSinks(writers) if writers else None
+
+
+def _start_writer(writers: list, service: str, start: Callable[[], ScalarWriter], hint: str = "") -> None:
+    """Append the writer ``start`` makes; a service that cannot start (no API key, no network) is left out
+    with one notice, since metrics must never stop training."""
+    try:
+        writers.append(start())
+    except Exception as err:
+        detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        print(f"[geodiloco] metrics: {service} could not start ({detail}); training goes on without it"
+              + (f" ({hint})" if hint else ""), file=sys.stderr, flush=True)

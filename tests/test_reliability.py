@@ -163,3 +163,19 @@ def test_checkpoint_keep_counts_checkpoints_not_rounds(tmp_path):
     assert sorted(path.name for path in (tmp_path / "checkpoints").glob("round_*")) == [
         "round_00003", "round_00005", "round_00006"]
     assert (tmp_path / "checkpoints" / checkpoint.LATEST_FILE).read_text().strip() == "5"
+
+
+def test_a_metrics_service_that_cannot_start_is_left_out_and_training_goes_on(tmp_path, monkeypatch, capsys):
+    import types
+
+    from geodiloco.runtime import metrics_sinks
+
+    def no_api_key(*args, **kwargs):
+        raise RuntimeError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(metrics_sinks, "WandbWriter", no_api_key)
+    logging = types.SimpleNamespace(tensorboard=None, wandb=types.SimpleNamespace(project="p", mode="online",
+                                                                                 entity=None))
+    assert metrics_sinks.build_sinks(logging, "run", tmp_path, {}) is None
+    err = capsys.readouterr().err
+    assert "W&B could not start (No API key configured" in err and "logging.wandb.mode: offline" in err
