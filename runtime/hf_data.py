@@ -156,15 +156,23 @@ def eval_docs_per_file(hf: Any, tokenizer: Any, files: list[Optional[list[str]]]
     return counts, np.asarray(tokens[:needed], dtype=np.int64)
 
 
+def non_iid_stream_problem(num_files: int, num_nodes: int) -> Optional[str]:
+    """Why whole data files cannot be dealt to every node (non_iid shards of a streamed corpus), or None."""
+    if num_files >= num_nodes:
+        return None
+    return (f"data.shards: non_iid with data.hf_dataset.streaming gives each node whole data files, but "
+            f"{num_files} file(s) cannot be split among {num_nodes} nodes; list at least {num_nodes} data_files, "
+            "or use data.shards: iid")
+
+
 def stream_layout(hf: Any, node_index: int, num_nodes: int, shards: str,
                   held_out_by_file: list[int]) -> StreamLayout:
     all_files = [[path] for path in hf.data_files] if hf.data_files else [None]
     if shards == "iid":
         return StreamLayout(all_files, held_out_by_file, num_nodes, node_index)
-    if len(all_files) < num_nodes:
-        raise ConfigError(f"data.shards: non_iid with data.hf_dataset.streaming gives each node whole data files, "
-                          f"but {len(all_files)} file(s) cannot be split among {num_nodes} nodes; list at least "
-                          f"{num_nodes} data_files, or use data.shards: iid")
+    problem = non_iid_stream_problem(len(all_files), num_nodes)
+    if problem:
+        raise ConfigError(problem)
     mine = list(range(node_index, len(all_files), num_nodes))
     return StreamLayout([all_files[index] for index in mine], [held_out_by_file[index] for index in mine], 1, 0)
 

@@ -32,7 +32,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.auth import launch_env, load_secret, rendezvous_id
@@ -42,6 +42,7 @@ from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
 from geodiloco.runtime.store_socket import STORE_FD_ENV, reserve_port
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
+from geodiloco.runtime.fatal import FATAL_FILE, FATAL_FILE_ENV, read_fatal
 from geodiloco.lab.drill import DrillRunner, parse_drill
 from geodiloco.lab.process_tree import descendants
 
@@ -94,6 +95,7 @@ class NodeLauncher:
         self.train_args, self.master_addr, self.port = train_args, master_addr, port
         self.rendezvous_endpoint = rendezvous_endpoint
         self.peers_file = Path(train_args[train_args.index("--run-dir") + 1]) / PEERS_FILE
+        self.fatal_file = self.peers_file.parent / FATAL_FILE
         self.hivemind = config.comm.backend == "hivemind"
         self.secret_env = launch_env()
         self.outputs: dict[str, NodeOutput] = {}
@@ -104,7 +106,8 @@ class NodeLauncher:
 
     def start(self, index: int, first: Optional[subprocess.Popen] = None) -> subprocess.Popen:
         config = self.config
-        env = {**node_env(config, index, self.master_addr, self.port), **self.secret_env}
+        env = {**node_env(config, index, self.master_addr, self.port), **self.secret_env,
+               FATAL_FILE_ENV: str(self.fatal_file)}
         command = [sys.executable, "-m", "geodiloco.runtime.train", *self.train_args]
         if self.rendezvous_endpoint is not None:
             from geodiloco.runtime.elastic_launch import agent_command, agent_env
@@ -307,6 +310,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
         raise ConfigError("--drill needs elastic membership on the torch backend (comm.elastic.enabled: true); "
                           "without it one failed site stops the run")
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / FATAL_FILE).unlink(missing_ok=True)
     config_path = run_dir / "config.yaml"
     for change in (resume_changes(run_dir, config) if resume else []):
         print(f"[geodiloco] resuming with a changed setting: {change}", flush=True)
@@ -331,7 +335,13 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
                     say_how_to_resume(run_dir)
                 return code
             with DrillRunner(drill_events, processes, launcher, run_dir):
-                codes = watch_all(processes)
+                codes = watch_all(processes, launcher.fatal_file, launcher.outputs.values())
+            fatal = read_fatal(launcher.fatal_file)
+            if fatal:
+                print(f"geodiloco run: error: {fatal}", file=sys.stderr, flush=True)
+                print("[geodiloco] stopped every site: bad input fails the same way on every restart",
+                      file=sys.stderr, flush=True)
+                return 2
             return elastic_exit_code(config, codes, launcher.outputs)
     except KeyboardInterrupt:
         print(f"[geodiloco] stopping all nodes; the last complete checkpoint stays in {run_dir} "
@@ -343,10 +353,17 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
         cleanup_stale(owner_pid=os.getpid())
 
 
-def watch_all(processes: list[subprocess.Popen]) -> list[int]:
+def watch_all(processes: list[subprocess.Popen], fatal_file: Optional[Path] = None,
+              outputs: Iterable[NodeOutput] = ()) -> list[int]:
     """Elastic: wait until every site's agent has ended (one failing stops nobody); their exit codes.
-    The list may change while waiting (a drill restarts a site)."""
+    The list may change while waiting (a drill restarts a site). A worker's configuration error
+    (``fatal_file``, runtime/fatal.py) stops every site at once."""
     while any(process.poll() is None for process in list(processes)):
+        if fatal_file is not None and read_fatal(fatal_file):
+            for output in outputs:
+                output.log_only()
+            stop_processes(list(processes))
+            break
         time.sleep(0.2)
     return [process.returncode for process in processes]
 

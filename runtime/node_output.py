@@ -27,6 +27,7 @@ class NodeOutput:
         self._log = open(log_path, "a", buffering=1, errors="replace")
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._lock = threading.Lock()
+        self._to_terminal = True
         self._threads = [threading.Thread(target=self._forward, args=(stream, sink), daemon=True)
                          for stream, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))]
         for thread in self._threads:
@@ -34,11 +35,17 @@ class NodeOutput:
 
     def _forward(self, stream: IO[str], sink: IO[str]) -> None:
         for line in stream:
-            sink.write(line)
-            sink.flush()
+            if self._to_terminal:
+                sink.write(line)
+                sink.flush()
             with self._lock:
                 self._log.write(line)
                 self._tail.append(line.rstrip("\n"))
+
+    def log_only(self) -> None:
+        """Stop forwarding to the terminal (the log file still gets every line): for a node the launcher is
+        stopping on purpose, whose shutdown messages would bury the reason."""
+        self._to_terminal = False
 
     def tail(self, wait_s: float = 2.0) -> list[str]:
         """The last lines the node wrote (after the pipes drained, at most ``wait_s`` seconds)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import json
 from pathlib import Path
 
 from geodiloco.predictor.schema import ConfigError
@@ -49,6 +50,35 @@ def check_data_files(config: RunConfig) -> None:
     for pattern in hf.data_files:
         if not glob.glob(pattern):
             raise ConfigError(f"data.hf_dataset.data_files: {pattern} matches no file")
+
+
+def check_text_field(config: RunConfig) -> None:
+    """The first record of a local JSON Lines corpus has ``text_field`` (other formats are checked by the
+    nodes as they read them; the message is the same)."""
+    hf = config.data.hf_dataset
+    if hf is None or hf.path != "json" or not hf.data_files:
+        return
+    first_file = sorted(glob.glob(hf.data_files[0]))[0]
+    try:
+        with open(first_file, encoding="utf-8") as handle:
+            line = next((line for line in handle if line.strip()), "")
+        record = json.loads(line) if line else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return
+    if isinstance(record, dict) and hf.text_field not in record:
+        raise ConfigError(f"data.hf_dataset.text_field: records have no {hf.text_field!r} field; their fields are "
+                          f"{', '.join(sorted(record))} (first record of {first_file})")
+
+
+def check_stream_shards(config: RunConfig) -> None:
+    """non_iid shards of a streamed corpus deal whole data files to the nodes: there must be enough."""
+    hf = config.data.hf_dataset
+    if hf is None or not hf.streaming or config.data.shards != "non_iid":
+        return
+    from geodiloco.runtime.hf_data import non_iid_stream_problem
+    problem = non_iid_stream_problem(len(hf.data_files) or 1, len(config.nodes))
+    if problem:
+        raise ConfigError(problem)
 
 
 def tokenizer_vocab_size(tokenizer_dir: Path) -> int | None:
@@ -150,6 +180,8 @@ def preflight(config: RunConfig, data: bool = True) -> None:
     check_model_fits(config)
     check_model_files(config)
     check_data_files(config)
+    check_text_field(config)
+    check_stream_shards(config)
     if data:
         check_byte_corpus(config)
     check_tokenizer(config)

@@ -33,6 +33,7 @@ from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.runtime.recovery import log_membership_event
 from geodiloco.runtime.idle import RoundClock
 from geodiloco.runtime.checkpoint import latest_round
+from geodiloco.runtime.fatal import record_fatal
 from geodiloco.runtime.finite_guard import NonFiniteModel, check_some_node_finite, non_finite_nodes
 from geodiloco.runtime.metrics_sinks import build_sinks
 from geodiloco.runtime.mig_devices import cuda_device_index, pin_mig_instance
@@ -423,6 +424,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return train_from_args(args)
     except ConfigError as err:
         print(f"geodiloco.runtime.train: error: {err}", file=sys.stderr)
+        node = os.environ.get("GEODILOCO_NODE") or args.node
+        record_fatal(f"node {node}: {err}" if node else str(err))
         return 2
 
 

@@ -179,3 +179,45 @@ def test_a_metrics_service_that_cannot_start_is_left_out_and_training_goes_on(tm
     assert metrics_sinks.build_sinks(logging, "run", tmp_path, {}) is None
     err = capsys.readouterr().err
     assert "W&B could not start (No API key configured" in err and "logging.wandb.mode: offline" in err
+
+
+def test_a_jsonl_corpus_without_the_text_field_is_refused_before_any_node_starts(tmp_path):
+    import types
+
+    from geodiloco.runtime.preflight import check_text_field
+    corpus = tmp_path / "part_00.jsonl"
+    corpus.write_text('\n{"text": "hello", "id": 1}\n')
+    hf = types.SimpleNamespace(path="json", data_files=[str(tmp_path / "*.jsonl")], text_field="body")
+    with pytest.raises(ConfigError, match=r"records have no 'body' field; their fields are id, text"):
+        check_text_field(types.SimpleNamespace(data=types.SimpleNamespace(hf_dataset=hf)))
+    hf.text_field = "text"
+    check_text_field(types.SimpleNamespace(data=types.SimpleNamespace(hf_dataset=hf)))
+
+
+def test_a_workers_configuration_error_stops_every_site_at_once(tmp_path):
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from geodiloco.runtime.fatal import read_fatal, record_fatal
+    from geodiloco.runtime.launch import watch_all
+    fatal_file = tmp_path / "fatal_error.txt"
+    sites = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    environ = {"GEODILOCO_FATAL_FILE": str(fatal_file)}
+    threading.Timer(0.5, record_fatal, ("node b: data.x: bad", environ)).start()
+    started = time.monotonic()
+    codes = watch_all(sites, fatal_file)
+    assert time.monotonic() - started < 20 and all(code is not None and code != 0 for code in codes)
+    record_fatal("node a: a later error", environ)  # the first worker's message is the one kept
+    assert read_fatal(fatal_file) == "node b: data.x: bad"
+
+
+def test_a_worker_that_stops_on_bad_input_records_it_for_the_launcher(tmp_path, monkeypatch, capsys):
+    from geodiloco.runtime import train
+    from geodiloco.runtime.fatal import read_fatal
+    monkeypatch.setenv("GEODILOCO_FATAL_FILE", str(tmp_path / "fatal_error.txt"))
+    monkeypatch.setenv("GEODILOCO_NODE", "b")
+    assert train.main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert read_fatal(tmp_path / "fatal_error.txt").startswith("node b: ")
+    assert "missing.yaml" in read_fatal(tmp_path / "fatal_error.txt")
