@@ -76,6 +76,9 @@ def run_plan(args) -> int:
     from geodiloco.balancer.views import plan_summary, print_plan
     from dataclasses import asdict
     from geodiloco.balancer.mode_advice import advise_mode
+    if args.round < 0:
+        from geodiloco.predictor.schema import ConfigError
+        raise ConfigError(f"--round must be 0 or more (rounds count from 0, as the logs number them), got {args.round}")
     setup = _setup(args)
     planner = setup.planner()
     plan = planner.plan(args.round)

@@ -54,6 +54,12 @@ def pseudo_gradient_bytes(num_params: int, sync_dtype: str = "fp32") -> int:
         raise ValueError(f"unknown sync dtype {sync_dtype!r}; known: {known}") from None
 
 
+RUN_DEFAULT_OVERLAP = "streaming"
+RUN_DEFAULT_COMPRESSION = "int8"
+"""A run's ``diloco.overlap`` and ``diloco.compression`` when its config leaves them out (runtime/config.py
+uses these): what experiments/sync/hide_sync.py measured best on the source paper's cluster."""
+
+
 @dataclass(frozen=True)
 class SyncSettings:
     """How the run syncs: ``overlap`` (none | delayed | streaming), ``codec`` (none | fp16 | bf16 |

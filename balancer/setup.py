@@ -15,7 +15,7 @@ import yaml
 
 from geodiloco.balancer.cluster import ClusterSpec, load_cluster
 from geodiloco.balancer.config import BalancingConfig
-from geodiloco.balancer.network import CODEC_BITS, SYNC_DTYPE_CODEC, SyncSettings
+from geodiloco.balancer.network import CODEC_BITS, RUN_DEFAULT_COMPRESSION, RUN_DEFAULT_OVERLAP, SYNC_DTYPE_CODEC, SyncSettings
 from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.simulate import Slowdown
 from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, validate
@@ -109,9 +109,9 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     model_section, diloco = _section(file_data, "model"), _section(file_data, "diloco")
     model_name = model or model_section.get("preset") or model_section.get("file") or hf_config_file(model_section) \
         or DEFAULT_MODEL
-    resolved_seq_len = seq_len or model_section.get("seq_len") or DEFAULT_SEQ_LEN
-    steps = local_steps or diloco.get("local_steps") or DEFAULT_LOCAL_STEPS
-    batch = batch_size or diloco.get("batch_size") or DEFAULT_BATCH_SIZE
+    resolved_seq_len = _first_given(seq_len, model_section.get("seq_len"), DEFAULT_SEQ_LEN)
+    steps = _first_given(local_steps, diloco.get("local_steps"), DEFAULT_LOCAL_STEPS)
+    batch = _first_given(batch_size, diloco.get("batch_size"), DEFAULT_BATCH_SIZE)
     for name, value in (("--seq-len", resolved_seq_len), ("--local-steps", steps), ("--batch-size", batch)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -122,18 +122,40 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
         raise ConfigError(str(err)) from None
     return PlanningSetup(cluster=cluster, balancing=balancing, model=model_name, dims=dims,
                          seq_len=resolved_seq_len, local_steps=steps, batch_size=batch, precision=precision,
-                         sync=sync_settings(diloco, balancing, overlap, compression))
+                         sync=sync_settings(diloco, balancing, overlap, compression, run_sync_defaults(file_data)))
+
+
+def _first_given(*values):
+    """The first value that is not None (0 is a value, and is then refused, not replaced by a default)."""
+    return next(value for value in values if value is not None)
+
+
+RUN_CONFIG_SECTIONS = ("run", "diloco", "comm", "data", "optim", "checkpoint")
+
+
+def run_sync_defaults(file_data: dict) -> Optional[tuple[str, str]]:
+    """(overlap, compression) a run of this file syncs with where its ``diloco:`` leaves them out, or None
+    for a bare cluster file (a ``nodes:`` list and no run section), which plans a blocking sync. These
+    follow runtime/config.py: the run defaults, or ``none`` under hivemind (and no overlap in async mode)."""
+    if not any(section in file_data for section in RUN_CONFIG_SECTIONS):
+        return None
+    if _section(file_data, "comm").get("backend") == "hivemind":
+        return "none", "none"
+    if _section(file_data, "diloco").get("mode") == "async":
+        return "none", RUN_DEFAULT_COMPRESSION
+    return RUN_DEFAULT_OVERLAP, RUN_DEFAULT_COMPRESSION
 
 
 OVERLAP_MODES = ("none", "delayed", "streaming")
 
 
 def sync_settings(diloco: dict, balancing: BalancingConfig, overlap: Optional[str],
-                  compression: Optional[str]) -> SyncSettings:
-    """The run's sync as the planner models it: flags, else the file's ``diloco:``, else blocking
-    with ``balancing.sync_dtype``."""
-    chosen_overlap = overlap or diloco.get("overlap") or "none"
-    codec = compression or diloco.get("compression") or SYNC_DTYPE_CODEC[balancing.sync_dtype]
+                  compression: Optional[str], run_defaults: Optional[tuple[str, str]] = None) -> SyncSettings:
+    """The run's sync as the planner models it: flags, else the file's ``diloco:``, else what a run of a
+    run config uses (``run_defaults``), else (a bare cluster file) blocking with ``balancing.sync_dtype``."""
+    default_overlap, default_codec = run_defaults or ("none", SYNC_DTYPE_CODEC[balancing.sync_dtype])
+    chosen_overlap = overlap or diloco.get("overlap") or default_overlap
+    codec = compression or diloco.get("compression") or default_codec
     fragments = diloco.get("fragments", 4)
     if chosen_overlap not in OVERLAP_MODES:
         raise ConfigError(f"diloco.overlap: {chosen_overlap!r} is not one of {', '.join(OVERLAP_MODES)}")

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names, load_gpu_files
 from geodiloco.balancer.config import BalancingConfig
+from geodiloco.balancer.network import RUN_DEFAULT_COMPRESSION, RUN_DEFAULT_OVERLAP
 from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
 from geodiloco.predictor.workload import ModelDims, dims_from_mapping, hf_config_json, preset_dims, resolve_dims
 
@@ -187,9 +188,9 @@ class DilocoSection(StrictModel):
     local_steps: int = Field(default=100, ge=1, le=10_000_000)
     batch_size: int = Field(default=4, ge=1, le=1_000_000)
     weighting: Literal["uniform", "tokens", "normalized", "auto"] = "tokens"
-    overlap: Literal["none", "delayed", "streaming"] = "streaming"
+    overlap: Literal["none", "delayed", "streaming"] = RUN_DEFAULT_OVERLAP
     fragments: int = Field(default=4, ge=1, le=1024)
-    compression: Literal["none", "fp16", "bf16", "int8", "int4"] = "int8"
+    compression: Literal["none", "fp16", "bf16", "int8", "int4"] = RUN_DEFAULT_COMPRESSION
     mode: Literal["sync", "async"] = "sync"
     """``sync``: every round ends at a barrier and one outer step (DiLoCo). ``async``: a node that ends
     its local phase pushes its pseudo-gradient, pulls the newest global model and goes on without

@@ -1,6 +1,7 @@
 import pytest
 
 from geodiloco.balancer.plan import RoundMeasurement
+from geodiloco.predictor.schema import ConfigError
 from test_balancer_helpers import nodes, planner
 
 
@@ -124,3 +125,27 @@ def test_plan_advises_overlap_for_a_blocking_sync_that_takes_a_large_share():
     plan = _sync_planner(mbps=5.0, overlap="none").plan(0)
     assert plan.sync_advice.startswith("the outer sync") and "diloco.overlap: delayed" in plan.sync_advice
     assert _sync_planner(mbps=10_000.0, overlap="none").plan(0).sync_advice is None
+
+
+@pytest.mark.parametrize("config_file", ["runtime/default.yaml", "experiments/configs/hivemind.yaml",
+                                         "experiments/configs/async.yaml", "experiments/configs/hide_sync.yaml"])
+def test_plan_on_a_run_config_models_the_sync_the_run_will_use(config_file):
+    from pathlib import Path
+
+    from geodiloco.balancer.setup import load_setup
+    from geodiloco.runtime.config import load_config
+    path = Path(__file__).resolve().parents[1] / config_file
+    diloco = load_config(str(path)).diloco
+    sync = load_setup(str(path)).sync
+    assert (sync.overlap, sync.codec) == (diloco.overlap, diloco.compression)
+
+
+def test_plan_on_a_bare_cluster_file_models_a_blocking_sync_and_refuses_zero_steps():
+    from pathlib import Path
+
+    from geodiloco.balancer.setup import load_setup
+    cluster = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "clusters" / "paper4.yaml"
+    assert (load_setup(str(cluster)).sync.overlap, load_setup(str(cluster)).sync.codec) == ("none", "none")
+    for option in ("local_steps", "batch_size", "seq_len"):
+        with pytest.raises(ConfigError, match="must be a positive integer, got 0"):
+            load_setup(str(cluster), **{option: 0})
