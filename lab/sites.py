@@ -135,7 +135,7 @@ class Sites:
         return self.sites[0].address
 
     def command(self, site: int | str, argv: Sequence[str]) -> list[str]:
-        """``ip netns exec <namespace> argv...`` for a process of ``site``."""
+        """``nsenter --net=/run/netns/<namespace> -- argv...`` for a process of ``site`` (see Site.command)."""
         return self[site].command(argv)
 
     def env(self, site: int | str, master_port: int | None = None,

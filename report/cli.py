@@ -19,7 +19,7 @@ Reads only the run directory's logs (idle.jsonl, plan.jsonl, metrics.jsonl, conf
 
 examples:
   geodiloco report runs/demo
-  geodiloco report runs/demo --rounds --skip-rounds 1 --price "RTX 2080 Ti=0.25" --price A30=0.60
+  geodiloco report runs/demo --rounds --skip-rounds 1 --price experiments/configs/gpu_prices.yaml
   geodiloco report runs/uniform runs/time --compare --plot idle.png
 """
 
