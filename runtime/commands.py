@@ -58,7 +58,8 @@ def register(subparsers) -> None:
                     "decoder as model.safetensors + dims.json.")
     export.add_argument("run_dir", help="a run directory of geodiloco run")
     export.add_argument("--out", required=True, help="a new (or empty) directory to write")
-    export.add_argument("--round", type=int, help="round to export, as the logs number it (default: the latest kept)")
+    export.add_argument("--round", type=int, help="round to export, 1-based as the console prints it (\"round 5/6\"; "
+                        "the JSONL logs and checkpoint folders count from 0: round_00004); default: the latest kept")
     export.set_defaults(func=export_command)
 
     from geodiloco.runtime.rendezvous import register as register_rendezvous
@@ -114,7 +115,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     def progress(row: dict) -> None:
         if not args.json:
             se = f" +- {row['eval_loss_se']:.4f}" if row["eval_loss_se"] is not None else ""
-            print(f"round {row['round'] + 1}: eval loss {row['eval_loss']:.4f}{se} ({row['sequences']} sequences)",
+            print(f"round {row['round'] + 1} (logs: {row['round']}): eval loss {row['eval_loss']:.4f}{se} ({row['sequences']} sequences)",
                   flush=True)
 
     try:

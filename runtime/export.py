@@ -20,7 +20,8 @@ from geodiloco.runtime.models import build_configured_model
 
 
 def chosen_round(run_dir: Path, round_number: Optional[int]) -> int:
-    """0-based index of the round to export: ``round_number`` (1-based, as the logs print it) or the latest."""
+    """0-based index of the round to export: ``round_number`` (1-based, as the console prints "round 5/6"; the
+    JSONL logs' ``round`` and the ``round_NNNNN`` folders count from 0) or the latest."""
     kept = checkpoint.kept_rounds(run_dir)
     if not kept:
         raise ConfigError(f"{run_dir}: no committed checkpoint to export (checkpoints/latest and a "
@@ -28,8 +29,9 @@ def chosen_round(run_dir: Path, round_number: Optional[int]) -> int:
     if round_number is None:
         return kept[-1]
     if round_number - 1 not in kept:
-        raise ConfigError(f"--round {round_number}: not kept in {run_dir}; kept rounds: "
-                          f"{', '.join(str(index + 1) for index in kept)}")
+        raise ConfigError(f"--round {round_number}: not kept in {run_dir}; kept rounds (1-based, as the console "
+                          "prints them; the folders and the JSONL logs count from 0): "
+                          f"{', '.join(f'{index + 1} ({checkpoint.round_dir(run_dir, index).name})' for index in kept)}")
     return round_number - 1
 
 

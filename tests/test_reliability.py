@@ -221,3 +221,15 @@ def test_a_worker_that_stops_on_bad_input_records_it_for_the_launcher(tmp_path, 
     assert train.main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert read_fatal(tmp_path / "fatal_error.txt").startswith("node b: ")
     assert "missing.yaml" in read_fatal(tmp_path / "fatal_error.txt")
+
+
+def test_export_round_numbers_are_the_consoles_and_a_wrong_one_lists_both_numberings(tmp_path):
+    from geodiloco.runtime import checkpoint
+    from geodiloco.runtime.export import chosen_round
+    for round_idx in (4, 5):
+        checkpoint.round_dir(tmp_path, round_idx).mkdir(parents=True)
+        (checkpoint.round_dir(tmp_path, round_idx) / checkpoint.GLOBAL_FILE).write_bytes(b"")
+    checkpoint.point_latest(tmp_path, 5)
+    assert chosen_round(tmp_path, 6) == 5 and chosen_round(tmp_path, None) == 5
+    with pytest.raises(ConfigError, match=r"kept rounds \(1-based.*\): 5 \(round_00004\), 6 \(round_00005\)"):
+        chosen_round(tmp_path, 1)

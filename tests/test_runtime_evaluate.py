@@ -41,7 +41,7 @@ def test_eval_every_rounds_0_keeps_the_set_out_but_evaluates_nothing_in_the_run(
     assert len(global_rows) == 3 and all(row["eval_loss"] is None for row in global_rows)
     completed = geodiloco("evaluate", str(run_dir))
     assert completed.returncode == 0, completed.stderr
-    assert "round 3: eval loss" in completed.stdout and "(16 sequences)" in completed.stdout
+    assert "round 3 (logs: 2): eval loss" in completed.stdout and "(16 sequences)" in completed.stdout
 
 
 def test_evaluate_names_what_is_missing(tmp_path):
