@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
+from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.auth import SECRET_ENV, AuthError, derived_id, verify_world
 from geodiloco.runtime.plain_collectives import all_gather_values
 from geodiloco.runtime.store_socket import inherited_listener
@@ -181,9 +182,22 @@ def node_name_from_env(cli_node: Optional[str], config_node_names: list[str]) ->
     """``--node-name`` wins, then GEODILOCO_NODE, then torchrun's GROUP_RANK as a config index."""
     name = cli_node or os.environ.get("GEODILOCO_NODE")
     if name:
+        if name not in config_node_names:
+            source = "--node-name" if cli_node else "GEODILOCO_NODE"
+            raise ConfigError(f"{source} {name!r} is not one of the config's nodes ({', '.join(config_node_names)})")
         return name
     group_rank = os.environ.get("GROUP_RANK")
     if group_rank is not None and int(group_rank) < len(config_node_names):
         return config_node_names[int(group_rank)]
-    raise RuntimeError("cannot tell which config node this process is: pass --node-name NAME "
-                       f"(one of {', '.join(config_node_names)})")
+    raise ConfigError("cannot tell which config node this process is: pass --node-name NAME "
+                      f"(one of {', '.join(config_node_names)})")
+
+
+def check_world_env(environ=os.environ) -> None:
+    """A worker joins a world that torchrun (or ``geodiloco run``) describes in its environment; without it
+    torch.distributed would fail with "environment variable RANK expected"."""
+    missing = [key for key in ("RANK", "WORLD_SIZE") if key not in environ]
+    if missing:
+        raise ConfigError(f"{' and '.join(missing)} not set: this command trains one node's worker inside a world; "
+                          "start it under torchrun (scripts/launch_site.sh on each site), or run every node on "
+                          "this machine with `geodiloco run`")

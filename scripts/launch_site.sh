@@ -105,6 +105,20 @@ else
     launcher=("${PYTHON:-python3}" -m torch.distributed.run)
 fi
 
+if [[ "$entry" == "geodiloco.runtime.train" ]]; then
+    [[ -r "$config" ]] || die "--config $config is not a readable file (the run's YAML, the same file on every site)"
+    "${PYTHON:-python3}" - "$config" "$node" <<'PY' || exit 2
+import sys
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.config import load_config
+try:
+    names = [node.name for node in load_config(sys.argv[1]).nodes]
+except ConfigError as err:
+    sys.exit(f"launch_site.sh: error: {err}")
+if sys.argv[2] not in names:
+    sys.exit(f"launch_site.sh: error: --node-name {sys.argv[2]!r} is not one of the config's nodes ({', '.join(names)})")
+PY
+fi
 if [[ -n "$secret_file" ]]; then
     [[ -r "$secret_file" ]] || die "--secret-file $secret_file is not a readable file"
     export GEODILOCO_SECRET_FILE="$secret_file"

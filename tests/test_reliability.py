@@ -233,3 +233,22 @@ def test_export_round_numbers_are_the_consoles_and_a_wrong_one_lists_both_number
     assert chosen_round(tmp_path, 6) == 5 and chosen_round(tmp_path, None) == 5
     with pytest.raises(ConfigError, match=r"kept rounds \(1-based.*\): 5 \(round_00004\), 6 \(round_00005\)"):
         chosen_round(tmp_path, 1)
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--node-name", "nosuch"], {"RANK": "0", "WORLD_SIZE": "1"}, "--node-name 'nosuch' is not one of the config's nodes (a, b)"),
+    (["--node-name", "a"], {}, "RANK and WORLD_SIZE not set: this command trains one node's worker"),
+])
+def test_a_worker_started_wrongly_by_hand_gets_one_line_not_a_traceback(tmp_path, monkeypatch, capsys, args, env,
+                                                                         message):
+    from geodiloco.runtime import train
+    for key in ("RANK", "WORLD_SIZE", "GEODILOCO_NODE", "GROUP_RANK", "GEODILOCO_FATAL_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    config = small_config([{"name": "a", "gpus": ["RTX 3090"]}, {"name": "b", "gpus": ["RTX 3090"]}])
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert train.main(["--config", str(path), "--run-dir", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

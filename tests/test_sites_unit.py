@@ -9,9 +9,11 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.lab import sites as sites_mod
@@ -126,11 +128,18 @@ def expected_rdzv_id(run_id: str) -> str:
     return f"{run_id}-{digest[:16]}"
 
 
+SITES_CONFIG_DIR = Path(tempfile.mkdtemp(prefix="launch-site-"))
+(SITES_CONFIG_DIR / "run.yaml").write_text(yaml.safe_dump({"model": {"preset": "tiny"}, "nodes": [
+    {"name": name, "gpus": ["RTX 3090"]} for name in ("a", "seoul", "busan")]}))
+
+
 def run_launch(*args: str, secret: str = SITE_SECRET) -> subprocess.CompletedProcess:
+    """launch_site.sh run where ``run.yaml`` is a config of nodes a, seoul and busan."""
     env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "TORCHRUN": "torchrun", "PYTHON": sys.executable}
     if secret:
         env["GEODILOCO_SECRET"] = secret
-    return subprocess.run(["bash", str(LAUNCH), *args], capture_output=True, text=True, timeout=30, env=env)
+    return subprocess.run(["bash", str(LAUNCH), *args], capture_output=True, text=True, timeout=30, env=env,
+                          cwd=SITES_CONFIG_DIR)
 
 
 def test_launch_site_dry_run_composes_torchrun_command():
@@ -221,6 +230,16 @@ def test_launch_site_rejects_bad_arguments(args, message):
     result = run_launch(*args)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("config, node, message", [
+    ("missing.yaml", "a", "--config missing.yaml is not a readable file"),
+    ("run.yaml", "nosuch", "--node-name 'nosuch' is not one of the config's nodes (a, seoul, busan)"),
+])
+def test_launch_site_checks_the_config_and_the_node_before_starting(config, node, message):
+    result = run_launch("--config", config, "--node", node, "--nnodes", "2", "--nproc-per-node", "1",
+                        "--rdzv-endpoint", "10.1.0.1:29400", "--local-addr", "10.1.0.2", "--ifname", "eth1", "--dry-run")
+    assert result.returncode == 2 and message in result.stderr and result.stdout == ""
 
 
 def test_bench_parameter_count_and_ideal_ring_time():

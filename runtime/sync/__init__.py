@@ -40,6 +40,7 @@ def join_world(config: RunConfig, node_name: str, use_cuda: bool, secret: Option
     if config.comm.backend == "hivemind":
         from geodiloco.runtime.sync.hivemind_backend import node_topology
         return node_topology(node_name, config_names, config.comm.timeout_s, use_cuda, secret)
-    from geodiloco.runtime.comm import build_topology, init_process_group
+    from geodiloco.runtime.comm import build_topology, check_world_env, init_process_group
+    check_world_env()
     init_process_group(config.comm.timeout_s, use_cuda, secret)
     return build_topology(node_name, config_names, config.comm.min_nodes, secret)
