@@ -46,11 +46,11 @@ def format_validation_error(err: ValidationError, source: str, prefix: str = "")
     return "\n".join(lines)
 
 
-def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """Read a YAML file that must hold a mapping; errors say which file and why."""
+def load_yaml_mapping(path: str | Path, what: str = "a YAML config") -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; errors say which file and why (``what`` the file should be)."""
     file_path = Path(path)
     if not file_path.is_file():
-        raise ConfigError(f"{file_path}: no such file; pass the path of a YAML config")
+        raise ConfigError(f"{file_path}: no such file; pass the path of {what}")
     try:
         data = yaml.safe_load(file_path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:

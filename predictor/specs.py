@@ -342,7 +342,7 @@ def _memory_matches(row_memory_gb: float, device_memory_gib: float) -> bool:
 
 def read_gpu_file(path: str | Path) -> list[GpuSpec]:
     """Validate a GPU YAML file (``gpus:`` list of rows) and return its specs."""
-    data = load_yaml_mapping(path)
+    data = load_yaml_mapping(path, "a GPU YAML file (a gpus: list, shaped like predictor/data/gpus.yaml)")
     rows = validate(GpuFile, data, str(path))
     return [row.to_spec() for row in rows.gpus]
 

@@ -64,7 +64,9 @@ def _parse_usd(text: object, name: str, source: str) -> float:
     try:
         return float(str(text).strip().lstrip("$"))
     except ValueError:
-        raise ReportError(f"{source}: price for {name!r} must be a number of USD per GPU-hour, got {text!r}") from None
+        shown = repr(text) if not isinstance(text, (dict, list)) else f"a {type(text).__name__}"
+        raise ReportError(f"{source}: price for {name!r} must be a number of USD per GPU-hour, got {shown[:80]}"
+                          " (a price file maps GPU names to numbers: \"A30: 0.60\")") from None
 
 
 def _load_price_file(path: Path, table: PriceTable) -> None:

@@ -37,7 +37,7 @@ from typing import Iterable, Iterator, Optional
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.auth import launch_env, load_secret, rendezvous_id
 from geodiloco.runtime.node_output import NodeOutput, log_path
-from geodiloco.runtime.preflight import preflight
+from geodiloco.runtime.preflight import GPU_NOTICES_ENV, preflight
 from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
 from geodiloco.runtime.store_socket import STORE_FD_ENV, reserve_port
@@ -77,6 +77,7 @@ def node_env(config: RunConfig, index: int, master_addr: str, master_port: int) 
         "MASTER_PORT": str(master_port), "GEODILOCO_NODE": config.nodes[index].name,
         "GEODILOCO_DEVICE": "cpu", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
         "PYTHONUNBUFFERED": "1", "GEODILOCO_CPU_GROUP_OWNER": str(os.getpid()),
+        GPU_NOTICES_ENV: "shown",
     })
     # Inside a namespace the host name has no reverse lookup; c10d warns about it on every connect.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

@@ -122,6 +122,19 @@ def check_model_files(config: RunConfig) -> None:
                               "give a directory written by save_pretrained or `geodiloco export`")
 
 
+GPU_NOTICES_ENV = "GEODILOCO_GPU_NOTICES"
+"""``shown`` in the nodes ``geodiloco run`` starts: the launcher's preflight already printed each GPU name's
+notice (a default row, a stand-in), so the nodes do not print it again (``quiet_gpu_notices``)."""
+
+
+def quiet_gpu_notices(environ=None) -> None:
+    """In a node whose launcher printed the GPU notices, keep the predictor's warnings to errors."""
+    import logging
+    import os
+    if (os.environ if environ is None else environ).get(GPU_NOTICES_ENV) == "shown":
+        logging.getLogger("geodiloco.predictor").setLevel(logging.ERROR)
+
+
 def check_gpu_names(config: RunConfig) -> None:
     """Every node's GPUs resolve to a datasheet row, a probe or a stand-in (the latter two with a notice)."""
     from geodiloco.predictor.unknown_gpus import device_spec

@@ -10,6 +10,7 @@ the sites with ``--resume``.
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import socket
 import sys
@@ -23,6 +24,9 @@ def serve(host: str, port: int, ready_file: Optional[Path] = None) -> int:
     """Listen on host:port until SIGTERM/SIGINT; write ``ready_file`` once listening."""
     import torch.distributed as dist
 
+    if not 1 <= port <= 65535:
+        print(f"geodiloco rendezvous: error: --port {port} is not a TCP port (1-65535)", file=sys.stderr)
+        return 2
     try:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -31,8 +35,12 @@ def serve(host: str, port: int, ready_file: Optional[Path] = None) -> int:
         store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60),
                               master_listen_fd=listener.detach(), use_libuv=True)
     except Exception as err:  # port taken, address not on this machine
-        print(f"geodiloco rendezvous: error: cannot listen on {host}:{port}: {err}", file=sys.stderr)
-        return 1
+        hint = {errno.EADDRINUSE: "; another process holds that port: choose another --port",
+                errno.EADDRNOTAVAIL: "; that is not an address of this machine: pass one of its addresses with "
+                                     "--host, or leave --host out to listen on all of them"}.get(
+            getattr(err, "errno", None), "")
+        print(f"geodiloco rendezvous: error: cannot listen on {host}:{port}: {err}{hint}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -28,7 +28,7 @@ from geodiloco.balancer.records import IdleRecord
 from geodiloco.runtime.auth import AuthError, require_secret
 from geodiloco.runtime.comm import node_name_from_env
 from geodiloco.runtime.config import RunConfig, load_config
-from geodiloco.runtime.preflight import preflight
+from geodiloco.runtime.preflight import preflight, quiet_gpu_notices
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.runtime.recovery import log_membership_event
 from geodiloco.runtime.idle import RoundClock
@@ -371,6 +371,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train_from_args(args: argparse.Namespace) -> int:
+    quiet_gpu_notices()
     instance = pin_mig_instance()
     if instance:
         print(f"[geodiloco] local rank {os.environ.get('LOCAL_RANK', '0')} trains on MIG instance {instance}", flush=True)

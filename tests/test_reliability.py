@@ -252,3 +252,27 @@ def test_a_worker_started_wrongly_by_hand_gets_one_line_not_a_traceback(tmp_path
     assert train.main(["--config", str(path), "--run-dir", str(tmp_path / "run"), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_nodes_started_by_the_launcher_do_not_repeat_its_gpu_notices(caplog):
+    import logging
+
+    from geodiloco.predictor.unknown_gpus import _resolved, device_spec
+    from geodiloco.runtime.preflight import quiet_gpu_notices
+    logger = logging.getLogger("geodiloco.predictor")
+    level = logger.level
+    try:
+        with caplog.at_level(logging.WARNING):
+            device_spec("Lab Card 9002")
+        assert "Lab Card 9002' is not in the table" in caplog.text
+        quiet_gpu_notices({"GEODILOCO_GPU_NOTICES": "shown"})
+        with caplog.at_level(logging.NOTSET):
+            _resolved.pop("Lab Card 9001", None)
+            device_spec("Lab Card 9001")
+        assert "Lab Card 9001" not in caplog.text
+        quiet_gpu_notices({})
+        assert logger.level == logging.ERROR
+    finally:
+        logger.setLevel(level)
+        _resolved.pop("Lab Card 9001", None)
+        _resolved.pop("Lab Card 9002", None)

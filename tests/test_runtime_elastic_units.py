@@ -281,7 +281,8 @@ def test_rendezvous_command_serves_a_store_and_stops_on_sigterm(tmp_path):
         assert not reachable("127.0.0.2", port), "the store listens beyond the address it was given"
         taken = subprocess.run([sys.executable, "-m", "geodiloco.runtime.rendezvous", "--host", "127.0.0.1", "--port",
                                 str(port)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-        assert taken.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in taken.stderr
+        assert taken.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in taken.stderr
+        assert "another process holds that port: choose another --port" in taken.stderr
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=10) == 0
