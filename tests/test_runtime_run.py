@@ -103,10 +103,12 @@ def test_fast_nodes_wait_for_the_slowest(four_node_run):
         this_round = {r["node"]: r for r in records if r["round"] == round_idx}
         done_at = {name: r["round_start"] + r["compute_s"] for name, r in this_round.items()}
         last_done = max(done_at.values())
-        assert this_round[max(done_at, key=done_at.get)]["wait_s"] < 0.1
+        # the barrier's own latency: up to a tenth of a second or so on two loaded cores (the waits here are 0.2-0.5 s)
+        barrier_s = 0.15
+        assert this_round[max(done_at, key=done_at.get)]["wait_s"] < barrier_s
         for name, record in this_round.items():
             # wait = time from this node's end of local phase until the last peer's (one clock)
-            assert record["wait_s"] == pytest.approx(last_done - done_at[name], abs=0.08)
+            assert record["wait_s"] == pytest.approx(last_done - done_at[name], abs=barrier_s)
 
 
 def _wait_for_checkpoint(run_dir, round_idx, process, timeout_s=90):
