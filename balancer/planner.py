@@ -297,7 +297,9 @@ class Planner:
                 return None
             hides = "which hides it" if total_s <= phase_s else "which hides part of it"
             return (f"the outer sync ({total_s:.3g} s) blocks every GPU for {share:.0%} of each round; "
-                    f"diloco.overlap: delayed runs it behind the next local phase ({phase_s:.3g} s), {hides}")
+                    f"diloco.overlap: streaming (the run default) spreads it in fragments behind the local phase "
+                    f"({phase_s:.3g} s), {hides} (delayed hides it too, but its one-round-stale outer steps cost "
+                    "eval loss: docs/sync.md)")
         exposed_s = sync.exposed_s(phase_s)
         if exposed_s <= SYNC_ADVICE_SHARE * phase_s:
             return None

@@ -123,7 +123,7 @@ def test_plan_says_what_would_hide_a_sync_that_no_sensible_phase_hides():
 
 def test_plan_advises_overlap_for_a_blocking_sync_that_takes_a_large_share():
     plan = _sync_planner(mbps=5.0, overlap="none").plan(0)
-    assert plan.sync_advice.startswith("the outer sync") and "diloco.overlap: delayed" in plan.sync_advice
+    assert plan.sync_advice.startswith("the outer sync") and "diloco.overlap: streaming" in plan.sync_advice
     assert _sync_planner(mbps=10_000.0, overlap="none").plan(0).sync_advice is None
 
 
