@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from geodiloco.balancer.cluster import NodeSpec
@@ -51,6 +52,17 @@ def stop_before_deadline(elapsed_s: float, expected_step_s: float, deadline_s: f
     """
     overshoot_s = elapsed_s + expected_step_s - deadline_s
     return overshoot_s >= expected_step_s / max(1, num_nodes)
+
+
+def leader_decides(topology: Topology, decision: bool) -> bool:
+    """The node leader's ``decision``, the same on every rank of the node. Each rank's clock and step times
+    differ a little, and a rank that started one more step alone would wait in the node's DDP all-reduce
+    for ranks already at the outer sync: the node would hang."""
+    if topology.node_group is None or topology.local_world_size == 1:
+        return decision
+    flag = torch.tensor([1 if decision else 0], dtype=torch.int32)
+    dist.broadcast(flag, src=topology.node_ranks[0], group=topology.node_group)
+    return bool(flag.item())
 
 
 @dataclass
@@ -183,8 +195,8 @@ class NodeTrainer:
         for step_idx in range(node_plan.local_steps):
             if node_plan.deadline_s is not None and step_idx > 0:
                 expected_step_s = sum(result.step_times_s) / len(result.step_times_s)
-                if stop_before_deadline(time.perf_counter() - round_started, expected_step_s,
-                                        node_plan.deadline_s, num_nodes):
+                if leader_decides(self.topology, stop_before_deadline(time.perf_counter() - round_started, expected_step_s,
+                                                          node_plan.deadline_s, num_nodes)):
                     break
             if round_sync is not None:
                 self.sync.before_step(step_idx, node_plan.local_steps, round_sync)

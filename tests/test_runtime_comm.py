@@ -58,3 +58,26 @@ def test_every_codec_sums_in_fp32_and_every_rank_agrees():
             assert torch.equal(out[codec], results[0][codec]), f"{codec}: ranks disagree"
         assert not torch.equal(out["int8"], expected)  # it really went over the wire in int8
         assert torch.all(out["bf16_small_terms"] == 1.0 + 2.0 ** -7)
+
+
+def _deadline_worker(rank: int, port: int, results) -> None:
+    from geodiloco.runtime.trainer import leader_decides
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="3")
+    dist.init_process_group("gloo")
+    try:
+        # ranks 0 and 1 are node a's two GPUs, rank 2 is node b
+        topology = build_topology(["a", "a", "b"][rank], ["a", "b"])
+        # each rank's own clock says something else; node a follows its leader, rank 0
+        results[rank] = [leader_decides(topology, decision) for decision in
+                         ([False, True], [True, False], [True, True])[rank]]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_nodes_ranks_take_their_leaders_deadline_decision():
+    """Under the deadline policy each rank measures its own elapsed time; if one rank of a node stopped
+    while another started one more step, the node's DDP all-reduce would wait forever."""
+    results = mp.Manager().dict()
+    mp.spawn(_deadline_worker, args=(free_port(), results), nprocs=3, join=True)
+    assert results[0] == results[1] == [False, True]
+    assert results[2] == [True, True]
