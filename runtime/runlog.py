@@ -8,6 +8,7 @@ written, so a crash loses at most the line in flight.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
@@ -41,17 +42,27 @@ class RunLog:
         if self.sinks is not None:
             self.sinks.close()
 
-    def drop_rounds_from(self, log_name: str, first_dropped_round: int) -> None:
-        """Remove rows of rounds >= ``first_dropped_round`` (they are redone after a resume)."""
+    def drop_rounds_from(self, log_name: str, first_dropped_round: int,
+                         relogged_nodes: Optional[Iterable[str]] = None) -> None:
+        """Remove rows of rounds >= ``first_dropped_round`` (they are redone after a resume).
+
+        ``relogged_nodes``: at ``first_dropped_round`` itself drop only these nodes' rows (the nodes that
+        will log that round again); the other nodes' rows of that round stay. The file is replaced
+        atomically, so a process killed meanwhile leaves the old log, not an empty one."""
         path = self.run_dir / log_name
         if not path.is_file():
             return
+        relogged = None if relogged_nodes is None else set(relogged_nodes)
         kept = []
         for line in path.read_text().splitlines():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if row.get("round", -1) < first_dropped_round:
+            round_idx = row.get("round", -1)
+            if round_idx < first_dropped_round or (
+                    round_idx == first_dropped_round and relogged is not None and row.get("node") not in relogged):
                 kept.append(line)
-        path.write_text("".join(line + "\n" for line in kept))
+        temp_path = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        temp_path.write_text("".join(line + "\n" for line in kept))
+        os.replace(temp_path, path)

@@ -132,7 +132,10 @@ class TorchOuterSync:
         run_id, pending = handles.restore(global_state, node_state, same_members)
         if topology.is_coordinator:
             log = RunLog(run_dir)
-            log.drop_rounds_from("idle.jsonl", point.round)
+            # round point.round's idle rows: the returning members log theirs again (the record they saved);
+            # a member that is absent now keeps its row
+            log.drop_rounds_from("idle.jsonl", point.round,
+                                 relogged_nodes=[name for name in point.members if name in topology.present_names])
             log.drop_rounds_from("metrics.jsonl", point.round + 1)
             log.drop_rounds_from("plan.jsonl", point.round + 1)
         if topology.is_leader:
