@@ -36,11 +36,24 @@ def round_dir(run_dir: Path, round_idx: int) -> Path:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    """Write a state (or an already encoded snapshot of one) to a temp file, then rename it over ``path``."""
+    """Write a state (or an already encoded snapshot of one) to a temp file, flush it to disk, then rename it
+    over ``path`` and flush the directory: after a power loss the file is either whole or absent."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp_path = path.with_name(path.name + f".tmp{os.getpid()}")
     write_encoded(obj if isinstance(obj, EncodedState) else encode_state(obj), temp_path)
+    _fsync_path(temp_path)
     os.replace(temp_path, path)
+    _fsync_path(path.parent)
+
+
+def _fsync_path(path: Path) -> None:
+    """Flush a file's (or a directory's entries') data to the disk. ``latest`` moves on, and old rounds are
+    deleted, only after the new round's files are durable, not merely in the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save_global(run_dir: Path, round_idx: int, state: dict) -> None:
@@ -85,9 +98,16 @@ def point_latest(run_dir: Path, round_idx: int) -> None:
     """Atomically point ``latest`` at ``round_idx`` (several nodes may share the run directory)."""
     pointer = run_dir / "checkpoints" / LATEST_FILE
     pointer.parent.mkdir(parents=True, exist_ok=True)
-    temp_pointer = pointer.with_name(f"{LATEST_FILE}.tmp{os.getpid()}")
-    temp_pointer.write_text(f"{round_idx}\n")
-    os.replace(temp_pointer, pointer)
+    write_text_durably(pointer, f"{round_idx}\n")
+
+
+def write_text_durably(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically and durably (temp file, fsync, rename, fsync of the folder)."""
+    temp_path = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    temp_path.write_text(text)
+    _fsync_path(temp_path)
+    os.replace(temp_path, path)
+    _fsync_path(path.parent)
 
 
 def drop_rounds_after(run_dir: Path, round_idx: int) -> None:

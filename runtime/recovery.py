@@ -63,9 +63,7 @@ def elastic_job() -> Optional[str]:
 def write_members(run_dir: Path, round_idx: int, members: list[str]) -> None:
     path = checkpoint.round_dir(run_dir, round_idx) / MEMBERS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp_path = path.with_name(f"{MEMBERS_FILE}.tmp{os.getpid()}")
-    temp_path.write_text(json.dumps({"members": members, "job": elastic_job()}) + "\n")
-    temp_path.replace(path)
+    checkpoint.write_text_durably(path, json.dumps({"members": members, "job": elastic_job()}) + "\n")
 
 
 def read_members(path: Path) -> Optional[dict]:

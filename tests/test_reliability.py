@@ -290,3 +290,22 @@ def test_a_resume_keeps_the_resume_rounds_idle_row_of_a_member_that_is_gone(tmp_
     kept = [json.loads(line) for line in (tmp_path / "idle.jsonl").read_text().splitlines()]
     assert [(row["round"], row["node"]) for row in kept] == [(2, "a"), (2, "b"), (2, "c"), (3, "c")]
     assert list(tmp_path.iterdir()) == [tmp_path / "idle.jsonl"]  # the temporary file was renamed into place
+
+
+def test_a_round_is_on_disk_before_latest_points_at_it(tmp_path, monkeypatch):
+    """After a power loss, ``latest`` must not name a round whose files were still only in the page cache."""
+    import os
+
+    from geodiloco.runtime import checkpoint
+    synced = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", recording_fsync)
+    checkpoint.save_global(tmp_path, 3, {"x": 1})
+    checkpoint.mark_latest(tmp_path, 3, keep=2)
+    assert synced[0].startswith("global.safetensors.tmp") and synced[1] == "round_00003"
+    assert synced[2].startswith("latest.tmp") and synced[3] == "checkpoints"
