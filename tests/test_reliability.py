@@ -309,3 +309,26 @@ def test_a_round_is_on_disk_before_latest_points_at_it(tmp_path, monkeypatch):
     checkpoint.mark_latest(tmp_path, 3, keep=2)
     assert synced[0].startswith("global.safetensors.tmp") and synced[1] == "round_00003"
     assert synced[2].startswith("latest.tmp") and synced[3] == "checkpoints"
+
+
+def test_a_hivemind_site_that_did_not_found_the_resume_drops_its_own_newer_rounds(tmp_path):
+    """Per-site run directories: site b resumes the run founded by site a after round 2; b's round 3
+    (written before the stop) must go, or redoing round 3 would find its old global file and keep it."""
+    import types
+
+    from geodiloco.runtime import checkpoint
+    from geodiloco.runtime.sync.hivemind_session import start_hivemind
+    for round_idx in (2, 3):
+        checkpoint.save_global(tmp_path, round_idx, {"round": round_idx})
+        checkpoint.save_node(tmp_path, round_idx, "b", {"round": round_idx})
+    checkpoint.point_latest(tmp_path, 3)
+    handles = types.SimpleNamespace(run_dir=tmp_path, new_run_id=lambda: "fresh", outer=None,
+                                    load_checkpoint=lambda round_idx: ("run-x", None))
+    sync = types.SimpleNamespace(
+        handles=handles, topology=types.SimpleNamespace(is_leader=True, node_name="b"),
+        running_round=lambda: None, options=types.SimpleNamespace(start_wait_s=1.0),
+        found=lambda proposal, wait_s: {"run_id": "run-x", "resume_round": 2, "node": "a"},
+        share_in_node=lambda value: value, set_round=lambda *args, **kwargs: None)
+    start = start_hivemind(sync, resume=True)
+    assert start.first_round == 3
+    assert not checkpoint.round_dir(tmp_path, 3).exists() and checkpoint.latest_round(tmp_path) == 2

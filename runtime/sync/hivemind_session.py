@@ -43,8 +43,12 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     if decision["resume_round"] is not None:
         run_id, pending = handles.load_checkpoint(decision["resume_round"])
         first_round = decision["resume_round"] + 1
-        if topology.is_leader and decision["node"] == topology.node_name:
+        if topology.is_leader:
+            # every site's own directory: rounds after the resume point are redone, and a stale newer round
+            # left there would later be taken for the redone one (its global file is not written again)
             checkpoint.drop_rounds_after(run_dir, decision["resume_round"])
+            checkpoint.point_latest(run_dir, decision["resume_round"])
+        if topology.is_leader and decision["node"] == topology.node_name:
             log = RunLog(run_dir)
             log.drop_rounds_from("idle.jsonl", decision["resume_round"])
             log.drop_rounds_from("metrics.jsonl", first_round)
