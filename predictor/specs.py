@@ -6,7 +6,6 @@ peaks in TFLOPS (1e12 FLOP/s), bandwidth in GB/s (1e9 B/s), memory in GiB.
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import logging
 import math
@@ -19,11 +18,10 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import AliasChoices, Field
 
-from geodiloco.predictor.amd_partitions import (partition_count, partition_problem, partition_spec,
-                                                 split_partition_name)
+from geodiloco.predictor.amd_partitions import partition_count, partition_spec
 from geodiloco.predictor.gpu_names import NameIndex, NameMatch, UnknownName, normalize_name
-from geodiloco.predictor.mig import MigProfile, mig_spec, profile_problem, split_mig_name
-from geodiloco.predictor.vgpu import VgpuProfile, split_vgpu_name, time_share_notice, time_sliced_problem, time_sliced_spec
+from geodiloco.predictor.gpu_slices import resolve_mig, resolve_slice
+from geodiloco.predictor.mig import split_mig_name
 from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
 from geodiloco.predictor.workload import check_precision
 
@@ -184,81 +182,18 @@ class GpuRegistry:
         try:
             match: NameMatch = self.names.resolve(name)
         except UnknownName as err:
-            mig = split_mig_name(name)
-            if mig:
-                return self._resolve_mig(name, *mig)
-            vgpu = split_vgpu_name(name)
-            if vgpu:
-                return self._resolve_vgpu(name, *vgpu)
-            partitioned = split_partition_name(name)
-            if partitioned:
-                return self._resolve_partition(name, *partitioned)
+            sliced = resolve_slice(self.resolve, self.siblings, name)
+            if sliced:
+                return sliced
             detail = err.detail or self.suggestion(normalize_name(name))
             raise ConfigError(f"unknown GPU {name!r}; {detail}; "
                               "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file") from None
         return self.by_name[match.row_name], match.notice
 
-    def _resolve_mig(self, name: str, parent_name: str, profile: MigProfile,
-                     sm_count: Optional[int] = None) -> tuple[GpuSpec, Optional[str]]:
-        """(row, notice) of a MIG instance (predictor/mig.py). A parent name that fits several rows
-        ("A100") is narrowed to the rows the profile fits: "3g.20gb" is half of a 40 GB A100."""
-        if not parent_name:
-            raise ConfigError(f"GPU {name!r} names a MIG profile but not its GPU; write the GPU's name before it, "
-                              f"as torch prints it (e.g. \"A100-SXM4-40GB MIG {profile.label}\")")
-        try:
-            parent, notice = self.resolve(parent_name)
-        except ConfigError as err:
-            raise ConfigError(f"GPU {name!r} is a MIG instance of a GPU the table does not know: {err}") from None
-        if notice:
-            parent, notice = self._mig_parent_among_siblings(name, parent_name, parent, profile)
-        problem = profile_problem(parent, profile)
-        if problem:
-            raise ConfigError(f"GPU {name!r}: {problem}")
-        return mig_spec(parent, profile, sm_count), notice
-
-    def _resolve_vgpu(self, name: str, board_name: str, profile: VgpuProfile) -> tuple[GpuSpec, Optional[str]]:
-        """(row, notice) of a vGPU (predictor/vgpu.py): a MIG-backed one is its MIG instance, a time-sliced
-        one its share of the board, with a notice saying so."""
-        if profile.mig:
-            spec, notice = self._resolve_mig(name, board_name, profile.mig)
-            return dataclasses.replace(spec, name=f"{spec.extra['mig_parent']} vGPU {profile.label}"), notice
-        try:
-            board, notice = self.resolve(board_name)
-        except ConfigError as err:
-            raise ConfigError(f"GPU {name!r} is a vGPU of a GPU the table does not know: {err}") from None
-        problem = time_sliced_problem(board, profile)
-        if problem:
-            raise ConfigError(f"GPU {name!r}: {problem}")
-        spec = time_sliced_spec(board, profile)
-        shared = time_share_notice(name, board.name, spec.extra["vgpu_share"]) if spec.extra["vgpu_share"] < 1 else None
-        return spec, "; ".join(filter(None, [notice, shared])) or None
-
-    def _resolve_partition(self, name: str, gpu_name: str, count: int) -> tuple[GpuSpec, Optional[str]]:
-        """(row, notice) of one of ``count`` AMD compute partitions of ``gpu_name`` (predictor/amd_partitions.py)."""
-        try:
-            row, notice = self.resolve(gpu_name)
-        except ConfigError as err:
-            raise ConfigError(f"GPU {name!r} is a compute partition of a GPU the table does not know: {err}") from None
-        problem = partition_problem(row)
-        if problem:
-            raise ConfigError(f"GPU {name!r}: {problem}")
-        return (row if count == 1 else partition_spec(row, count)), notice
-
-    def _mig_parent_among_siblings(self, name: str, parent_name: str, parent: GpuSpec,
-                                   profile: MigProfile) -> tuple[GpuSpec, Optional[str]]:
-        """The row of an ambiguous parent name that ``profile`` fits, and a notice unless only one does."""
-        siblings = [self.by_name[row.name]
-                    for row in self.names.by_model.get(normalize_name(parent.model or ""), {}).values()]
-        fitting = [row for row in siblings if profile_problem(row, profile) is None]
-        if not fitting:
-            return parent, None
-        chosen = parent if parent in fitting else next((row for row in fitting if row.default_for_model), fitting[0])
-        if len(fitting) == 1:
-            return chosen, None
-        others = ", ".join(row.name for row in fitting if row is not chosen)
-        return chosen, (f"GPU {name!r}: {parent_name!r} could be several parts; a {profile.label} instance fits "
-                        f"{chosen.name} and {others}; planned as {chosen.name}; write the GPU's full name to choose "
-                        f"(e.g. \"{chosen.name} MIG {profile.label}\")")
+    def siblings(self, row: GpuSpec) -> list[GpuSpec]:
+        """The rows of ``row``'s model (itself included): "A100" has four."""
+        same_model = self.names.by_model.get(normalize_name(row.model or ""), {})
+        return [self.by_name[other.name] for other in same_model.values()]
 
     def resolve_detected(self, name: str, memory_gib: Optional[float] = None,
                          sm_count: Optional[int] = None) -> GpuSpec:
@@ -277,7 +212,7 @@ class GpuRegistry:
         """
         mig = split_mig_name(name) if normalize_name(name) not in self.names.exact else None
         if mig:
-            spec, notice = self._resolve_mig(name, *mig, sm_count=sm_count)
+            spec, notice = resolve_mig(self.resolve, self.siblings, name, *mig, sm_count=sm_count)
             self._notice_once(name, notice)
             return spec
         spec, notice = self.resolve(name)

@@ -49,7 +49,8 @@ def split_vgpu_name(name: str) -> Optional[tuple[str, VgpuProfile]]:
         return None
     memory_gb = float(found.group("memory"))
     series = found.group("series").upper()
-    mig = MigProfile(int(found.group("slices")), memory_gb, int(found.group("slices"))) if found.group("slices") else None
+    slices = int(found.group("slices")) if found.group("slices") else None
+    mig = MigProfile(slices, memory_gb, slices) if slices else None
     return found.group("board").strip(), VgpuProfile(memory_gb=memory_gb, series=series, mig=mig)
 
 

@@ -29,9 +29,9 @@ def chosen_round(run_dir: Path, round_number: Optional[int]) -> int:
     if round_number is None:
         return kept[-1]
     if round_number - 1 not in kept:
+        listed = ", ".join(f"{index + 1} ({checkpoint.round_dir(run_dir, index).name})" for index in kept)
         raise ConfigError(f"--round {round_number}: not kept in {run_dir}; kept rounds (1-based, as the console "
-                          "prints them; the folders and the JSONL logs count from 0): "
-                          f"{', '.join(f'{index + 1} ({checkpoint.round_dir(run_dir, index).name})' for index in kept)}")
+                          f"prints them; the folders and the JSONL logs count from 0): {listed}")
     return round_number - 1
 
 
