@@ -29,7 +29,7 @@
 # (default geodiloco.runtime.train). --dry-run prints the command and exits.
 set -euo pipefail
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit "${1:-0}"; }
 die() { echo "launch_site.sh: error: $*" >&2; exit 2; }
 
 config="" node="" nnodes="" nproc="" endpoint="" is_host=false local_addr="" ifname=""

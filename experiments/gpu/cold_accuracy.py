@@ -12,6 +12,7 @@ predictor's code, not the one that ran the sweep. Writes DIR/cold_accuracy.md fo
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import statistics
@@ -98,10 +99,10 @@ def write(folder: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print("usage: python experiments/gpu/cold_accuracy.py DIR [DIR ...]", file=sys.stderr)
-        return 2
-    for folder in map(Path, argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folders", nargs="+", type=Path, metavar="DIR",
+                        help="a GPU check's output folder (experiments/gpu/run_all.sh OUT), holding */<gpu>.json")
+    for folder in parser.parse_args(argv).folders:
         text = write(folder)
         print(text if text else f"{folder}: no measured sweep points (validate.py */<gpu>.json); nothing written")
     return 0

@@ -15,6 +15,7 @@ The per-layer fp32 count and the half-precision factor go into ``predictor/workl
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -49,7 +50,10 @@ def fit(rows: list[dict], probe: dict) -> dict[str, tuple[float, float]]:
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[0]) if argv else RESULTS / "h100-b" / "host_overhead.json"
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("host_overhead", nargs="?", type=Path, default=RESULTS / "h100-b" / "host_overhead.json",
+                        help="host_overhead.json of experiments/gpu/host_overhead.py (default: the committed H100 run)")
+    path = parser.parse_args(argv).host_overhead
     data = json.loads(path.read_text())
     probe = data["probe"]
     host_bound = [row for row in data["rows"] if row["gpu_busy_ms"] < HOST_BOUND_SHARE * row["step_ms"]]

@@ -13,7 +13,11 @@
 # OUT_DIR/{bf16,fp32,fp16-run}/<gpu-slug>.{txt,json}.
 # Exit code: the number of steps that failed (0: all passed).
 set -u
-out_dir=${1:?usage: experiments/gpu/run_all.sh OUT_DIR}
+case "${1:-}" in
+    -h|--help|"") awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; [[ -n "${1:-}" ]]; exit $? ;;
+    -*) echo "run_all.sh: error: unknown option '$1' (see --help)" >&2; exit 2 ;;
+esac
+out_dir=$1
 mkdir -p "$out_dir"
 failed=0
 export PYTHONUNBUFFERED=1

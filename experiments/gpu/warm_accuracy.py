@@ -16,6 +16,7 @@ Writes experiments/results/gpu/warm_accuracy.md.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -85,7 +86,10 @@ def write_markdown(rows: list[dict], sources: list[str], gpu: str) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    files = [Path(arg) for arg in argv] or sweep_files()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweeps", nargs="*", type=Path,
+                        help="validate.py sweep files (<gpu>.json); default: every one under experiments/results/gpu/")
+    files = parser.parse_args(argv).sweeps or sweep_files()
     if not files:
         print("no sweep files under experiments/results/gpu/ (run experiments/gpu/validate.py on a GPU first)")
         return 1

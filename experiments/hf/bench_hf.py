@@ -18,6 +18,7 @@ Writes experiments/results/hf/{bench_hf.json, bench_hf.md}.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -142,6 +143,7 @@ def write_markdown(summary: dict) -> None:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     torch.set_num_threads(1)
     started, load_before = time.perf_counter(), os.getloadavg()[0]
     dims = ModelSection(hf={"config": str(CONFIG)}, seq_len=256).dims()

@@ -33,6 +33,7 @@ rewrites only the paper-cluster page (and its entry in accuracy.json): GPU predi
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -315,9 +316,15 @@ def repredict() -> int:
 
 
 def main() -> int:
-    if "--paper-cluster" in sys.argv[1:]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--paper-cluster", action="store_true",
+                        help="only rewrite paper_cluster.md (the predictor's view of the paper's four nodes)")
+    parser.add_argument("--repredict", action="store_true",
+                        help="re-predict the committed steps (accuracy.json) with the current predictor; no new steps")
+    args = parser.parse_args()
+    if args.paper_cluster:
         return refresh_paper_cluster()
-    if "--repredict" in sys.argv[1:]:
+    if args.repredict:
         return repredict()
     torch.set_num_threads(1)
     started = time.perf_counter()

@@ -30,6 +30,7 @@ nothing: the view to tune against without seeing a held-out row.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import statistics
@@ -331,6 +332,10 @@ def breakdown_ms(row: dict, workloads: dict) -> dict:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dev", action="store_true",
+                        help="print the dev third row by row (the rows the constants are fitted to); writes nothing")
+    args = parser.parse_args()
     data = yaml.safe_load(DATA_FILE.read_text(encoding="utf-8"))
     workloads, rows = data["workloads"], data["measurements"]
     results, skipped = [], []
@@ -342,7 +347,7 @@ def main() -> int:
     held = [result for result in results if result["held_out"]]
     dev = [result for result in results if not result["held_out"]]
     sources = len({row["source"].split(",")[0] for row in rows})
-    if "--dev" in sys.argv[1:]:
+    if args.dev:
         print(dev_table(dev, rows, workloads))
         return 0
     interval = median_interval(held)

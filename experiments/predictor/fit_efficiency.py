@@ -22,6 +22,7 @@ block saying on what) and prints the dev-third error before and after. Then
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import statistics
@@ -161,6 +162,7 @@ def write(eff: Efficiency, rows: list[dict], before: float, after: float) -> Non
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     data = yaml.safe_load(DATA_FILE.read_text(encoding="utf-8"))
     workloads = data["workloads"]
     rows = dev_rows(data["measurements"], workloads)
