@@ -30,6 +30,7 @@ from geodiloco.runtime.comm import build_topology
 from geodiloco.runtime.config import parse_config
 from geodiloco.runtime.data import NodeShard
 from geodiloco.runtime.models import build_model
+from geodiloco.runtime.sync import RoundSync
 from geodiloco.runtime.trainer import NodeTrainer
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "runtime"
@@ -63,6 +64,7 @@ def bare_loop(model, optimizer, shard: NodeShard, steps: int, batch_size: int, g
 def measure(preset: str, seq_len: int, batch_size: int, steps: int, blocks: int) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = make_trainer(preset, seq_len, batch_size, Path(run_dir))
+        trainer.sync.start(False, trainer.sync_handles())
         trainer.warm_up(batch_size)
         bare_model = build_model(trainer.dims, 0)
         bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=3e-4, weight_decay=0.1)
@@ -76,8 +78,12 @@ def measure(preset: str, seq_len: int, batch_size: int, steps: int, blocks: int)
             runtime_step_s.append(statistics.median(result.step_times_s))
             started = time.perf_counter()
             stats = trainer.sync.exchange({"node": "solo", "local_rank": 0, "tokens": result.tokens,
-                                           "steps": result.steps, "batch_size": batch_size})
-            trainer.outer_sync(trainer.planner.plan(block), {item["node"]: item for item in stats})
+                                           "steps": result.steps, "batch_size": batch_size, "finite": True})
+            round_plan = trainer.planner.plan(block)
+            trainer.sync.outer_step(RoundSync(round=block, plan=round_plan,
+                                              stats_by_node={item["node"]: item for item in stats},
+                                              weighting=trainer.weighting(round_plan)))
+            trainer.after_outer_step(block, [])
             round_extra_s.append(time.perf_counter() - started)
     runtime_s, bare_s = statistics.median(runtime_step_s), statistics.median(bare_step_s)
     return {"preset": preset, "seq_len": seq_len, "batch_size": batch_size, "steps_per_block": steps,
@@ -91,6 +97,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="folder for overhead.{json,md} (default: experiments/results/runtime)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29617", "RANK": "0", "WORLD_SIZE": "1"})
@@ -99,8 +107,8 @@ def main() -> None:
     rows = [measure("tiny", 128, 8, args.steps, args.blocks), measure("small", 128, 8, args.steps // 2, args.blocks)]
     dist.destroy_process_group()
     load_after = os.getloadavg()[0]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "overhead.json").write_text(json.dumps(rows, indent=2))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overhead.json").write_text(json.dumps(rows, indent=2))
     lines = ["# Runtime overhead per inner step vs a bare PyTorch loop", "",
              f"Measured by `python experiments/runtime/bench_overhead.py` on {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} cores, 1 torch thread, torch {torch.__version__}; medians of {args.blocks} interleaved "
@@ -112,7 +120,7 @@ def main() -> None:
         lines.append(f"| {row['preset']} | {row['seq_len']} | {row['batch_size']} | {row['bare_step_ms']:.1f} | "
                      f"{row['runtime_step_ms']:.1f} | {row['overhead_pct']:+.2f} % | {row['outer_round_ms']:.1f} | "
                      f"{row['outer_round_pct_of_100_steps']:.2f} % |")
-    (RESULTS / "overhead.md").write_text("\n".join(lines) + "\n")
+    (args.out / "overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
