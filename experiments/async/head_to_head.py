@@ -340,8 +340,8 @@ def analyze(results: Path) -> str:
         f"the last start).",
     ])
     (results / "head_to_head.md").write_text(text + "\n")
-    if README.is_file() and START in README.read_text():
-        replace_marked_block(README, START, END, "\n".join(readme_lines).strip())
+    if results.resolve() == RESULTS.resolve() and README.is_file() and START in README.read_text():
+        replace_marked_block(README, START, END, "\n".join(readme_lines).strip())  # the committed results only
     return text
 
 

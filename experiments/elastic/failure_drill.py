@@ -186,7 +186,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("failure_drill: no runs to analyze", file=sys.stderr)
         return 1
     body = write_results(rows_by_drill, args.results)
-    replace_marked_block(README, START, END, f"{HOW}\n\n{body}")
+    if args.results.resolve() == RESULTS.resolve():  # the README shows the committed results only
+        replace_marked_block(README, START, END, f"{HOW}\n\n{body}")
     print(body)
     return 0
 

@@ -67,6 +67,9 @@ def analyze(results: Path) -> dict:
     manifest = json.loads((results / "manifest.json").read_text())
     policies = [policy for policy in POLICIES if policy in manifest["policies"]]
     paper_runs = load_scenario(results, "paper", policies)
+    if not paper_runs:
+        raise SystemExit(f"paper4: no runs under {results / 'runs'} (run directories are not committed: "
+                         "run experiments/paper4/run.sh first, without --analyze-only)")
     slow_runs = load_scenario(results, "slowdown", [p for p in POLICIES if p in manifest["slowdown_policies"]])
     round_scale = manifest["round_scale"]
     slow_steps = {outcome["name"]: outcome["slow_steps"] for outcome in manifest["runs"]}

@@ -212,7 +212,11 @@ def all_rounds_table(rows: list[dict]) -> str:
 
 def analyze(results: Path) -> str:
     manifest = json.loads((results / "manifest.json").read_text())
-    rows, equal_tokens, equal_wall_s = case_rows(load_cases(results))
+    cases = load_cases(results)
+    if not cases:
+        raise SystemExit(f"hide_sync: no finished runs under {results / 'runs'} (run directories are not committed: "
+                         "run the cases first, without --analyze-only)")
+    rows, equal_tokens, equal_wall_s = case_rows(cases)
     (results / "sync.json").write_text(json.dumps({"rows": rows, "equal_tokens": equal_tokens,
                                                    "equal_wall_s": equal_wall_s}, indent=1) + "\n")
     text = "\n".join([
@@ -246,7 +250,8 @@ def analyze(results: Path) -> str:
         f"the last start, {manifest['load_average_at_end'][0]:.1f} at its end).",
     ])
     (results / "sync.md").write_text(text + "\n")
-    replace_marked_block(README, START, END, readme_table(rows))
+    if results.resolve() == RESULTS.resolve():  # the README shows the committed results only
+        replace_marked_block(README, START, END, readme_table(rows))
     return text
 
 
