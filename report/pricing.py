@@ -27,8 +27,10 @@ class PriceTable:
     usd_per_gpu_hour: dict[str, float] = field(default_factory=dict)
     display_names: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    catalog: set[str] = field(default_factory=set)
+    """Names priced by a file: a price list may hold more GPUs than the runs have."""
 
-    def add(self, name: str, usd_per_gpu_hour: float, source: str) -> None:
+    def add(self, name: str, usd_per_gpu_hour: float, source: str, from_file: bool = False) -> None:
         if not name.strip():
             raise ReportError(f"{source}: empty GPU name; write NAME=USD_PER_GPU_HOUR, e.g. A30=0.60")
         if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour < 0:
@@ -38,6 +40,10 @@ class PriceTable:
         self.usd_per_gpu_hour[key] = float(usd_per_gpu_hour)
         self.display_names[key] = " ".join(name.split())
         self.sources[key] = source
+        if from_file:
+            self.catalog.add(key)
+        else:
+            self.catalog.discard(key)
 
     def __bool__(self) -> bool:
         return bool(self.usd_per_gpu_hour)
@@ -46,10 +52,11 @@ class PriceTable:
         return self.usd_per_gpu_hour.get(gpu_key(gpu_name))
 
     def check_known(self, run_gpu_names: set[str]) -> None:
-        """Every priced GPU must be one the runs have: a name that matches none is a typo."""
+        """Every GPU priced with ``--price NAME=USD`` must be one the runs have: a name that matches none is
+        a typo. A price file is a list that may hold other GPUs too."""
         known = {gpu_key(name): name for name in run_gpu_names}
         for key, display in self.display_names.items():
-            if key in known:
+            if key in known or key in self.catalog:
                 continue
             hint = difflib.get_close_matches(display, sorted(known.values()), n=1, cutoff=0.5)
             suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
@@ -80,7 +87,7 @@ def _load_price_file(path: Path, table: PriceTable) -> None:
         raise ReportError(f"{path}: price file must be a YAML mapping of GPU name to USD per GPU-hour, "
                           "e.g. 'A30: 0.60'")
     for name, usd in data.items():
-        table.add(str(name), _parse_usd(usd, str(name), str(path)), f"{path}")
+        table.add(str(name), _parse_usd(usd, str(name), str(path)), f"{path}", from_file=True)
 
 
 def parse_prices(specs: list[str]) -> PriceTable:

@@ -163,3 +163,13 @@ def test_json_line_that_is_not_an_object(tmp_path, capsys):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "idle.jsonl").write_text("[1, 2]\n" + json.dumps(default_records()[0]) + "\n")
     _fails(capsys, [str(tmp_path / "run")], "line 1: expected a JSON object, got list")
+
+
+def test_a_price_file_may_list_gpus_the_run_lacks_but_a_flag_may_not(tmp_path):
+    from geodiloco.report.errors import ReportError
+    from geodiloco.report.pricing import parse_prices
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("A30: 0.60\nH100: 2.50\n")
+    parse_prices([str(prices)]).check_known({"A30"})
+    with pytest.raises(ReportError, match="unknown GPU 'H100': no node of the run"):
+        parse_prices(["A30=0.6", "H100=2.5"]).check_known({"A30"})
