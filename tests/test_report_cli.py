@@ -91,10 +91,19 @@ def test_plot_timeline_and_bars(tmp_path, capsys):
     assert single_image[..., :3].std() > 0.05  # not a blank canvas
 
 
+NOT_INSTALLED = (
+    "import runpy, sys\n"
+    "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+    "sys.path[:] = [p for p in sys.path if '__editable__' not in p]\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+"""Runs a script as from a checkout that is not installed: the editable install's finder is taken away."""
+
+
 def test_script_runs_from_a_checkout(tmp_path):
     run = default_run(tmp_path / "run")
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "idle_report.py"), str(run), "--json"],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    result = subprocess.run([sys.executable, "-c", NOT_INSTALLED, str(REPO / "scripts" / "idle_report.py"), str(run),
+                             "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["runs"][0]["total"]["idle_gpu_s"] == pytest.approx(42)
     broken = subprocess.run([sys.executable, str(REPO / "scripts" / "idle_report.py"), str(tmp_path / "nope")],
