@@ -35,7 +35,7 @@ TIMED_STEPS = 10
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python experiments/gpu/host_overhead.py",
-                                     description=__doc__.split("\n\n")[0])
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="tiny,small,llama-150m", help="comma-separated model presets")
     parser.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes")
     parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16")

@@ -95,7 +95,7 @@ def markdown(rows: list[dict], gpu: str, torch_version: str) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python experiments/gpu/kernel_classes.py",
-                                     description=__doc__.split("\n\n")[0])
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="llama-150m", help="comma-separated model presets")
     parser.add_argument("--batch-sizes", default="8,32", help="comma-separated batch sizes (GPU-bound ones)")
     parser.add_argument("--precisions", default="bf16,fp32", help="comma-separated: fp32, bf16, fp16")

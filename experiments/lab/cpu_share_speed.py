@@ -90,7 +90,7 @@ def training_ratios(shares: tuple[float, float], local_steps: int, rounds: int) 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slow-share", type=float, default=0.15, help="cores of the slow node (default 0.15)")
     parser.add_argument("--steps", type=int, nargs="+", default=[6, 24, 60],
                         help="local steps per round to measure (default 6 24 60)")

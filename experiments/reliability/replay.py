@@ -264,7 +264,7 @@ def write_table(results: dict[str, dict]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated scenarios (default: all): " + ", ".join(SCENARIOS))
     args = parser.parse_args()
     chosen = args.only.split(",") if args.only else list(SCENARIOS)

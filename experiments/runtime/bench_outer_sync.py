@@ -205,7 +205,7 @@ def plot(rows: list[Row], args: argparse.Namespace, path: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sites", type=int, nargs="+", default=[2, 4], help="site counts to measure")
     parser.add_argument("--rate-mbps", type=float, default=1000.0, help="link rate each way (Mbit/s)")
     parser.add_argument("--preset", default="llama-150m", help="model preset whose parameter count is reduced")
