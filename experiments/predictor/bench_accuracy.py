@@ -239,6 +239,9 @@ def write_paper_cluster(cluster: list[dict]) -> None:
         "",
         "Ties (equal predicted times) are listed in node order. The paper reports idle seconds, not step",
         "times, so only the order can be compared.",
+        "",
+        "Regenerate: `python experiments/predictor/bench_accuracy.py --paper-cluster` (predictions from the GPU",
+        "table, the fitted efficiencies and this machine's measured host cost per op; nothing else is timed).",
     ]
     (RESULTS / "paper_cluster.md").write_text("\n".join(table) + "\n")
 
