@@ -135,7 +135,8 @@ def main() -> int:
           f"{cost_us / 1e6 / 0.01 * 100:.2f} % at 10 ms (the sampler's own work, if it all blocked the training thread)")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sampler_overhead.json").write_text(json.dumps(
-        {"nvml": nvml, "torch": torch.__version__, "cpu_count": os.cpu_count(), "load_average_1min": load_1min,
+        {"command": " ".join(["python experiments/report/sampler_overhead.py", *sys.argv[1:]]),
+         "nvml": nvml, "torch": torch.__version__, "cpu_count": os.cpu_count(), "load_average_1min": load_1min,
          "sample_cost_us": cost_us,
          "steps_per_setting": len(results["sampler off"]),
          "median_step_ms": medians_ms}, indent=2) + "\n")
