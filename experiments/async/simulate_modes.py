@@ -224,7 +224,7 @@ def report(rows: dict, args: argparse.Namespace) -> str:
                             for mode in ("sync", "async") if any(item["advised"] == mode for item in row["advice"]))
         lines += ["", f"`geodiloco plan` (async with int8) advised {advised} draws; the simulation had less idle "
                       f"with that mode (sync-time against async-int8) in {right} of {len(row['advice'])} draws.", ""]
-    lines += ["Regenerate: `.venv/bin/python experiments/async/simulate_modes.py`."]
+    lines += [f"Regenerate: `{' '.join(['.venv/bin/python experiments/async/simulate_modes.py', *sys.argv[1:]])}`."]
     return "\n".join(lines)
 
 
