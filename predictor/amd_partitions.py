@@ -10,9 +10,10 @@ NPS1/NPS4 memory modes).
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Optional
+
+from geodiloco.predictor.slice_rows import slice_row
 
 PARTITION_MODES = {2: "DPX", 4: "QPX", 8: "CPX"}
 PARTITIONING_ARCHITECTURES = ("cdna3", "cdna4")
@@ -52,13 +53,11 @@ def partition_count(row, sm_count: Optional[int]) -> Optional[int]:
 def partition_spec(row, count: int):
     """The row of one of ``count`` compute partitions of ``row`` (a GpuSpec)."""
     share = 1.0 / count
-    scaled = {column: None if getattr(row, column) is None else getattr(row, column) * share
-              for column in ("fp32_tflops", "tf32_tflops", "fp16_tflops", "fp16_fp32acc_tflops", "bf16_tflops",
-                             "fp8_tflops", "memory_bandwidth_gbps", "memory_gb")}
     mode = PARTITION_MODES[count]
-    return dataclasses.replace(
-        row, **scaled, name=f"{row.name} {mode}", aliases=(), model=None, form_factor=None, default_for_model=False,
-        sm_count=row.sm_count // count,
+    return slice_row(
+        row, f"{row.name} {mode}", share,
         source=(f"{mode} compute partition of {row.name}: 1/{count} of its compute units, memory and bandwidth "
                 f"(AMD Instinct MI300X GPU partitioning overview); whole GPU: {row.source}"),
-        extra={**row.extra, "partition_of": row.name, "partition_mode": mode})
+        extra={"partition_of": row.name, "partition_mode": mode},
+        sm_count=row.sm_count // count, memory_gb=row.memory_gb * share,
+        memory_bandwidth_gbps=row.memory_bandwidth_gbps * share)

@@ -20,11 +20,12 @@ has no peer link: gradients between two instances travel through the host.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass
 from typing import Optional, Protocol
+
+from geodiloco.predictor.slice_rows import slice_row
 
 MIG_GUIDE = "NVIDIA Multi-Instance GPU User Guide, Supported MIG Profiles"
 
@@ -119,14 +120,10 @@ def mig_spec(parent, profile: MigProfile, sm_count: Optional[int] = None):
         how = f"{profile.compute_slices}/{parent.mig_instances} of its SMs"
     compute_share = sm_count / parent.sm_count if sm_count else profile.compute_slices / parent.mig_instances
     memory_share = min(1.0, profile.memory_gb / parent.memory_gb)
-    rates = {column: None if getattr(parent, column) is None else getattr(parent, column) * compute_share
-             for column in ("fp32_tflops", "tf32_tflops", "fp16_tflops", "fp16_fp32acc_tflops", "bf16_tflops",
-                            "fp8_tflops")}
-    return dataclasses.replace(
-        parent, **rates, name=f"{parent.name} MIG {profile.label}", aliases=(), model=None, form_factor=None,
-        default_for_model=False, sm_count=sm_count or max(1, round(parent.sm_count * compute_share)),
-        memory_gb=profile.memory_gb, memory_bandwidth_gbps=parent.memory_bandwidth_gbps * memory_share,
-        peer_link=None, peer_link_gbps=None, mig_instances=None, mig_sms_per_slice=None,
+    return slice_row(
+        parent, f"{parent.name} MIG {profile.label}", compute_share,
         source=(f"MIG instance {profile.label} of {parent.name}: {how} and {memory_share:.3g} of its memory "
                 f"and bandwidth ({MIG_GUIDE}); parent: {parent.source}"),
-        extra={**parent.extra, "mig_parent": parent.name, "mig_profile": profile.label})
+        extra={"mig_parent": parent.name, "mig_profile": profile.label},
+        sm_count=sm_count or max(1, round(parent.sm_count * compute_share)), memory_gb=profile.memory_gb,
+        memory_bandwidth_gbps=parent.memory_bandwidth_gbps * memory_share, peer_link=None, peer_link_gbps=None)

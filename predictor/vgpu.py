@@ -14,12 +14,12 @@ vGPU is its MIG instance (predictor/mig.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Optional
 
 from geodiloco.predictor.mig import MigProfile
+from geodiloco.predictor.slice_rows import slice_row
 
 VGPU_GUIDE = "NVIDIA Virtual GPU Software User Guide, vGPU types"
 
@@ -67,16 +67,13 @@ def time_sliced_spec(board, profile: VgpuProfile):
     """The row of a time-sliced vGPU on ``board``: every rate and the bandwidth at its share of the board
     (profile frame buffer over the board's), its own memory, no peer link."""
     share = min(1.0, profile.memory_gb / board.memory_gb)
-    scaled = {column: None if getattr(board, column) is None else getattr(board, column) * share
-              for column in ("fp32_tflops", "tf32_tflops", "fp16_tflops", "fp16_fp32acc_tflops", "bf16_tflops",
-                             "fp8_tflops", "memory_bandwidth_gbps")}
-    return dataclasses.replace(
-        board, **scaled, name=f"{board.name} vGPU {profile.label}", aliases=(), model=None, form_factor=None,
-        default_for_model=False, memory_gb=profile.memory_gb, peer_link=None, peer_link_gbps=None,
-        mig_instances=None, mig_sms_per_slice=None,
+    return slice_row(
+        board, f"{board.name} vGPU {profile.label}", share,
         source=(f"time-sliced vGPU {profile.label} of {board.name}: {share:.3g} of its rates and bandwidth, "
                 f"{profile.memory_gb:g} GB ({VGPU_GUIDE}); board: {board.source}"),
-        extra={**board.extra, "vgpu_board": board.name, "vgpu_profile": profile.label, "vgpu_share": share})
+        extra={"vgpu_board": board.name, "vgpu_profile": profile.label, "vgpu_share": share},
+        memory_gb=profile.memory_gb, memory_bandwidth_gbps=board.memory_bandwidth_gbps * share, peer_link=None,
+        peer_link_gbps=None)
 
 
 def time_share_notice(name: str, board_name: str, share: float) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import glob
 import importlib.util
 import json
+import logging
+import os
 from pathlib import Path
 
 from geodiloco.predictor.schema import ConfigError
@@ -129,8 +131,6 @@ notice (a default row, a stand-in), so the nodes do not print it again (``quiet_
 
 def quiet_gpu_notices(environ=None) -> None:
     """In a node whose launcher printed the GPU notices, keep the predictor's warnings to errors."""
-    import logging
-    import os
     if (os.environ if environ is None else environ).get(GPU_NOTICES_ENV) == "shown":
         logging.getLogger("geodiloco.predictor").setLevel(logging.ERROR)
 
