@@ -246,6 +246,21 @@ def repeat_line(results: list) -> str:
             "itself; a cold model sees neither container nor software version.")
 
 
+def coverage_line() -> str:
+    """What names the predictor plans: the table's rows and the GPU slices derived from them."""
+    from geodiloco.predictor.mig import standard_profiles
+    from geodiloco.predictor.specs import known_gpus
+    rows = known_gpus()
+    with_mig = [row for row in rows if row.mig_instances]
+    partitioned = [row.name for row in rows if row.vendor == "amd" and row.architecture in ("cdna3", "cdna4")]
+    return (f"Coverage: {len(rows)} datasheet rows ({sum(row.vendor == 'amd' for row in rows)} AMD); "
+            f"{len(with_mig)} of them split into MIG instances, {sum(len(standard_profiles(row)) for row in with_mig)} "
+            f"GPU-instance profiles in all; time-sliced and MIG-backed vGPU profiles of any row; DPX/QPX/CPX "
+            f"partitions of {', '.join(partitioned)}. The driver strings checked are listed in "
+            "tests/test_predictor_names.py, test_predictor_mig.py, test_predictor_vgpu.py and "
+            "test_predictor_amd_partitions.py.")
+
+
 def markdown(held: list, dev: list, skipped: list, sources: int, interval: tuple[float, float]) -> str:
     head = overall(held)
     lines = [
@@ -273,7 +288,8 @@ def markdown(held: list, dev: list, skipped: list, sources: int, interval: tuple
               "", repeat_line(held + dev),
               "", f"A shared software factor does not carry across GPUs: scaling each held-out row by the median "
               f"measured / predicted ratio of the dev rows of its workload and source generation on other GPUs "
-              f"gives a held-out median of {cross_gpu_factor_median(held, dev):.1%}."]
+              f"gives a held-out median of {cross_gpu_factor_median(held, dev):.1%}.",
+              "", coverage_line()]
     for key, title in (("workload", "Per workload (held-out)"), ("gpu", "Per GPU (held-out)")):
         lines += ["", f"## {title}", "", f"| {key} | rows | median | worst | roofline median |", "|---|---|---|---|---|"]
         lines += [f"| {row[key]} | {row['rows']} | {row['median']:.1%} | {row['worst']:.1%} | "
