@@ -155,19 +155,24 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         round_idx, lost_since = round_idx + 1, None
     finish_started = time.time()
     sync.finish(run_id, round_idx - 1)
-    if sync.barrier_free and pending_record:
-        _add_final_wait(pending_record, finish_started)
+    if pending_record:
+        close_record(pending_record, waited_from=finish_started, until=time.time())
     written_after_s = trainer.finish_checkpoint_write()
     if pending_record and written_after_s > 0.0:
         pending_record["overhead_s"] += written_after_s
         pending_record["round_end"] += written_after_s
     final = sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record,
                            "saved_round": trainer.saved_round})
+    exchanged_at = time.time()
     if not sync.barrier_free:
         trainer.commit_checkpoint(final)
     if log is not None:
-        log.append("idle.jsonl", [item["previous_record"] for item in final
-                                  if item["local_rank"] == 0 and item["previous_record"]])
+        last_records = [item["previous_record"] for item in final
+                        if item["local_rank"] == 0 and item["previous_record"]]
+        if not sync.barrier_free:
+            for record in last_records:
+                close_record(record, waited_from=record["round_end"], until=exchanged_at)
+        log.append("idle.jsonl", last_records)
         if sync.barrier_free:
             _log_async_tail(trainer, log, run_id, round_idx - 1)
         last_evaluations = trainer.finished_evaluations(wait=True)
@@ -182,12 +187,19 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     return 0
 
 
-def _add_final_wait(record: dict, finish_started: float) -> None:
-    """Async: the time a node that ran its last phase spends waiting for the others to finish theirs
-    (every node ends on the final model) is waiting, added to its last record."""
-    now = time.time()
-    record["wait_s"] += max(0.0, now - finish_started)
-    record["round_end"] = max(record["round_end"], now)
+def close_record(record: dict, waited_from: float, until: float) -> None:
+    """Extend a node's last idle record to ``until`` (unix seconds), so the run's end is counted too.
+
+    The run ends together: in ``finish`` (async: the others' last phases; hivemind: the final
+    parameter check and the peers' goodbyes) and in the last exchange (a slower node's last
+    checkpoint write), a node waits for its peers. From the record's end to ``waited_from`` is other
+    overhead, from there to ``until`` waiting; the record's parts still add up to its span. The
+    coordinator closes other nodes' records with its own clock, so their clocks' offset enters.
+    """
+    round_end = record["round_end"]
+    record["overhead_s"] += max(0.0, min(waited_from, until) - round_end)
+    record["wait_s"] += max(0.0, until - max(waited_from, round_end))
+    record["round_end"] = max(round_end, until)
 
 
 def wall_budget_spent(config: RunConfig, elapsed_s: float) -> bool:

@@ -396,3 +396,37 @@ def test_founders_say_whom_they_wait_for_and_start_without_a_node_that_never_cam
         assert f"node {name}: waiting up to 2.5 s (comm.hivemind.start_wait_s) for c to start" in out, out
         assert (f"node {name}: starting without c (not up within comm.hivemind.start_wait_s, 2.5 s); they join "
                 "mid-run when they come") in out, out
+
+
+def final_exchange(sync, run_id, saved_round):
+    """The run's last exchange as ``_train_rounds`` makes it, after ``finish`` (set here directly)."""
+    sync._final_run_id = run_id
+    sync._present = list(NAMES)
+    return sync.exchange({"local_rank": 0, "previous_record": None, "saved_round": saved_round})
+
+
+def test_the_last_checkpoint_is_confirmed_by_every_site_before_it_is_committed(capsys):
+    with three_peers("final") as syncs:
+        for sync in syncs:
+            sync.set_round(4, joined=0)
+        results = {}
+        threads = [threading.Thread(target=lambda index=index: results.__setitem__(
+            NAMES[index], final_exchange(syncs[index], "run1", 4))) for index in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        for name in NAMES:
+            leaders = {item.get("node", name): item["saved_round"] for item in results[name]}
+            assert leaders == {"a": 4, "b": 4, "c": 4}, name
+
+        # c dies while writing its files (its goodbye stands in for the heartbeat's expiry); b confirms
+        syncs[2].close()
+        confirm_b = threading.Thread(target=final_exchange, args=(syncs[1], "run2", 4))
+        confirm_b.start()
+        started = time.monotonic()
+        gathered = final_exchange(syncs[0], "run2", 4)
+        confirm_b.join(timeout=60)
+        assert time.monotonic() - started < 15.0  # not the 30 s round_timeout_s: c is no longer awaited
+        assert {item.get("node", "a"): item["saved_round"] for item in gathered} == {"a": 4, "b": 4, "c": None}
+        assert "c did not confirm the checkpoint of round 5; `latest` stays on the round before" in capsys.readouterr().out

@@ -11,6 +11,9 @@ flat fp32 buffer (the pseudo-gradient). What lives in the DHT (keys under
   waits until every live member that joined by round ``r`` has posted, or
   ``round_timeout_s``, then the pseudo-gradients are averaged among the nodes that came.
 - ``start``: the first nodes' proposals (run id, resume round); the lowest config index wins.
+- ``saved_<run id>``: at the end of the run, the round each node's final checkpoint files hold
+  on disk. A node moves ``latest`` to its last round only once every node of that round
+  confirmed the same round, as the torch backend's final exchange does.
 
 A node that finds peers already training downloads the latest global parameters and
 outer-optimizer state from one of them (hivemind's state sharing) and joins the next
@@ -319,6 +322,7 @@ class HivemindOuterSync:
         self.current_round = -1
         self.joined_round: Optional[int] = None
         self._present: list[str] = []
+        self._final_run_id: Optional[str] = None
         self._founders: list[str] = []
         self._scheduled_time = 0.0
         self.diverged = False
@@ -579,6 +583,7 @@ class HivemindOuterSync:
     def finish(self, run_id: str, last_round: int) -> None:
         from geodiloco.runtime.sync.hivemind_session import finish_hivemind
         finish_hivemind(self, run_id, last_round)
+        self._final_run_id = run_id
 
     def state_dict(self) -> dict:
         """Nothing in flight between rounds: the blocking average completed or was given up."""
@@ -601,8 +606,11 @@ class HivemindOuterSync:
 
     def exchange(self, stats: Any) -> list[Any]:
         """Round statistics (dicts with ``round``) go through the DHT readiness barrier among the
-        live nodes; anything else is gathered among this node's own ranks only."""
+        live nodes; the exchange after ``finish`` confirms each node's saved round across sites
+        (``_confirm_saved``); anything else is gathered among this node's own ranks only."""
         local = self._gather_in_node(stats)
+        if self._final_run_id is not None and isinstance(stats, dict) and "saved_round" in stats:
+            return self._confirm_saved(local)
         is_round = isinstance(stats, dict) and "round" in stats and "node" in stats
         if not is_round:
             return local
@@ -618,6 +626,39 @@ class HivemindOuterSync:
         self._present = [item["node"] for item in outcome]
         peers = [item for item in outcome if item["node"] != self.topology.node_name]
         return peers + local
+
+    def _confirm_saved(self, local: list[dict]) -> list[dict]:
+        """The run's last exchange: post the round this node's checkpoint files hold (its leader's
+        ``saved_round``, on disk by now) and wait (bounded) for every node of the last round to post
+        its own. A node that never posts (it died while writing) is returned with ``saved_round``
+        None, so ``commit_checkpoint`` leaves ``latest`` on the round before on every site, and a
+        later ``--resume`` starts all sites from a round each of them holds."""
+        peers = None
+        if self.topology.is_leader:
+            me = self.topology.node_name
+            saved = local[0].get("saved_round")
+            posted = self._post_and_await(f"saved_{self._final_run_id}", {"saved_round": saved},
+                                          [name for name in self._present if name != me])
+            peers = [{"node": name, "local_rank": 0, "previous_record": None,
+                      "saved_round": posted.get(name, {}).get("saved_round")}
+                     for name in self._present if name != me]
+            unconfirmed = [item["node"] for item in peers if item["saved_round"] != saved]
+            if saved is not None and unconfirmed:
+                print(f"[geodiloco] node {me}: {', '.join(unconfirmed)} did not confirm the checkpoint of "
+                      f"round {saved + 1}; `latest` stays on the round before", flush=True)
+        return self.share_in_node(peers) + local
+
+    def _post_and_await(self, key: str, value: dict, awaited: list[str]) -> dict[str, dict]:
+        """Post ``value`` under ``key`` and wait until each of ``awaited`` posted or stopped being a
+        live member, or ``round_timeout_s``; returns what the others posted."""
+        self._store(key, self.topology.node_name, value, ROUND_KEY_TTL_S)
+        deadline = time.monotonic() + self.options.round_timeout_s
+        while True:
+            posted = self._read(key)
+            live = self.members()
+            if all(name in posted or name not in live for name in awaited) or time.monotonic() > deadline:
+                return posted
+            time.sleep(POLL_S)
 
     def _gather_in_node(self, stats: Any) -> list[Any]:
         if not self._in_node():
