@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
-from geodiloco.predictor.amd_partitions import partition_problem, partition_spec, split_partition_name
+from geodiloco.predictor.amd_partitions import (partition_modes, partition_problem, partition_spec,
+                                                split_partition_name)
 from geodiloco.predictor.mig import MigProfile, mig_spec, profile_problem, split_mig_name
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.predictor.vgpu import (VgpuProfile, split_vgpu_name, time_share_notice, time_sliced_problem,
@@ -74,8 +75,8 @@ def resolve_vgpu(resolve: Resolver, siblings: Siblings, name: str, board_name: s
     return spec, "; ".join(filter(None, [notice, shared])) or None
 
 
-def resolve_partition(resolve: Resolver, name: str, gpu_name: str, count: int) -> Resolved:
-    """(row, notice) of one of ``count`` AMD compute partitions of ``gpu_name`` (predictor/amd_partitions.py)."""
+def resolve_partition(resolve: Resolver, name: str, gpu_name: str, mode: str) -> Resolved:
+    """(row, notice) of one device of ``gpu_name`` in compute-partition ``mode`` (predictor/amd_partitions.py)."""
     try:
         row, notice = resolve(gpu_name)
     except ConfigError as err:
@@ -83,6 +84,12 @@ def resolve_partition(resolve: Resolver, name: str, gpu_name: str, count: int) -
     problem = partition_problem(row)
     if problem:
         raise ConfigError(f"GPU {name!r}: {problem}")
+    modes = partition_modes(row)
+    if mode not in modes:
+        raise ConfigError(f"GPU {name!r}: {row.name} has no {mode} mode; its compute-partition modes: "
+                          + ", ".join(f"{known} ({count} device{'s' if count > 1 else ''})"
+                                      for known, count in modes.items()))
+    count = modes[mode]
     return (row if count == 1 else partition_spec(row, count)), notice
 
 

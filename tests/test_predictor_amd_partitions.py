@@ -3,6 +3,8 @@
 Expected values come from AMD's MI300X datasheet (304 CUs, 192 GB at 5.3 TB/s, 1307.4 dense BF16
 TFLOPS) and the partition modes' fractions (CPX: 8 devices of 38 CUs).
 """
+import re
+
 import pytest
 
 from geodiloco.predictor import detect
@@ -35,6 +37,26 @@ def test_devices_that_are_not_partitions_keep_their_row(name, compute_units, row
 def test_a_partition_mode_written_in_a_config_resolves(name, row_name, compute_units):
     row, _ = resolve_gpu(name)
     assert (row.name, row.sm_count) == (row_name, compute_units)
+
+
+@pytest.mark.parametrize("name, compute_units, row_name, share", [
+    ("MI300A TPX", 76, "MI300A TPX", 1 / 3), ("AMD Instinct MI300A CPX", 38, "MI300A CPX", 1 / 6)])
+def test_the_mi300a_splits_by_its_six_dies(name, compute_units, row_name, share):
+    # MI300A: 228 CUs on 6 XCDs, 128 GB HBM3 at 5.3 TB/s, 980.6 dense BF16 TFLOPS; TPX = 3 devices, CPX = 6
+    row, _ = resolve_gpu(name)
+    assert (row.name, row.sm_count) == (row_name, compute_units)
+    assert row.bf16_tflops == pytest.approx(980.6 * share)
+    assert row.memory_gb == pytest.approx(128 * share)
+    detected = detected_gpu("AMD Instinct MI300A", 128 * share, compute_units)
+    assert (detected.name, detected.sm_count) == (row_name, compute_units)
+
+
+@pytest.mark.parametrize("name, says", [("MI300A QPX", "MI300A has no QPX mode; its compute-partition modes: SPX "
+                                                       "(1 device), TPX (3 devices), CPX (6 devices)"),
+                                        ("MI300X TPX", "MI300X has no TPX mode")])
+def test_a_mode_the_part_lacks_lists_its_modes(name, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        resolve_gpu(name)
 
 
 @pytest.mark.parametrize("name", ["MI250X CPX", "A100-SXM4-40GB CPX"])
