@@ -248,15 +248,21 @@ def repeat_line(results: list) -> str:
 
 def coverage_line() -> str:
     """What names the predictor plans: the table's rows and the GPU slices derived from them."""
+    from geodiloco.predictor.amd_partitions import partition_modes
     from geodiloco.predictor.mig import standard_profiles
     from geodiloco.predictor.specs import known_gpus
     rows = known_gpus()
     with_mig = [row for row in rows if row.mig_instances]
-    partitioned = [row.name for row in rows if row.vendor == "amd" and row.architecture in ("cdna3", "cdna4")]
+    by_modes: dict[str, list[str]] = {}
+    for row in rows:
+        modes = "/".join(mode for mode, devices in partition_modes(row).items() if devices > 1)
+        if modes:
+            by_modes.setdefault(modes, []).append(row.name)
+    partitions = "; ".join(f"{modes} partitions of {', '.join(names)}" for modes, names in by_modes.items())
     return (f"Coverage: {len(rows)} datasheet rows ({sum(row.vendor == 'amd' for row in rows)} AMD); "
             f"{len(with_mig)} of them split into MIG instances, {sum(len(standard_profiles(row)) for row in with_mig)} "
-            f"GPU-instance profiles in all; time-sliced and MIG-backed vGPU profiles of any row; DPX/QPX/CPX "
-            f"partitions of {', '.join(partitioned)}. The driver strings checked are listed in "
+            f"GPU-instance profiles in all; time-sliced and MIG-backed vGPU profiles of any row; "
+            f"{partitions}. The driver strings checked are listed in "
             "tests/test_predictor_names.py, test_predictor_mig.py, test_predictor_vgpu.py and "
             "test_predictor_amd_partitions.py.")
 
