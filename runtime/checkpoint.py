@@ -25,6 +25,15 @@ from geodiloco.runtime.state_file import CorruptStateFile, EncodedState, encode_
 
 LATEST_FILE = "latest"
 GLOBAL_FILE = "global.safetensors"
+_flush_to_disk = True
+
+
+def set_flush_to_disk(enabled: bool) -> None:
+    """This process's ``checkpoint.flush``. Off, files are still replaced atomically (a crashed process
+    leaves each one whole or absent), but not fsynced: after a power loss or a kernel crash ``latest``
+    may name files that never left the page cache. For fast local disks and runs one can redo."""
+    global _flush_to_disk
+    _flush_to_disk = enabled
 
 
 def node_file_name(node_name: str) -> str:
@@ -49,6 +58,8 @@ def _atomic_save(obj: Any, path: Path) -> None:
 def _fsync_path(path: Path) -> None:
     """Flush a file's (or a directory's entries') data to the disk. ``latest`` moves on, and old rounds are
     deleted, only after the new round's files are durable, not merely in the page cache."""
+    if not _flush_to_disk:
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -311,11 +311,14 @@ class CommSection(StrictModel):
 class CheckpointSection(StrictModel):
     """``every_rounds``: rounds between checkpoints; ``keep``: complete rounds kept on disk;
     ``background``: hash and write the files in a background thread while the next round trains
-    (the round's end only copies the state to host memory); false: the round waits for the write."""
+    (the round's end only copies the state to host memory); false: the round waits for the write.
+    ``flush``: fsync each file and folder before ``latest`` moves, so a power loss leaves the last
+    complete checkpoint usable; false skips that (files are still replaced atomically)."""
 
     every_rounds: int = Field(default=1, ge=1)
     keep: int = Field(default=2, ge=1)
     background: bool = True
+    flush: bool = True
 
 
 class WandbSection(StrictModel):

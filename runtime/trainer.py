@@ -129,6 +129,7 @@ class NodeTrainer:
         self.saved_round: Optional[int] = None
         self.commits_saved_round = False
         self.checkpoint_writer = CheckpointWriter(config.checkpoint.background)
+        checkpoint.set_flush_to_disk(config.checkpoint.flush)
         self._snapshots: dict[str, EncodedState] = {}
         """The last checkpoint's host copies by file ("node", "global"), reused by the next snapshot."""
         self.sync = build_outer_sync(config, topology, sum(param.numel() for param in self.model.parameters()),

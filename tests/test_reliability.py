@@ -311,6 +311,32 @@ def test_a_round_is_on_disk_before_latest_points_at_it(tmp_path, monkeypatch):
     assert synced[2].startswith("latest.tmp") and synced[3] == "checkpoints"
 
 
+def test_checkpoint_flush_false_skips_the_fsyncs_but_still_replaces_files_whole(tmp_path, monkeypatch):
+    import os
+
+    from geodiloco.runtime import checkpoint
+    synced = []
+    monkeypatch.setattr(checkpoint.os, "fsync", synced.append)
+    monkeypatch.setattr(checkpoint, "_flush_to_disk", True)
+    checkpoint.set_flush_to_disk(False)
+    checkpoint.save_global(tmp_path, 3, {"x": 1})
+    checkpoint.mark_latest(tmp_path, 3, keep=2)
+    assert synced == []
+    assert checkpoint.latest_round(tmp_path) == 3
+    assert checkpoint.load_global(tmp_path, 3)["x"] == 1
+    assert sorted(os.listdir(checkpoint.round_dir(tmp_path, 3))) == ["global.safetensors"]  # no temp file left
+
+
+def test_checkpoint_flush_must_be_a_boolean(tmp_path):
+    from tests.runtime_helpers import write_config
+    config = small_config([{"name": "a"}])
+    config["checkpoint"] = {"flush": "sometimes"}
+    with pytest.raises(ConfigError, match="checkpoint.flush"):
+        load_config(write_config(tmp_path, config))
+    config["checkpoint"] = {"flush": False}
+    assert load_config(write_config(tmp_path, config)).checkpoint.flush is False
+
+
 def test_a_hivemind_site_that_did_not_found_the_resume_drops_its_own_newer_rounds(tmp_path):
     """Per-site run directories: site b resumes the run founded by site a after round 2; b's round 3
     (written before the stop) must go, or redoing round 3 would find its old global file and keep it."""
