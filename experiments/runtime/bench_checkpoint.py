@@ -86,9 +86,11 @@ def bench_round_end(preset: str, repeats: int) -> dict:
     return row
 
 
-def demo_idle(background: bool, run_dir: Path) -> dict:
+def demo_idle(background: bool, run_dir: Path, flush: bool = True) -> dict:
+    """One run of the embedded demo with these checkpoint settings: its idle parts and total GPU idle share."""
     command = [str(Path(sys.executable).with_name("geodiloco")), "run", "--run-dir", str(run_dir), "--no-report",
-               "--set", f"checkpoint.background={str(background).lower()}"]
+               "--set", f"checkpoint.background={str(background).lower()}",
+               "--set", f"checkpoint.flush={str(flush).lower()}"]
     completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if completed.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited {completed.returncode}: {completed.stderr[-2000:]}")
@@ -97,7 +99,7 @@ def demo_idle(background: bool, run_dir: Path) -> dict:
     gpus = {row["node"]: row["num_gpus"] for row in rows}
     wall = sum((row["round_end"] - row["round_start"]) * gpus[row["node"]] for row in rows)
     idle = sum((row["wait_s"] + row["comm_s"] + row["overhead_s"]) * gpus[row["node"]] for row in rows)
-    return {"background": background, "rounds": len({row["round"] for row in rows}), **parts,
+    return {"background": background, "flush": flush, "rounds": len({row["round"] for row in rows}), **parts,
             "other_s_per_node_round": parts["overhead_s"] / len(rows), "total_idle_share": idle / wall}
 
 
