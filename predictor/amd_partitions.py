@@ -67,7 +67,7 @@ def partition_spec(row, count: int):
     return slice_row(
         row, f"{row.name} {mode}", share,
         source=(f"{mode} compute partition of {row.name}: 1/{count} of its compute units, memory and bandwidth "
-                f"(AMD Instinct MI300X GPU partitioning overview); whole GPU: {row.source}"),
+                f"(AMD's Instinct GPU partitioning documentation); whole GPU: {row.source}"),
         extra={"partition_of": row.name, "partition_mode": mode},
         sm_count=row.sm_count // count, memory_gb=row.memory_gb * share,
         memory_bandwidth_gbps=row.memory_bandwidth_gbps * share)

@@ -162,6 +162,8 @@ def rocm_smi_gpus(run: Optional[Callable[..., "subprocess.CompletedProcess"]] = 
 
 
 ROCM_SMI_PARTITION_ARGS = ("rocm-smi", "--showcomputepartition", "--json")
+COMPUTE_PARTITION_MODES = ("SPX", "DPX", "TPX", "QPX", "CPX")
+"""Every mode rocm-smi may print; which of them a part has is predictor/amd_partitions.py's to say."""
 
 
 def _rocm_compute_partitions(run: Callable[..., "subprocess.CompletedProcess"]) -> dict[str, str]:
@@ -177,7 +179,7 @@ def _rocm_compute_partitions(run: Callable[..., "subprocess.CompletedProcess"]) 
     for key, fields in cards.items():
         if isinstance(fields, dict):
             for field, value in fields.items():
-                if "compute partition" in field.lower() and str(value).strip().upper() in ("SPX", "DPX", "QPX", "CPX"):
+                if "compute partition" in field.lower() and str(value).strip().upper() in COMPUTE_PARTITION_MODES:
                     modes[key.lower()] = str(value).strip().upper()
     return modes
 

@@ -139,12 +139,13 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
             print(f"[geodiloco] resuming {run_id} after round {start.first_round}", flush=True)
     round_idx, lost_since = start.first_round, start.lost_since
     training_started = time.time()
-    last_round = False
+    last_round = ran_a_round = False
     while round_idx < config.diloco.rounds and not last_round:
         round_started = time.time()
         try:
             pending_record, last_round = _run_round(trainer, log, run_id, round_idx, pending_record, lost_since,
                                                     training_started)
+            ran_a_round = True
         except OutOfSync as behind:
             print(f"[geodiloco] node {topology.node_name}: {behind}; reloading the global state from peers",
                   flush=True)
@@ -155,24 +156,21 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         round_idx, lost_since = round_idx + 1, None
     finish_started = time.time()
     sync.finish(run_id, round_idx - 1)
-    if pending_record:
-        close_record(pending_record, waited_from=finish_started, until=time.time())
+    # a resumed run with no round left logs its saved record as it was: the time since is not this run's
+    open_record = pending_record if ran_a_round else None
+    if open_record:
+        close_record(open_record, waited_from=finish_started, until=time.time())
     written_after_s = trainer.finish_checkpoint_write()
-    if pending_record and written_after_s > 0.0:
-        pending_record["overhead_s"] += written_after_s
-        pending_record["round_end"] += written_after_s
+    if open_record and written_after_s > 0.0:
+        open_record["overhead_s"] += written_after_s
+        open_record["round_end"] += written_after_s
     final = sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record,
-                           "saved_round": trainer.saved_round})
+                           "saved_round": trainer.saved_round, "record_open": ran_a_round})
     exchanged_at = time.time()
     if not sync.barrier_free:
         trainer.commit_checkpoint(final)
     if log is not None:
-        last_records = [item["previous_record"] for item in final
-                        if item["local_rank"] == 0 and item["previous_record"]]
-        if not sync.barrier_free:
-            for record in last_records:
-                close_record(record, waited_from=record["round_end"], until=exchanged_at)
-        log.append("idle.jsonl", last_records)
+        log.append("idle.jsonl", _last_records(final, exchanged_at, topology.node_name, sync.barrier_free))
         if sync.barrier_free:
             _log_async_tail(trainer, log, run_id, round_idx - 1)
         last_evaluations = trainer.finished_evaluations(wait=True)
@@ -187,12 +185,27 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     return 0
 
 
+def _last_records(final: list[dict], exchanged_at: float, node_name: str, barrier_free: bool) -> list[dict]:
+    """The last idle records the final exchange brought, each still open one closed at ``exchanged_at``:
+    every node's with a round barrier (they all left the exchange then); in async mode only this node's
+    (the host waited there for the others' last items, which they sent and left)."""
+    records = []
+    for item in final:
+        record = item["previous_record"] if item["local_rank"] == 0 else None
+        if not record:
+            continue
+        if item.get("record_open") and (not barrier_free or record["node"] == node_name):
+            close_record(record, waited_from=record["round_end"], until=exchanged_at)
+        records.append(record)
+    return records
+
+
 def close_record(record: dict, waited_from: float, until: float) -> None:
     """Extend a node's last idle record to ``until`` (unix seconds), so the run's end is counted too.
 
     The run ends together: in ``finish`` (async: the others' last phases; hivemind: the final
-    parameter check and the peers' goodbyes) and in the last exchange (a slower node's last
-    checkpoint write), a node waits for its peers. From the record's end to ``waited_from`` is other
+    parameter check and the wait until every peer is done) and in the last exchange (a slower node's
+    last checkpoint write), a node waits for its peers. From the record's end to ``waited_from`` is other
     overhead, from there to ``until`` waiting; the record's parts still add up to its span. The
     coordinator closes other nodes' records with its own clock, so their clocks' offset enters.
     """

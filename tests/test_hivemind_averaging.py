@@ -400,7 +400,7 @@ def test_founders_say_whom_they_wait_for_and_start_without_a_node_that_never_cam
 
 def final_exchange(sync, run_id, saved_round):
     """The run's last exchange as ``_train_rounds`` makes it, after ``finish`` (set here directly)."""
-    sync._final_run_id = run_id
+    sync._final_key = f"saved_{run_id}_4"
     sync._present = list(NAMES)
     return sync.exchange({"local_rank": 0, "previous_record": None, "saved_round": saved_round})
 

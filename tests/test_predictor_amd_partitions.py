@@ -96,6 +96,17 @@ def test_rocm_smi_on_a_cpx_machine_lists_partitions_by_their_mode():
     assert {gpu["compute_partition"] for gpu in gpus} == {"CPX"}
 
 
+def test_rocm_smi_on_an_mi300a_in_tpx_mode_lists_thirds():
+    import json
+    cards = {f"card{index}": {"Card Series": "AMD Instinct MI300A"} for index in range(3)}
+    modes = {key: {"Compute Partition": "TPX"} for key in cards}
+    gpus, reason = detect.rocm_smi_gpus(run=rocm_smi({"--showproductname": json.dumps(cards),
+                                                      "--showcomputepartition": json.dumps(modes)}))
+    assert reason == "" and [gpu["datasheet"] for gpu in gpus] == ["MI300A TPX"] * 3
+    row, _ = resolve_gpu(gpus[0]["datasheet"])
+    assert (row.sm_count, row.memory_gb) == (76, pytest.approx(128 / 3))  # MI300A: 228 CUs, 128 GB, in thirds
+
+
 def test_a_rocm_smi_without_the_partition_option_still_lists_the_cards():
     import json
     gpus, reason = detect.rocm_smi_gpus(run=rocm_smi({"--showproductname": json.dumps({"card0": CPX_CARDS["card0"]})}))

@@ -2,6 +2,7 @@
 import os
 from pathlib import Path
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -108,7 +109,7 @@ def test_fast_nodes_wait_for_the_slowest(four_node_run):
         assert this_round[max(done_at, key=done_at.get)]["wait_s"] < barrier_s
         for name, record in this_round.items():
             # wait = time from this node's end of local phase until the last peer's (one clock); the last
-            # round's also holds the wait at the run's end (test_the_run_end_is_counted_below)
+            # round's also holds the wait at the run's end (test_the_run_end_is_counted_in_every_node_last_record)
             if round_idx < 2:
                 assert record["wait_s"] == pytest.approx(last_done - done_at[name], abs=barrier_s)
             else:
@@ -245,3 +246,19 @@ def test_sigterm_on_one_node_stops_the_whole_job_and_keeps_the_checkpoint(tmp_pa
     assert state["round"] == saved_round
     for name in "abc":
         assert checkpoint.load_node(run_dir, saved_round, name)["round"] == saved_round
+
+
+def test_resuming_a_finished_run_leaves_its_last_records_as_they_were(four_node_run, tmp_path):
+    # nothing is left to train: the saved last records are logged again unchanged, not stretched to now
+    run_dir = tmp_path / "run"
+    shutil.copytree(four_node_run[0], run_dir)
+    before = {r["node"]: r for r in read_jsonl(run_dir / "idle.jsonl") if r["round"] == 2}
+    time.sleep(3.0)
+    result = geodiloco("run", "--sites", "local", "--no-report", "--resume", "--config",
+                       str(four_node_run[0].parent / "run.yaml"), "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    after = {r["node"]: r for r in read_jsonl(run_dir / "idle.jsonl") if r["round"] == 2}
+    assert sorted(after) == sorted(before)
+    for name, record in after.items():
+        assert record["round_end"] - record["round_start"] < 3.0, record
+        assert record["overhead_s"] == pytest.approx(before[name]["overhead_s"], abs=0.5)

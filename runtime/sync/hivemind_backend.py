@@ -11,7 +11,7 @@ flat fp32 buffer (the pseudo-gradient). What lives in the DHT (keys under
   waits until every live member that joined by round ``r`` has posted, or
   ``round_timeout_s``, then the pseudo-gradients are averaged among the nodes that came.
 - ``start``: the first nodes' proposals (run id, resume round); the lowest config index wins.
-- ``saved_<run id>``: at the end of the run, the round each node's final checkpoint files hold
+- ``saved_<run id>_<last round>``: at the end of the run, the round each node's final checkpoint files hold
   on disk. A node moves ``latest`` to its last round only once every node of that round
   confirmed the same round, as the torch backend's final exchange does.
 
@@ -322,7 +322,7 @@ class HivemindOuterSync:
         self.current_round = -1
         self.joined_round: Optional[int] = None
         self._present: list[str] = []
-        self._final_run_id: Optional[str] = None
+        self._final_key: Optional[str] = None
         self._founders: list[str] = []
         self._scheduled_time = 0.0
         self.diverged = False
@@ -583,7 +583,7 @@ class HivemindOuterSync:
     def finish(self, run_id: str, last_round: int) -> None:
         from geodiloco.runtime.sync.hivemind_session import finish_hivemind
         finish_hivemind(self, run_id, last_round)
-        self._final_run_id = run_id
+        self._final_key = f"saved_{run_id}_{last_round}"  # a resumed run of the same id ends at another round
 
     def state_dict(self) -> dict:
         """Nothing in flight between rounds: the blocking average completed or was given up."""
@@ -609,7 +609,7 @@ class HivemindOuterSync:
         live nodes; the exchange after ``finish`` confirms each node's saved round across sites
         (``_confirm_saved``); anything else is gathered among this node's own ranks only."""
         local = self._gather_in_node(stats)
-        if self._final_run_id is not None and isinstance(stats, dict) and "saved_round" in stats:
+        if self._final_key is not None and isinstance(stats, dict) and "saved_round" in stats:
             return self._confirm_saved(local)
         is_round = isinstance(stats, dict) and "round" in stats and "node" in stats
         if not is_round:
@@ -637,7 +637,7 @@ class HivemindOuterSync:
         if self.topology.is_leader:
             me = self.topology.node_name
             saved = local[0].get("saved_round")
-            posted = self._post_and_await(f"saved_{self._final_run_id}", {"saved_round": saved},
+            posted = self._post_and_await(self._final_key, {"saved_round": saved},
                                           [name for name in self._present if name != me])
             peers = [{"node": name, "local_rank": 0, "previous_record": None,
                       "saved_round": posted.get(name, {}).get("saved_round")}
