@@ -1,8 +1,10 @@
 """GeForce laptop GPUs, the MI300A and the MI350 series in the GPU table: their figures are the published ones,
 and a laptop name never plans a node as the desktop card of the same number.
 
-The expected values below are typed from the sources each row cites (NVIDIA's laptop spec tables, AMD's
-figures), not read back from predictor/data/gpus.yaml. Laptop rows take the top of NVIDIA's boost range.
+The expected values below are typed from the sources each row cites (NVIDIA's laptop spec tables, TechPowerUp
+and Notebookcheck for the Turing Max-Q parts, AMD's figures), not read back from predictor/data/gpus.yaml. Ampere
+and Ada laptop rows take the top of NVIDIA's boost range. The Turing laptop rows are Max-Q rows: the only Turing
+laptop names the driver prints are "... with Max-Q Design"; a full-power Turing laptop prints the desktop name.
 """
 import pytest
 
@@ -10,9 +12,6 @@ from geodiloco.predictor.specs import registry, resolve_gpu
 
 # row: (CUDA cores, SMs, memory GB, bus bits, Gbps per pin, boost MHz at the top of the published range)
 LAPTOP_DATASHEET = {
-    "RTX 2080 Laptop GPU": (2944, 46, 8, 256, 14, 1590),
-    "RTX 2070 Laptop GPU": (2304, 36, 8, 256, 14, 1440),
-    "RTX 2060 Laptop GPU": (1920, 30, 6, 192, 14, 1200),
     "RTX 3050 Ti Laptop GPU": (2560, 20, 4, 128, 12, 1695),
     "RTX 3060 Laptop GPU": (3840, 30, 6, 192, 14, 1702),
     "RTX 3070 Laptop GPU": (5120, 40, 8, 256, 14, 1620),
@@ -42,6 +41,31 @@ def test_laptop_rows_carry_the_published_figures(row):
     assert "top of the published range" in spec.source
 
 
+# Turing Max-Q row: (CUDA cores, SMs, memory GB, bus bits, Gbps per pin, boost MHz at the top of the Max-Q range)
+# 2080 Max-Q: Notebookcheck, 80 W at 735-1095 MHz and 90 W at 990-1230 MHz, 12 Gbps (TechPowerUp: 384.0 GB/s);
+# 2070 Max-Q: 885/1185 MHz, 12 Gbps = 384 GB/s (NVIDIA launch range 1185-1440 MHz, TechPowerUp);
+# 2060 Max-Q: 975/1185 MHz at 65 W, 11 Gbps = 264 GB/s (TechPowerUp)
+TURING_MAX_Q_DATASHEET = {
+    "RTX 2080 Max-Q": (2944, 46, 8, 256, 12, 1230),
+    "RTX 2070 Max-Q": (2304, 36, 8, 256, 12, 1185),
+    "RTX 2060 Max-Q": (1920, 30, 6, 192, 11, 1185),
+}
+
+
+@pytest.mark.parametrize("row", sorted(TURING_MAX_Q_DATASHEET))
+def test_turing_max_q_rows_carry_the_published_max_q_figures(row):
+    cores, sms, memory_gb, bus_bits, gbps, boost = TURING_MAX_Q_DATASHEET[row]
+    spec = registry().by_name[row]
+    assert (spec.sm_count, spec.memory_gb, spec.boost_clock_mhz) == (sms, memory_gb, boost)
+    assert spec.memory_bandwidth_gbps == pytest.approx(bus_bits / 8 * gbps)
+    assert spec.consumer and spec.model == row and spec.architecture == "turing"
+    assert spec.fp32_tflops == pytest.approx(cores * 2 * boost / 1e6, abs=0.06)
+    assert spec.fp16_tflops == pytest.approx(sms * 1024 * boost / 1e6, abs=0.06)
+    assert spec.fp16_fp32acc_tflops == pytest.approx(spec.fp16_tflops / 2, abs=0.06)
+    assert spec.bf16_tflops is None
+    assert "top of the published Max-Q range" in spec.source
+
+
 def test_the_4090_laptop_gpu_and_the_desktop_4090_are_different_rows():
     laptop, laptop_notice = resolve_gpu("NVIDIA GeForce RTX 4090 Laptop GPU")
     desktop, desktop_notice = resolve_gpu("NVIDIA GeForce RTX 4090")
@@ -57,7 +81,6 @@ def test_the_4090_laptop_gpu_and_the_desktop_4090_are_different_rows():
     ("NVIDIA GeForce RTX 3070", "RTX 3070"),
     ("NVIDIA GeForce RTX 4080", "RTX 4080"),
     ("NVIDIA GeForce RTX 4060", "RTX 4060"),
-    ("NVIDIA GeForce RTX 2080", "RTX 2080"),
 ])
 def test_desktop_names_keep_their_desktop_rows(desktop_name, desktop_row):
     assert resolve_gpu(desktop_name)[0].name == desktop_row
@@ -65,11 +88,29 @@ def test_desktop_names_keep_their_desktop_rows(desktop_name, desktop_row):
     assert laptop.name != desktop_row and "Laptop GPU" in laptop.model
 
 
-def test_a_turing_max_q_name_plans_the_laptop_part_not_the_desktop_card():
-    max_q, _ = resolve_gpu("NVIDIA GeForce RTX 2080 with Max-Q Design")
-    desktop, _ = resolve_gpu("NVIDIA GeForce RTX 2080")
-    assert max_q.name == "RTX 2080 Laptop GPU" and desktop.name == "RTX 2080"
-    assert max_q.boost_clock_mhz == 1590 and desktop.boost_clock_mhz == 1800
+@pytest.mark.parametrize("number, max_q_boost, max_q_gbps, desktop_boost", [
+    ("2080", 1230, 384, 1800),
+    ("2070", 1185, 384, 1710),
+    ("2060", 1185, 264, 1680),
+])
+def test_a_turing_max_q_name_plans_the_max_q_part_not_the_desktop_card(number, max_q_boost, max_q_gbps,
+                                                                       desktop_boost):
+    desktop, _ = resolve_gpu(f"NVIDIA GeForce RTX {number}")
+    assert desktop.name == f"RTX {number}" and desktop.boost_clock_mhz == desktop_boost
+    for name in (f"NVIDIA GeForce RTX {number} with Max-Q Design", f"GeForce RTX {number} with Max-Q Design"):
+        max_q, notice = resolve_gpu(name)
+        assert max_q.name == f"RTX {number} Max-Q" and notice is None
+        assert (max_q.boost_clock_mhz, max_q.memory_bandwidth_gbps) == (max_q_boost, max_q_gbps)
+        # the same chip as the desktop card (and the full-power laptop, which prints the desktop name)
+        assert (max_q.sm_count, max_q.memory_gb) == (desktop.sm_count, desktop.memory_gb)
+        assert max_q.fp16_tflops < desktop.fp16_tflops and max_q.memory_bandwidth_gbps < desktop.memory_bandwidth_gbps
+
+
+@pytest.mark.parametrize("spelling", ["RTX 2080 Laptop", "RTX 2080 Mobile", "RTX 2080 Laptop GPU",
+                                      "NVIDIA GeForce RTX 2080 Laptop GPU", "RTX 2080 Max-Q"])
+def test_a_turing_laptop_spelling_without_a_power_class_takes_the_max_q_row(spelling):
+    spec, notice = resolve_gpu(spelling)
+    assert spec.name == "RTX 2080 Max-Q" and notice is None
 
 
 @pytest.mark.parametrize("memory_gib, row", [(7.8, "RTX 3080 Laptop GPU 8GB"), (15.7, "RTX 3080 Laptop GPU 16GB")])
