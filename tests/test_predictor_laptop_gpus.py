@@ -27,17 +27,23 @@ LAPTOP_DATASHEET = {
 }
 
 
-@pytest.mark.parametrize("row", sorted(LAPTOP_DATASHEET))
-def test_laptop_rows_carry_the_published_figures(row):
-    cores, sms, memory_gb, bus_bits, gbps, boost = LAPTOP_DATASHEET[row]
-    spec = registry().by_name[row]
+def assert_derived_laptop_row(spec, figures):
+    """The row holds the typed figures, and its rates follow the table's "derived" rule: FP32 = cores x 2 x
+    boost, FP16 tensor = SMs x 1024 x boost, FP32 accumulate at half rate."""
+    cores, sms, memory_gb, bus_bits, gbps, boost = figures
     assert (spec.sm_count, spec.memory_gb, spec.boost_clock_mhz) == (sms, memory_gb, boost)
     assert spec.memory_bandwidth_gbps == pytest.approx(bus_bits / 8 * gbps)
-    assert spec.consumer and "Laptop GPU" in spec.model
-    # "derived" rows: FP32 = cores x 2 x boost, FP16 tensor = SMs x 1024 x boost, FP32 accumulate at half rate
+    assert spec.consumer
     assert spec.fp32_tflops == pytest.approx(cores * 2 * boost / 1e6, abs=0.06)
     assert spec.fp16_tflops == pytest.approx(sms * 1024 * boost / 1e6, abs=0.06)
     assert spec.fp16_fp32acc_tflops == pytest.approx(spec.fp16_tflops / 2, abs=0.06)
+
+
+@pytest.mark.parametrize("row", sorted(LAPTOP_DATASHEET))
+def test_laptop_rows_carry_the_published_figures(row):
+    spec = registry().by_name[row]
+    assert_derived_laptop_row(spec, LAPTOP_DATASHEET[row])
+    assert "Laptop GPU" in spec.model
     assert "top of the published range" in spec.source
 
 
@@ -54,14 +60,9 @@ TURING_MAX_Q_DATASHEET = {
 
 @pytest.mark.parametrize("row", sorted(TURING_MAX_Q_DATASHEET))
 def test_turing_max_q_rows_carry_the_published_max_q_figures(row):
-    cores, sms, memory_gb, bus_bits, gbps, boost = TURING_MAX_Q_DATASHEET[row]
     spec = registry().by_name[row]
-    assert (spec.sm_count, spec.memory_gb, spec.boost_clock_mhz) == (sms, memory_gb, boost)
-    assert spec.memory_bandwidth_gbps == pytest.approx(bus_bits / 8 * gbps)
-    assert spec.consumer and spec.model == row and spec.architecture == "turing"
-    assert spec.fp32_tflops == pytest.approx(cores * 2 * boost / 1e6, abs=0.06)
-    assert spec.fp16_tflops == pytest.approx(sms * 1024 * boost / 1e6, abs=0.06)
-    assert spec.fp16_fp32acc_tflops == pytest.approx(spec.fp16_tflops / 2, abs=0.06)
+    assert_derived_laptop_row(spec, TURING_MAX_Q_DATASHEET[row])
+    assert spec.model == row and spec.architecture == "turing"
     assert spec.bf16_tflops is None
     assert "top of the published Max-Q range" in spec.source
 
