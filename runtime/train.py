@@ -159,11 +159,15 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     # a resumed run with no round left logs its saved record as it was: the time since is not this run's
     open_record = pending_record if ran_a_round else None
     if open_record:
+        measured_until = open_record["round_end"]
         close_record(open_record, waited_from=finish_started, until=time.time())
-    written_after_s = trainer.finish_checkpoint_write()
-    if open_record and written_after_s > 0.0:
-        open_record["overhead_s"] += written_after_s
-        open_record["round_end"] += written_after_s
+        written_after_s = trainer.finish_checkpoint_write()
+        if written_after_s > 0.0:
+            open_record["overhead_s"] += written_after_s
+            open_record["round_end"] += written_after_s
+        extend_gpu_values(open_record, trainer.gpu_sampler, measured_until)
+    else:
+        trainer.finish_checkpoint_write()
     final = sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record,
                            "saved_round": trainer.saved_round, "record_open": ran_a_round})
     exchanged_at = time.time()
@@ -198,6 +202,21 @@ def _last_records(final: list[dict], exchanged_at: float, node_name: str, barrie
             close_record(record, waited_from=record["round_end"], until=exchanged_at)
         records.append(record)
     return records
+
+
+def extend_gpu_values(record: dict, sampler, measured_until: float) -> None:
+    """NVML figures of a record closed past ``measured_until`` (unix seconds): utilization, power and
+    energy over its whole span again, and the energy of the added stretch (idle: the run's end) added
+    to ``idle_energy_j``. Left as they are without a sampler or samples for the added stretch."""
+    if sampler is None or record.get("energy_j") is None or record["round_end"] <= measured_until:
+        return
+    whole = sampler.summary(record["round_start"], record["round_end"])
+    added_j = sampler.summary(measured_until, record["round_end"])["energy_j"]
+    if whole["energy_j"] is None or added_j is None:
+        return
+    record.update(gpu_util=whole["gpu_util"], power_w=whole["power_w"], energy_j=whole["energy_j"])
+    if record.get("idle_energy_j") is not None:
+        record["idle_energy_j"] += added_j
 
 
 def close_record(record: dict, waited_from: float, until: float) -> None:

@@ -165,3 +165,19 @@ def test_unknown_device_index_is_not_available(monkeypatch):
 def test_interval_must_be_positive():
     with pytest.raises(ValueError, match="interval_s"):
         GpuSampler(interval_s=0)
+
+
+def test_a_record_closed_at_the_run_end_gets_the_energy_of_its_added_stretch(monkeypatch):
+    from geodiloco.runtime.train import extend_gpu_values
+    sampler, clock, _ = _fake_started_sampler(monkeypatch)
+    _sample_at(sampler, clock, [0.0, 1.0, 2.0])  # 100 W, then 200 W, then 200 W
+    # measured up to 1 s (150 J, 50 J of it idle), then closed at 2 s: the added second draws 200 J, all idle
+    record = {"round_start": 0.0, "round_end": 2.0, "gpu_util": 50.0, "power_w": 150.0, "energy_j": 150.0,
+              "idle_energy_j": 50.0}
+    extend_gpu_values(record, sampler, measured_until=1.0)
+    assert record["energy_j"] == pytest.approx(350.0)
+    assert record["idle_energy_j"] == pytest.approx(250.0)
+    assert record["power_w"] == pytest.approx(175.0)
+    untouched = {"round_start": 0.0, "round_end": 2.0, "energy_j": None, "idle_energy_j": None}
+    extend_gpu_values(untouched, sampler, measured_until=1.0)  # no NVML figures in the record: nothing to extend
+    assert untouched["energy_j"] is None
