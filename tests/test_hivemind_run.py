@@ -130,7 +130,11 @@ def sgd(config):
 
 
 def test_hivemind_run_matches_the_torch_backend(tmp_path):
-    config = sgd(hivemind_config(UNEQUAL_NODES, rounds=2, host_maddrs=["/ip4/0.0.0.0/tcp/0"]))
+    # the same sum as gloo needs every node in every round's group: on a loaded machine (the full suite on two
+    # cores) a node may reach the all-reduce more than 2 s (the default matchmaking window) after the last
+    # readiness post, or miss a 3 s heartbeat, and the others would rightly average without it
+    config = sgd(hivemind_config(UNEQUAL_NODES, rounds=2, host_maddrs=["/ip4/0.0.0.0/tcp/0"], heartbeat_ttl_s=15.0,
+                                 matchmaking_time_s=6.0, request_timeout_s=2.0))
     hivemind_dir, torch_dir = tmp_path / "hivemind", tmp_path / "torch"
     launcher = subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.cli", "run", "--sites", "local", "--no-report",
                                  "--config", str(write_config(tmp_path, config, "hivemind.yaml")),
