@@ -146,17 +146,21 @@ def markdown(round_end: list[dict], demo: list[dict], repeats: int, load: tuple[
         "| run | background | other s per node-round | total GPU idle |",
         "|---|---|---|---|",
     ]
-    for index, row in enumerate(demo):
-        lines.append(f"| {index // 2 + 1} | {'yes' if row['background'] else 'no'} | "
-                     f"{row['other_s_per_node_round']:.3f} | {row['total_idle_share']:.1%} |")
-    for mode in MODES:
-        rows = [row for row in demo if row["background"] == mode]
-        if not rows:
-            continue
-        lines.append(f"| mean | {'yes' if mode else 'no'} | "
-                     f"{statistics.fmean(row['other_s_per_node_round'] for row in rows):.3f} | "
-                     f"{statistics.fmean(row['total_idle_share'] for row in rows):.1%} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + demo_table_rows(demo, "background", MODES)) + "\n"
+
+
+def demo_table_rows(demo: list[dict], setting: str, modes: tuple) -> list[str]:
+    """Markdown rows of alternating demo runs: each run (numbered by pair) with ``setting`` on or off,
+    then the mean of each setting's runs (other seconds per node-round, total GPU idle share)."""
+    lines = [f"| {index // 2 + 1} | {'yes' if row[setting] else 'no'} | "
+             f"{row['other_s_per_node_round']:.3f} | {row['total_idle_share']:.1%} |" for index, row in enumerate(demo)]
+    for mode in modes:
+        rows = [row for row in demo if row[setting] == mode]
+        if rows:
+            lines.append(f"| mean | {'yes' if mode else 'no'} | "
+                         f"{statistics.fmean(row['other_s_per_node_round'] for row in rows):.3f} | "
+                         f"{statistics.fmean(row['total_idle_share'] for row in rows):.1%} |")
+    return lines
 
 
 def main() -> int:

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_checkpoint import RESULTS, demo_idle  # noqa: E402
+from bench_checkpoint import RESULTS, demo_idle, demo_table_rows  # noqa: E402
 
 FLUSH_MODES = (True, False)
 
@@ -59,15 +58,7 @@ def markdown(demo: list[dict], load: tuple[float, float]) -> str:
         "| run | flush | other s per node-round | total GPU idle |",
         "|---|---|---|---|",
     ]
-    for index, row in enumerate(demo):
-        lines.append(f"| {index // 2 + 1} | {'yes' if row['flush'] else 'no'} | "
-                     f"{row['other_s_per_node_round']:.3f} | {row['total_idle_share']:.1%} |")
-    for flush in FLUSH_MODES:
-        rows = [row for row in demo if row["flush"] == flush]
-        lines.append(f"| mean | {'yes' if flush else 'no'} | "
-                     f"{statistics.fmean(row['other_s_per_node_round'] for row in rows):.3f} | "
-                     f"{statistics.fmean(row['total_idle_share'] for row in rows):.1%} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + demo_table_rows(demo, "flush", FLUSH_MODES)) + "\n"
 
 
 def main() -> int:
