@@ -420,6 +420,17 @@ def test_the_last_checkpoint_is_confirmed_by_every_site_before_it_is_committed(c
             leaders = {item.get("node", name): item["saved_round"] for item in results[name]}
             assert leaders == {"a": 4, "b": 4, "c": 4}, name
 
+        # c is alive but timed out in finish (it never said it was done): not awaited a second round_timeout_s
+        syncs[0]._done_peers, syncs[1]._done_peers = ["b"], ["a"]
+        confirm_b = threading.Thread(target=final_exchange, args=(syncs[1], "run0", 4))
+        confirm_b.start()
+        started = time.monotonic()
+        gathered = final_exchange(syncs[0], "run0", 4)
+        assert time.monotonic() - started < 15.0
+        confirm_b.join(timeout=60)
+        assert {item.get("node", "a"): item["saved_round"] for item in gathered} == {"a": 4, "b": 4, "c": None}
+        syncs[0]._done_peers = syncs[1]._done_peers = None
+
         # c dies while writing its files (its goodbye stands in for the heartbeat's expiry); b confirms
         syncs[2].close()
         confirm_b = threading.Thread(target=final_exchange, args=(syncs[1], "run2", 4))

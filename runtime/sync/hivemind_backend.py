@@ -323,6 +323,7 @@ class HivemindOuterSync:
         self.joined_round: Optional[int] = None
         self._present: list[str] = []
         self._final_key: Optional[str] = None
+        self._done_peers: Optional[list[str]] = None
         self._founders: list[str] = []
         self._scheduled_time = 0.0
         self.diverged = False
@@ -630,15 +631,18 @@ class HivemindOuterSync:
     def _confirm_saved(self, local: list[dict]) -> list[dict]:
         """The run's last exchange: post the round this node's checkpoint files hold (its leader's
         ``saved_round``, on disk by now) and wait (bounded) for every node of the last round to post
-        its own. A node that never posts (it died while writing) is returned with ``saved_round``
-        None, so ``commit_checkpoint`` leaves ``latest`` on the round before on every site, and a
+        its own. A node that never posts (it died while writing, or never reached the end) is returned
+        with ``saved_round`` None, so ``commit_checkpoint`` leaves ``latest`` on the round before on every site, and a
         later ``--resume`` starts all sites from a round each of them holds."""
         peers = None
         if self.topology.is_leader:
             me = self.topology.node_name
             saved = local[0].get("saved_round")
-            posted = self._post_and_await(self._final_key, {"saved_round": saved},
-                                          [name for name in self._present if name != me])
+            # a node of the last round that never said it was done (it timed out in ``finish``) is not
+            # awaited a second round_timeout_s: it confirms nothing, and ``latest`` stays where it was
+            awaited = [name for name in self._present if name != me
+                       and (self._done_peers is None or name in self._done_peers)]
+            posted = self._post_and_await(self._final_key, {"saved_round": saved}, awaited)
             peers = [{"node": name, "local_rank": 0, "previous_record": None,
                       "saved_round": posted.get(name, {}).get("saved_round")}
                      for name in self._present if name != me]
@@ -825,8 +829,10 @@ class HivemindOuterSync:
 
     def wait_for_peers_to_finish(self, run_id: str) -> None:
         """Stay until every live peer is done (bounded), so a peer still reloading the final
-        global state finds someone to load it from (leader only)."""
-        self._post_and_wait(f"done_{run_id}", {"node": self.topology.node_name})
+        global state finds someone to load it from (leader only). The peers that said so are the
+        ones the run's last exchange waits for (``_confirm_saved``)."""
+        posted = self._post_and_wait(f"done_{run_id}", {"node": self.topology.node_name})
+        self._done_peers = [name for name in posted if name != self.topology.node_name]
 
     def _post_and_wait(self, key: str, value: dict) -> dict[str, dict]:
         me = self.topology.node_name
