@@ -23,7 +23,9 @@ MODES_BY_MODEL = {"MI300A": {"SPX": 1, "TPX": 3, "CPX": 6}}
 PARTITIONING_ARCHITECTURES = ("cdna3", "cdna4")
 """Architectures whose parts split into compute partitions (MI300X, MI325X and later)."""
 
-_MODE = re.compile(r"\b(spx|dpx|tpx|qpx|cpx)\b", re.IGNORECASE)
+MODE_NAMES = ("SPX", "DPX", "TPX", "QPX", "CPX")
+"""Every compute-partition mode a part may have (and rocm-smi may print)."""
+_MODE = re.compile(r"\b(" + "|".join(MODE_NAMES) + r")\b", re.IGNORECASE)
 
 
 def partition_modes(row) -> dict[str, int]:

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from geodiloco.predictor.amd_partitions import MODE_NAMES
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.predictor.specs import GpuSpec, detected_gpu, lookup_gpu
 
@@ -162,8 +163,6 @@ def rocm_smi_gpus(run: Optional[Callable[..., "subprocess.CompletedProcess"]] = 
 
 
 ROCM_SMI_PARTITION_ARGS = ("rocm-smi", "--showcomputepartition", "--json")
-COMPUTE_PARTITION_MODES = ("SPX", "DPX", "TPX", "QPX", "CPX")
-"""Every mode rocm-smi may print; which of them a part has is predictor/amd_partitions.py's to say."""
 
 
 def _rocm_compute_partitions(run: Callable[..., "subprocess.CompletedProcess"]) -> dict[str, str]:
@@ -179,7 +178,7 @@ def _rocm_compute_partitions(run: Callable[..., "subprocess.CompletedProcess"]) 
     for key, fields in cards.items():
         if isinstance(fields, dict):
             for field, value in fields.items():
-                if "compute partition" in field.lower() and str(value).strip().upper() in COMPUTE_PARTITION_MODES:
+                if "compute partition" in field.lower() and str(value).strip().upper() in MODE_NAMES:
                     modes[key.lower()] = str(value).strip().upper()
     return modes
 

@@ -161,13 +161,11 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     if open_record:
         measured_until = open_record["round_end"]
         close_record(open_record, waited_from=finish_started, until=time.time())
-        written_after_s = trainer.finish_checkpoint_write()
-        if written_after_s > 0.0:
-            open_record["overhead_s"] += written_after_s
-            open_record["round_end"] += written_after_s
+    written_after_s = trainer.finish_checkpoint_write()
+    if open_record:
+        open_record["overhead_s"] += written_after_s
+        open_record["round_end"] += written_after_s
         extend_gpu_values(open_record, trainer.gpu_sampler, measured_until)
-    else:
-        trainer.finish_checkpoint_write()
     final = sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record,
                            "saved_round": trainer.saved_round, "record_open": ran_a_round})
     exchanged_at = time.time()

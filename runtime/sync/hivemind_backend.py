@@ -642,7 +642,7 @@ class HivemindOuterSync:
             # awaited a second round_timeout_s: it confirms nothing, and ``latest`` stays where it was
             awaited = [name for name in self._present if name != me
                        and (self._done_peers is None or name in self._done_peers)]
-            posted = self._post_and_await(self._final_key, {"saved_round": saved}, awaited)
+            posted = self._post_and_wait(self._final_key, {"saved_round": saved}, awaited)
             peers = [{"node": name, "local_rank": 0, "previous_record": None,
                       "saved_round": posted.get(name, {}).get("saved_round")}
                      for name in self._present if name != me]
@@ -651,18 +651,6 @@ class HivemindOuterSync:
                 print(f"[geodiloco] node {me}: {', '.join(unconfirmed)} did not confirm the checkpoint of "
                       f"round {saved + 1}; `latest` stays on the round before", flush=True)
         return self.share_in_node(peers) + local
-
-    def _post_and_await(self, key: str, value: dict, awaited: list[str]) -> dict[str, dict]:
-        """Post ``value`` under ``key`` and wait until each of ``awaited`` posted or stopped being a
-        live member, or ``round_timeout_s``; returns what the others posted."""
-        self._store(key, self.topology.node_name, value, ROUND_KEY_TTL_S)
-        deadline = time.monotonic() + self.options.round_timeout_s
-        while True:
-            posted = self._read(key)
-            live = self.members()
-            if all(name in posted or name not in live for name in awaited) or time.monotonic() > deadline:
-                return posted
-            time.sleep(POLL_S)
 
     def _gather_in_node(self, stats: Any) -> list[Any]:
         if not self._in_node():
@@ -834,13 +822,16 @@ class HivemindOuterSync:
         posted = self._post_and_wait(f"done_{run_id}", {"node": self.topology.node_name})
         self._done_peers = [name for name in posted if name != self.topology.node_name]
 
-    def _post_and_wait(self, key: str, value: dict) -> dict[str, dict]:
+    def _post_and_wait(self, key: str, value: dict, awaited: Optional[list[str]] = None) -> dict[str, dict]:
+        """Post ``value`` under ``key`` and wait until each of ``awaited`` (default: every live peer) posted
+        or stopped being a live member, or ``round_timeout_s``; returns what every node posted."""
         me = self.topology.node_name
         self._store(key, me, value, ROUND_KEY_TTL_S)
         deadline = time.monotonic() + self.options.round_timeout_s
         while True:
             posted = self._read(key)
-            if all(name in posted for name in self.members() if name != me):
+            live = self.members()
+            if all(name in posted for name in (live if awaited is None else awaited) if name != me and name in live):
                 break
             if time.monotonic() > deadline:
                 print(f"[geodiloco] node {me}: not every live peer reached the end of the run within "
