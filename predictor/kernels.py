@@ -51,8 +51,10 @@ class Efficiency:
     likely bounded per SM (Little's law: bytes in flight / memory latency) rather than by
     the memory bus; fitted, it makes HBM and GDDR6 parts stream the loss at similar
     rates, as the published Transformer-XL steps do. The loss runs at the lower of this
-    times the SM count and its bus rate. None: no such bound (CPUs, whose rates are
-    measured); ``vocab_softmax_bandwidth``: the loss's bus rate, as a fraction of the
+    times the SM count and its bus rate, for code that has the bound
+    (``TrainingCode.vocab_softmax_per_sm_bound``: the published steps' code, not the runtime
+    on current PyTorch, whose loss streamed at 3x this rate per SM on an H200). None: no
+    such bound (CPUs, whose rates are measured); ``vocab_softmax_bandwidth``: the loss's bus rate, as a fraction of the
     memory bandwidth. A softmax over rows of tens of thousands of entries streams long
     contiguous rows, unlike the mix of small and strided tensors the elementwise fraction
     averages over, so it gets its own fraction. None: the elementwise rate.
@@ -220,7 +222,8 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     elementwise_bytes_per_s = device.bandwidth_gbps_for(working_set) * 1e9 * eff.elementwise
     loss_bytes = tokens * vocab_loss_bytes_per_token(dims, precision_moved, code.lm_head_fraction)
     elementwise_s = (tokens * per_token / elementwise_bytes_per_s
-                     + loss_bytes / vocab_softmax_bytes_per_s(device, loss_bytes, elementwise_bytes_per_s))
+                     + loss_bytes / vocab_softmax_bytes_per_s(device, loss_bytes, elementwise_bytes_per_s,
+                                                              code.vocab_softmax_per_sm_bound))
     return MicroBatchTime(compute_s, memory_s, attention_s, elementwise_s, host_chain_ops(device, dims, precision, code))
 
 
@@ -232,15 +235,17 @@ def host_chain_ops(device: GpuSpec, dims: ModelDims, precision: str, code: Train
     return ops
 
 
-def vocab_softmax_bytes_per_s(device: GpuSpec, loss_bytes: float, elementwise_bytes_per_s: float) -> float:
+def vocab_softmax_bytes_per_s(device: GpuSpec, loss_bytes: float, elementwise_bytes_per_s: float,
+                              per_sm_bound: bool = True) -> float:
     """Bytes/s of the softmax cross-entropy over the vocabulary (``loss_bytes`` of traffic): its own share of
-    the bus where one is set (else the elementwise rate), or the per-SM bound times the SM count where that
-    is lower (see ``Efficiency.vocab_softmax_gbps_per_sm`` and ``vocab_softmax_bandwidth``)."""
+    the bus where one is set (else the elementwise rate), or, for code that has it (``per_sm_bound``,
+    ``TrainingCode.vocab_softmax_per_sm_bound``), the per-SM bound times the SM count where that is lower
+    (see ``Efficiency.vocab_softmax_gbps_per_sm`` and ``vocab_softmax_bandwidth``)."""
     eff = efficiency_for(device)
     bus_bytes_per_s = elementwise_bytes_per_s
     if eff.vocab_softmax_bandwidth is not None:
         bus_bytes_per_s = device.bandwidth_gbps_for(loss_bytes) * 1e9 * eff.vocab_softmax_bandwidth
-    if eff.vocab_softmax_gbps_per_sm is None:
+    if eff.vocab_softmax_gbps_per_sm is None or not per_sm_bound:
         return bus_bytes_per_s
     return min(bus_bytes_per_s, device.sm_count * eff.vocab_softmax_gbps_per_sm * 1e9)
 

@@ -12,7 +12,7 @@ import yaml
 from geodiloco.predictor import kernels
 from geodiloco.predictor.kernels import FITTED_FIELDS, gpu_efficiency, load_gpu_efficiency, micro_batch_time
 from geodiloco.predictor.specs import lookup_gpu
-from geodiloco.predictor.workload import ModelDims, TrainingCode
+from geodiloco.predictor.workload import RUNTIME_CODE, ModelDims, TrainingCode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments" / "predictor"))
@@ -136,6 +136,20 @@ def test_the_vocabulary_softmax_streams_at_its_own_share_of_the_bus():
         own_share - loss_bytes / (448e9 * 0.9) + loss_bytes / 96e9, rel=1e-9)
     # no LM head (SQuAD), no loss traffic: the share changes nothing
     assert _loss_split(a4000, None, EAGER_GPT, bus_share=0.9) == _loss_split(a4000, None, EAGER_GPT)
+
+
+def test_the_runtimes_code_streams_the_loss_at_its_bus_share_without_the_per_sm_bound():
+    """A100, 2 GB/s per SM (216 GB/s, under the bus share): the published steps' code (the default
+    TrainingCode) is held to it, the same model with ``vocab_softmax_per_sm_bound=False`` (as
+    RUNTIME_CODE runs it) streams the loss at its 0.8 share of the 2,039 GB/s bus."""
+    a100 = lookup_gpu("A100-SXM4-80GB")
+    unbound_code = dataclasses.replace(LM_CODE, vocab_softmax_per_sm_bound=False)
+    loss_bytes = 4 * 384 * 3 * 30522 * (2 + 4 + 8)
+    bound = _loss_split(a100, 2.0, LM_CODE, bus_share=0.8)
+    runtime_like = _loss_split(a100, 2.0, unbound_code, bus_share=0.8)
+    assert bound - runtime_like == pytest.approx(loss_bytes / (108 * 2.0e9) - loss_bytes / (2039e9 * 0.8), rel=1e-9)
+    assert runtime_like == _loss_split(a100, None, LM_CODE, bus_share=0.8)
+    assert RUNTIME_CODE.vocab_softmax_per_sm_bound is False and TrainingCode().vocab_softmax_per_sm_bound is True
 
 
 def test_model_selection_folds_split_the_dev_third_apart_from_the_held_out_split():

@@ -4,12 +4,13 @@
 # 1. what the predictor detects on this machine (NVML / torch.cuda) and a measured probe row;
 # 2. validate.py at bf16: t(B) and largest batch of tiny, small, llama-150m beside the predictor,
 #    then a short real DiLoCo run (2 nodes under torchrun, bf16 autocast);
-# 3. validate.py at fp32 (no run): the same t(B) check without tensor-core autocast;
-# 4. host_overhead.py: small-batch steps split into host and GPU time (profiler), beside the predictor;
-# 5. a DiLoCo run at fp16: the runtime's loss-scaled path on the GPU;
-# 6. kernel_classes.py: GPU-bound steps' kernel time by class, beside the predictor's split;
+# 3. kernel_classes.py: GPU-bound steps' kernel time by class, beside the predictor's split;
+#    loss_rate.py: the softmax cross-entropy's rate by vocabulary size, beside the predictor's loss term;
+# 4. validate.py at fp32 (no run): the same t(B) check without tensor-core autocast;
+# 5. host_overhead.py: small-batch steps split into host and GPU time (profiler), beside the predictor;
+# 6. a DiLoCo run at fp16: the runtime's loss-scaled path on the GPU;
 # 7. the tests that behave differently with CUDA present (precision, GPU kit, NVML sampler, detection).
-# Writes OUT_DIR/{detect.txt,probe_row.yaml,host_overhead.json,kernel_classes.{json,md},pytest.log} and
+# Writes OUT_DIR/{detect.txt,probe_row.yaml,host_overhead.json,kernel_classes.{json,md},loss_rate.{json,md},pytest.log} and
 # OUT_DIR/{bf16,fp32,fp16-run}/<gpu-slug>.{txt,json}.
 # Exit code: the number of steps that failed (0: all passed).
 set -u
@@ -33,6 +34,12 @@ echo "== detection and probe"
 echo "== bf16 sweep and DiLoCo run"
 python3 experiments/gpu/validate.py --batch-sizes 1,2,4,8,16,32,64 --out "$out_dir/bf16" || failed=$((failed + 1))
 
+echo "== kernel time by class (GPU-bound steps)"
+python3 experiments/gpu/kernel_classes.py --out "$out_dir" || failed=$((failed + 1))
+
+echo "== the loss over the vocabulary by row length"
+python3 experiments/gpu/loss_rate.py --out "$out_dir" || failed=$((failed + 1))
+
 echo "== fp32 sweep"
 python3 experiments/gpu/validate.py --precision fp32 --presets small,llama-150m --batch-sizes 1,4,16 \
     --no-max-batch-search --skip-run --out "$out_dir/fp32" || failed=$((failed + 1))
@@ -42,9 +49,6 @@ python3 experiments/gpu/host_overhead.py --out "$out_dir" || failed=$((failed + 
 
 echo "== DiLoCo run at fp16 (loss scale)"
 python3 experiments/gpu/validate.py --skip-sweep --run-precision fp16 --out "$out_dir/fp16-run" || failed=$((failed + 1))
-
-echo "== kernel time by class (GPU-bound steps)"
-python3 experiments/gpu/kernel_classes.py --out "$out_dir" || failed=$((failed + 1))
 
 echo "== tests with CUDA present"
 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_precision.py tests/test_gpu_validate.py \
