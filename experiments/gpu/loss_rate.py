@@ -112,7 +112,6 @@ def measure(vocab_size: int, rows: int, dtype_name: str, device) -> dict:
         sync()
     kernels = [(event.name, getattr(event, "device_time", 0.0)) for event in prof.events()
                if event.device_type == torch.autograd.DeviceType.CUDA]
-    del logits, targets
     return {"step_ms": statistics.median(times_ms), **split_kernels(kernels)}
 
 
