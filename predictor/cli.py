@@ -164,7 +164,7 @@ def human_prediction(info: dict) -> str:
         f"seq {info['seq_len']}, {info['precision']}",
         f"step time: {info['step_time_s'] * ms:.2f} ms ({info['tokens_per_s']:,.0f} tokens/s), "
         f"bound by {info['bound']}",
-        f"pace set by: {info['pacing_gpu']} at {info['rate_tflops']:g} TFLOPS ({info['rate_column']}), "
+        f"pace set by: {info['pacing_gpu']} at {info['rate_tflops']:.1f} TFLOPS ({info['rate_column']}), "
         f"{info['memory_bandwidth_gbps']:g} GB/s",
         f"  matmul compute {info['compute_s'] * ms:.2f} ms (attention {info['attention_s'] * ms:.2f}), "
         f"memory traffic {info['memory_s'] * ms:.2f} ms (elementwise {info['elementwise_s'] * ms:.2f}, "

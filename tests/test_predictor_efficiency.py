@@ -66,7 +66,7 @@ def test_the_fit_sees_no_held_out_row():
     assert 0.25 < len(rows) / len(data["measurements"]) < 0.42
     # the shipped share applies to the architectures the dev rows have half-rate mixed precision on, no others
     assert fit_efficiency.half_rate_architectures(rows) == kernels.GPU_EFFICIENCY.half_rate_fp16_architectures
-    assert "turing" not in kernels.GPU_EFFICIENCY.half_rate_fp16_architectures
+    assert "blackwell" not in kernels.GPU_EFFICIENCY.half_rate_fp16_architectures
 
 
 @pytest.mark.parametrize("field, moved", [
