@@ -305,7 +305,7 @@ class NodeTrainer:
                                      f"{round_idx + 1}; nothing of this round is saved")
             node_snapshot = encode_state(state, reuse=self._snapshots.get("node"))
             self._snapshots["node"] = node_snapshot
-        writes_global = self.topology.is_leader and self.sync.writes_round
+        writes_global = self._writes_global(round_idx)
         if writes_global and not checkpoint.has_global(self.run_dir, round_idx):
             with self.sync.state_lock():
                 global_snapshot = encode_state({"round": round_idx, "run_id": run_id,
@@ -326,6 +326,20 @@ class NodeTrainer:
             self.commits_saved_round = writes_global
 
         self.checkpoint_writer.submit(write, f"round {round_idx + 1} of node {node_name}")
+
+    def _writes_global(self, round_idx: int) -> bool:
+        """Whether this node writes (and later commits) the round's global checkpoint: its leader, when the
+        backend has it write the round, unless its parameters are not the round's full average (hivemind:
+        its own all-reduce was partial, ``global_withheld``). Then no node writes it, and ``latest`` stays on
+        the last round whose global file holds a full average: a resume or an export never starts from a
+        partial one."""
+        if not (self.topology.is_leader and self.sync.writes_round):
+            return False
+        if self.sync.global_withheld:
+            print(f"[geodiloco] node {self.node.name}: no global checkpoint of round {round_idx + 1}: "
+                  f"{self.sync.global_withheld}; `latest` stays on the last fully averaged round", flush=True)
+            return False
+        return True
 
     def finish_checkpoint_write(self) -> float:
         """Wait for the checkpoint write under way (if any), so that the next exchange reports its round;

@@ -317,6 +317,7 @@ class HivemindOuterSync:
         self.init_timeout_s = init_timeout_s
         self.handles: Optional[SyncHandles] = None
         self.writes_round = True
+        self.global_withheld: Optional[str] = None
         self.node_names = list(node_names)
         self.prefix = "geodiloco_" + run_name.replace(".", "_").replace("-", "_")
         self.current_round = -1
@@ -548,9 +549,11 @@ class HivemindOuterSync:
     def outer_step(self, round_sync: RoundSync) -> SyncOutcome:
         """The leader averages with the group that forms and takes the outer step (none when the
         average came back incomplete); every rank learns the group, or the leader's ``OutOfSync``.
-        The group's first node writes the round's shared logs."""
+        The group's first node writes the round's shared logs, and its global checkpoint unless its
+        own average was partial (``global_withheld``)."""
         outer, me = self.handles.outer, self.topology.node_name
         outcome: object = None
+        self.global_withheld = None
         started = time.time()
         if outer is not None:
             try:
@@ -570,10 +573,13 @@ class HivemindOuterSync:
         return SyncOutcome(stats_by_node=outcome, sync_intervals=[(started, time.time())])
 
     def end_round(self, round_idx: int, run_id: str) -> None:
-        """Reload the global state when this node drifted from the majority; share ours for joiners."""
+        """Reload the global state when this node drifted from the majority; share ours for joiners.
+        A drifted node that found no peer to reload from keeps parameters that are not the round's
+        full average: it writes no global checkpoint of the round."""
         from geodiloco.runtime.sync.hivemind_session import reload_global_state
-        if self.share_in_node(self.diverged):
-            reload_global_state(self, round_idx)
+        if self.share_in_node(self.diverged) and not reload_global_state(self, round_idx):
+            self.global_withheld = ("its parameters differ from the majority's and no peer shared the global "
+                                    "state to reload")
         if self.handles.outer is not None:
             self.publish_state(*self.handles.export_state(round_idx, run_id))
 
@@ -744,27 +750,43 @@ class HivemindOuterSync:
             flat, weight = torch.zeros_like(flat), 0.0
         shared = {key: value for key, value in own_stats.items() if key != "previous_record"}
         gather = {"node": self.topology.node_name, "stats": shared}
-        averaged, group, complete = self._average_in_group(_on_wire(flat.mul(scale), self.compression), weight,
-                                                           gather)
+        averaged, group, missing_share = self._average_in_group(_on_wire(flat.mul(scale), self.compression),
+                                                                weight, gather)
         group_stats = [own_stats if item["node"] == self.topology.node_name else item["stats"] for item in group]
-        if not complete:
+        self.global_withheld = self._partial_average(missing_share, [item["node"] for item in group])
+        if missing_share:
             return None, group_stats
         averaged.mul_(group_average_scale(weighting, [item["steps"] for item in group_stats],
                                           [item["batch_size"] for item in group_stats]))
         return averaged, group_stats
 
+    def _partial_average(self, missing_share: float, group_names: list[str]) -> Optional[str]:
+        """Why this node's average of the round is not the full one, or None when it is: part of it
+        never came back (the node kept the round's starting state), or its group lacked nodes that
+        posted at the round's readiness exchange (they averaged elsewhere, or not at all). Groups
+        that ``target_group_size`` keeps smaller than the present nodes count as full."""
+        if missing_share:
+            return (f"part of this node's outer all-reduce never came back ({missing_share * 100:.1f} %), so its "
+                    "parameters are not the round's full average")
+        absent = [name for name in self._present if name not in group_names]
+        target = self.options.target_group_size
+        if not absent or (target and len(group_names) >= min(target, len(self._present))):
+            return None
+        return (f"its averaging group lacked {', '.join(absent)} (present at the round's readiness exchange), "
+                "so its parameters may not be the round's full average")
+
     def _average_in_group(self, flat: torch.Tensor, weight: float,
-                          gather: dict) -> tuple[torch.Tensor, list[dict], bool]:
+                          gather: dict) -> tuple[torch.Tensor, list[dict], float]:
         """hivemind's weighted mean sum w_i x_i / sum w_i over the group that forms for this
-        round, the group's ``gather`` dicts in config order, and whether every part of the mean
-        came back (hivemind keeps this node's own values for a part whose reducer never answered,
-        and only logs it); a node whose peers are all gone gets its own ``flat`` and ``[gather]``.
+        round, the group's ``gather`` dicts in config order, and the share of the mean that never
+        came back (0.0: none; hivemind keeps this node's own values for a part whose reducer never
+        answered, and only logs it); a node whose peers are all gone gets its own ``flat`` and ``[gather]``.
 
         Every present node schedules the all-reduce at the same moment (the last readiness post
         plus ``matchmaking_time_s``): hivemind then picks the same leader on every node (earliest
         time, then peer id), so the group does not split.
         """
-        alone = (flat.to(torch.float32).clone(), [gather], True)
+        alone = (flat.to(torch.float32).clone(), [gather], 0.0)
         others = [name for name in self._present if name != self.topology.node_name]
         if not others:
             return alone
@@ -796,7 +818,7 @@ class HivemindOuterSync:
         order = {name: index for index, name in enumerate(self.node_names)}
         group = sorted(gathered.values(), key=lambda item: order[item["node"]])
         with self.averager.get_tensors() as tensors:
-            return tensors[0].clone(), group, not missing_share
+            return tensors[0].clone(), group, missing_share
 
     def _after_failed_step(self, round_idx: int, err: Exception) -> None:
         """No group: behind the peers or left out by live peers -> OutOfSync; every peer gone ->

@@ -92,20 +92,24 @@ def join_from_peers(sync: "HivemindOuterSync", first_join: bool = False) -> Star
     return StartPoint(info["run_id"], next_round)
 
 
-def reload_global_state(sync: "HivemindOuterSync", round_idx: int) -> None:
+def reload_global_state(sync: "HivemindOuterSync", round_idx: int) -> bool:
     """This node's parameters drifted from the majority's (a partial all-reduce, codec rounding):
-    take a peer's global state after ``round_idx`` instead of its own."""
+    take a peer's global state after ``round_idx`` instead of its own. Returns False when the leader
+    found no peer to take it from and kept its own (the other ranks follow their leader: True)."""
     handles, topology = sync.handles, sync.topology
     print(f"[geodiloco] node {topology.node_name}: parameters differ from the peers' at round {round_idx + 1}; "
           "reloading the global state from a peer", flush=True)
+    reloaded = True
     if topology.is_leader:
         loaded = sync.download_state(sync.init_timeout_s, min_round=round_idx)
+        reloaded = loaded is not None
         if loaded is None:
             print(f"[geodiloco] node {topology.node_name}: no peer shared its state; keeping this node's",
                   flush=True)
         else:
             handles.import_state(*loaded)
     sync.broadcast_in_node([param.data for param in handles.params])
+    return reloaded
 
 
 def finish_hivemind(sync: "HivemindOuterSync", run_id: str, last_round: int) -> None:

@@ -9,7 +9,6 @@ torch.distributed point-to-point: gloo for CPU tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist

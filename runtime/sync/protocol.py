@@ -113,6 +113,10 @@ class OuterSync(Protocol):
     writes_round: bool
     """Whether this node's coordinator writes the round's shared logs (plan, metrics, checkpoint)."""
 
+    global_withheld: Optional[str]
+    """Why this node, though it writes the round, must not write or commit the round's global checkpoint: its
+    parameters are not the round's full average (hivemind: a partial all-reduce). None: write it as usual."""
+
     logs_own_idle_only: bool
     """True when every node logs its own idle rows (no node sees the others' reliably)."""
 

@@ -57,6 +57,7 @@ class TorchOuterSync:
     """OuterSync over one torch.distributed world (see the module docstring)."""
 
     writes_round = True
+    global_withheld: Optional[str] = None  # every node applies the same complete average
     logs_own_idle_only = False
     barrier_free = False
 

@@ -1,0 +1,134 @@
+"""The global checkpoint under hivemind: three nodes' real round loops in one process, on loopback.
+
+The round's first node writes the global checkpoint. When its own average of a round was partial
+(here: part of its all-reduce never came back, so it kept the round's starting state while its
+peers applied the full average), that round must leave no global file, and ``latest`` must only
+ever name a round whose global file holds the full average."""
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from geodiloco.runtime import checkpoint
+from geodiloco.runtime.config import HivemindSection, RunConfig
+from geodiloco.runtime.sync.hivemind_backend import MISSING_SHARE_KEY, HivemindOuterSync, node_topology
+from geodiloco.runtime.train import _train_rounds
+from geodiloco.runtime.trainer import NodeTrainer
+from tests.runtime_helpers import small_config
+
+NAMES = ["a", "b", "c"]
+
+
+def node_config(initial_peers: list[str]) -> RunConfig:
+    config = small_config([{"name": name, "local_steps": 1, "batch_size": 2} for name in NAMES])
+    config["data"]["eval_batches"] = 0
+    config["comm"] = {"backend": "hivemind", "timeout_s": 60, "init_timeout_s": 30,
+                      "hivemind": {"initial_peers": initial_peers, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
+                                   "heartbeat_ttl_s": 10.0, "round_timeout_s": 30.0, "start_wait_s": 30.0,
+                                   "matchmaking_time_s": 3.0, "request_timeout_s": 1.0}}
+    return RunConfig.model_validate(config)
+
+
+def start_trainers(run_dir, trainers: dict[str, NodeTrainer]) -> None:
+    """One trainer (and hivemind peer) per node into ``trainers``, all sharing ``run_dir`` as on one machine."""
+    for name in NAMES:
+        config = node_config(trainers["a"].sync.maddrs if trainers else [])
+        trainers[name] = NodeTrainer(config, node_topology(name, NAMES, 60, use_cuda=False), run_dir,
+                                     torch.device("cpu"))
+
+
+def lose_part_of_the_average(sync, round_idx: int) -> None:
+    """The node's averager reports that part of round ``round_idx``'s all-reduce never came back, as
+    ``StateSharingAverager._aggregate_with_group`` does after a peer's reducer timed out."""
+    real_step = sync.averager.step
+
+    def step(**kwargs):
+        gathered = real_step(**kwargs)
+        return {**gathered, MISSING_SHARE_KEY: 0.5} if sync.current_round == round_idx else gathered
+
+    sync.averager.step = step
+
+
+def train_all(trainers: dict[str, NodeTrainer]) -> None:
+    """Every node's round loop (found, rounds, finish, last commit) in its own thread."""
+    errors = []
+
+    def train(trainer):
+        try:
+            _train_rounds(trainer, resume=False)
+        except Exception as err:  # surfaced below
+            errors.append(err)
+        finally:
+            trainer.checkpoint_writer.close()
+
+    threads = [threading.Thread(target=train, args=(trainer,)) for trainer in trainers.values()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads), "a node's round loop did not end"
+
+
+@pytest.mark.slow
+def test_a_round_whose_writer_kept_a_partial_average_leaves_no_global_checkpoint(tmp_path, capsys):
+    run_dir, trainers = tmp_path / "run", {}
+    try:
+        start_trainers(run_dir, trainers)
+        lose_part_of_the_average(trainers["a"].sync, round_idx=0)
+        train_all(trainers)
+        full_average = [param.clone() for param in trainers["b"].outer.global_params]
+        peer_average = trainers["c"].outer.global_params
+    finally:
+        for trainer in trainers.values():
+            trainer.sync.close()
+    out = capsys.readouterr().out
+
+    # a, the writer, kept the starting state of round 1 while b and c applied the full average: round 1
+    # leaves node files but no global one, and a says why
+    assert "node a: 50.0 % of the outer all-reduce of round 1 never came back" in out, out
+    assert ("[geodiloco] node a: no global checkpoint of round 1: part of this node's outer all-reduce never came "
+            "back (50.0 %), so its parameters are not the round's full average") in out, out
+    assert not checkpoint.has_global(run_dir, 0)
+    assert (checkpoint.round_dir(run_dir, 0) / checkpoint.node_file_name("a")).is_file()
+    # round 2 was a full average on every node (a reloaded its peers' state): committed, and the only
+    # global state a resume or an export can find
+    assert checkpoint.latest_round(run_dir) == 1
+    assert checkpoint.kept_rounds(run_dir) == [1]
+    assert all(checkpoint.newest_verified_round(run_dir, name) == 1 for name in NAMES)
+    saved = checkpoint.load_global(run_dir, 1)["outer"]["global_params"]
+    for got, held_by_b, held_by_c in zip(saved, full_average, peer_average):
+        torch.testing.assert_close(got, held_by_b, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got, held_by_c, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("present, group, target, missing_share, reason", [
+    ("abc", "abc", None, 0.0, None),
+    ("abc", "ab", None, 0.0, "its averaging group lacked c (present at the round's readiness exchange)"),
+    ("abcd", "ab", None, 0.0, "its averaging group lacked c, d (present at the round's readiness exchange)"),
+    ("abcd", "ab", 2, 0.0, None),  # target_group_size: groups of two average separately by design
+    ("abc", "abc", None, 0.25, "part of this node's outer all-reduce never came back (25.0 %)"),
+    ("a", "a", None, 0.0, None),  # alone in the round: its own update is the round's average
+])
+def test_a_writer_withholds_the_global_checkpoint_of_a_round_it_did_not_fully_average(
+        present, group, target, missing_share, reason):
+    sync = object.__new__(HivemindOuterSync)
+    sync._present, sync.options = list(present), HivemindSection(target_group_size=target)
+    withheld = sync._partial_average(missing_share, list(group))
+    if reason is None:
+        assert withheld is None
+    else:
+        assert withheld.startswith(reason), withheld
+
+
+def test_a_drifted_writer_that_found_no_peer_to_reload_from_withholds_the_global_checkpoint(capsys):
+    sync = object.__new__(HivemindOuterSync)
+    sync.topology = node_topology("a", NAMES, 60, use_cuda=False)
+    sync.handles = SimpleNamespace(params=[], outer=None)
+    sync.init_timeout_s, sync.diverged, sync.global_withheld = 1.0, True, None
+    sync.download_state = lambda timeout_s, min_round: None
+    sync.end_round(3, "run-x")
+    assert sync.global_withheld == ("its parameters differ from the majority's and no peer shared the global state "
+                                    "to reload")
+    assert "node a: no peer shared its state; keeping this node's" in capsys.readouterr().out
