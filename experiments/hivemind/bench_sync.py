@@ -80,7 +80,6 @@ def site_topology(rank: int, world: int):
 def torch_worker(args: argparse.Namespace) -> list[dict]:
     import datetime
 
-    import torch
     import torch.distributed as dist
 
     from geodiloco.runtime.comm import Topology
@@ -108,7 +107,6 @@ def torch_worker(args: argparse.Namespace) -> list[dict]:
 
 
 def hivemind_worker(args: argparse.Namespace) -> list[dict]:
-    import torch
 
     from geodiloco.runtime.config import HivemindSection
     from geodiloco.runtime.sync.hivemind_backend import INITIAL_PEERS_ENV, MADDRS_FILE_ENV, HivemindOuterSync
