@@ -225,7 +225,7 @@ class GpuRegistry:
                       for row in self.names.by_model.get(normalize_name(model), {}).values()]
         fitting = list({row.name: row for row in [spec, *candidates] if matches(row)}.values())
         if memory_gib is not None or sm_count is not None:
-            if matches(spec) and (notice is None or fitting == [spec]):
+            if matches(spec) and (notice is None or fitting == [spec] or _named_apart(name, spec, fitting)):
                 return spec
             if len(fitting) == 1:
                 return fitting[0]
@@ -269,6 +269,27 @@ class GpuRegistry:
 DETECTED_MEMORY_TOLERANCE = 0.12
 """Relative gap allowed between a row's memory (GB as sold) and a device's reported GiB (drivers
 report 1-4 % less: ECC, reserved memory, GB vs GiB)."""
+
+
+DRIVER_VENDOR_PREFIXES = ("nvidia ", "amd ")
+
+
+def _driver_spellings(row: GpuSpec) -> set[str]:
+    """The row's spellings that carry the vendor's name, as NVML, torch and rocm-smi print a part
+    ("NVIDIA H200 NVL"), lower-cased with single spaces."""
+    spellings = {" ".join(spelling.lower().split()) for spelling in (row.name, *row.aliases)}
+    return {spelling for spelling in spellings if spelling.startswith(DRIVER_VENDOR_PREFIXES)}
+
+
+def _named_apart(name: str, spec: GpuSpec, fitting: list[GpuSpec]) -> bool:
+    """Whether a driver's ``name`` is ``spec``'s own full name and every other row the device fits has a
+    full name of its own: a driver prints that one, so ``name`` is not a choice between them. "NVIDIA H200"
+    is the SXM part because the NVL prints "NVIDIA H200 NVL"; both have 141 GB, so memory cannot tell."""
+    printed = " ".join(name.lower().split())
+    if printed not in _driver_spellings(spec):
+        return False
+    others = [row for row in fitting if row.name != spec.name]
+    return all(_driver_spellings(row) and printed not in _driver_spellings(row) for row in others)
 
 
 def _memory_matches(row_memory_gb: float, device_memory_gib: float) -> bool:

@@ -188,6 +188,28 @@ def test_a_driver_name_shared_by_two_sizes_is_settled_by_memory_without_a_notice
     assert not [record for record in caplog.records if "could be several parts" in record.getMessage()]
 
 
+@pytest.mark.parametrize("name, memory_gib, row", [
+    # as NVML printed it on an H200 SXM machine (experiments/results/gpu/h200-a/detect.txt); the NVL prints
+    # "NVIDIA H200 NVL", and both have 141 GB, so the printed name alone tells them apart
+    ("NVIDIA H200", 140.4, "H200"),
+    ("NVIDIA H200 NVL", 140.4, "H200-NVL"),
+    ("NVIDIA H800", 79.6, "H800-SXM"),         # the PCIe card prints "NVIDIA H800 PCIe"
+    ("NVIDIA H800 PCIe", 79.6, "H800-PCIE"),
+])
+def test_a_driver_name_of_one_part_needs_no_notice_when_memory_cannot_tell(name, memory_gib, row, caplog):
+    with caplog.at_level("WARNING", logger="geodiloco.predictor"):
+        assert table_registry().resolve_detected(name, memory_gib).name == row
+    assert not [record for record in caplog.records if "could be several parts" in record.getMessage()]
+
+
+def test_a_name_without_the_vendor_stays_a_choice_even_when_detected(caplog):
+    """"H200" is how people write either part; only the driver's full name picks one."""
+    with caplog.at_level("WARNING", logger="geodiloco.predictor"):
+        assert table_registry().resolve_detected("H200", 140.4).name == "H200"
+    notices = [record.getMessage() for record in caplog.records if "could be several parts" in record.getMessage()]
+    assert len(notices) == 1 and "H200-NVL" in notices[0]
+
+
 def test_a_shared_driver_name_without_memory_takes_the_default_and_says_so_once(caplog):
     registry = table_registry()
     with caplog.at_level("WARNING", logger="geodiloco.predictor"):
