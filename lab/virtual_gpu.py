@@ -30,6 +30,7 @@ class StepPacer:
         self.node_index = node_index
         self.seed = seed
         self.slow_steps = 0
+        self.overslept_s = 0.0
         self._declared = declared_step_model(node.emulate, node.gpus, base_batch_size,
                                              predictor_gpu_model(dims, seq_len, precision))
         self.spec: Optional[EmulateSpec] = node.emulate if self._declared is not None else None
@@ -52,12 +53,23 @@ class StepPacer:
         return nominal_s * max(0.1, 1.0 + rng.normal(0.0, self.spec.jitter))
 
     def pad(self, step_started: float, round_idx: int, step_idx: int, batch_size: int) -> None:
-        """Sleep until ``step_started`` (time.perf_counter) + the target step time."""
+        """Sleep until ``step_started`` (time.perf_counter) + the target step time.
+
+        A sleep on a busy CPU wakes late; what the previous step of the phase overslept is taken off this
+        step's pad, so a phase's steps add up to their targets instead of drifting long by each wake-up's
+        delay. A step whose own compute outruns its target keeps its real time (``slow_steps``), and the
+        carry starts afresh at each phase's first step."""
         target_s = self.target_step_s(round_idx, step_idx, batch_size)
         if target_s is None:
             return
-        remaining_s = step_started + target_s - time.perf_counter()
+        if step_idx == 0:
+            self.overslept_s = 0.0
+        padded_until = step_started + max(0.0, target_s - self.overslept_s)
+        remaining_s = padded_until - time.perf_counter()
         if remaining_s > 0:
             time.sleep(remaining_s)
-        else:
+            self.overslept_s = max(0.0, time.perf_counter() - padded_until)
+            return
+        self.overslept_s = 0.0
+        if time.perf_counter() > step_started + target_s:
             self.slow_steps += 1
