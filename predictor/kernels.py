@@ -236,7 +236,7 @@ def host_chain_ops(device: GpuSpec, dims: ModelDims, precision: str, code: Train
 
 
 def vocab_softmax_bytes_per_s(device: GpuSpec, loss_bytes: float, elementwise_bytes_per_s: float,
-                              per_sm_bound: bool = True) -> float:
+                              per_sm_bound: bool) -> float:
     """Bytes/s of the softmax cross-entropy over the vocabulary (``loss_bytes`` of traffic): its own share of
     the bus where one is set (else the elementwise rate), or, for code that has it (``per_sm_bound``,
     ``TrainingCode.vocab_softmax_per_sm_bound``), the per-SM bound times the SM count where that is lower

@@ -36,7 +36,7 @@ from kernel_classes import KERNEL_PATTERNS  # noqa: E402
 WARMUP_STEPS = 3
 TIMED_STEPS = 5
 LOSS_PATTERN = dict(KERNEL_PATTERNS)["vocab_loss"]
-PRECISION_OF_DTYPE = {"fp32": "fp32", "bf16": "bf16"}
+DTYPES = ("fp32", "bf16")  # the logits' dtype, named as the predictor names the precision
 
 
 def rows_for(vocab_size: int, logit_gib: float) -> int:
@@ -76,7 +76,9 @@ def kernel_bytes(vocab_size: int, rows: int, dtype_name: str) -> float:
     """Bytes the softmax kernels must move, counted by hand: forward reads the logits and writes the
     log-probabilities, backward reads the incoming gradient and the log-probabilities and writes the
     logits' gradient; five passes at the logits' element size (the NLL kernels touch one entry per row)."""
-    return 5.0 * rows * vocab_size * {"fp32": 4, "bf16": 2}[dtype_name]
+    from geodiloco.predictor.workload import activation_bytes
+
+    return 5.0 * rows * vocab_size * activation_bytes(dtype_name)
 
 
 def measure(vocab_size: int, rows: int, dtype_name: str, device) -> dict:
@@ -137,9 +139,8 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        precision = PRECISION_OF_DTYPE[row["dtype"]]
-        bound_ms, _ = predicted_loss_ms(spec, row["vocab_size"], row["rows"], precision, True)
-        runtime_ms, _ = predicted_loss_ms(spec, row["vocab_size"], row["rows"], precision, False)
+        bound_ms, _ = predicted_loss_ms(spec, row["vocab_size"], row["rows"], row["dtype"], True)
+        runtime_ms, _ = predicted_loss_ms(spec, row["vocab_size"], row["rows"], row["dtype"], False)
         rate_gbps = kernel_bytes(row["vocab_size"], row["rows"], row["dtype"]) / (row["loss_ms"] / 1e3) / 1e9 \
             if row["loss_ms"] > 0 else float("nan")
         softmax_kernels = ", ".join(kernel_short_name(name) for name, _ in row["loss_kernels"]
@@ -171,9 +172,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="measure nothing: rewrite the loss_rate.md beside this loss_rate.json with the "
                              "current predictor code")
     args = parser.parse_args(argv)
-    bad = [d for d in args.dtypes.split(",") if d not in PRECISION_OF_DTYPE]
+    bad = [d for d in args.dtypes.split(",") if d not in DTYPES]
     if bad:
-        parser.error(f"--dtypes: unknown dtype {bad[0]!r}; choose from {', '.join(PRECISION_OF_DTYPE)}")
+        parser.error(f"--dtypes: unknown dtype {bad[0]!r}; choose from {', '.join(DTYPES)}")
     if args.logit_gib <= 0:
         parser.error(f"--logit-gib must be > 0, got {args.logit_gib}")
     return args
@@ -204,7 +205,7 @@ def main(argv=None) -> int:
         for dtype_name in args.dtypes.split(","):
             row_count = rows_for(vocab_size, args.logit_gib)
             measured = measure(vocab_size, row_count, dtype_name, device)
-            predicted_ms, _ = predicted_loss_ms(spec, vocab_size, row_count, PRECISION_OF_DTYPE[dtype_name], False)
+            predicted_ms, _ = predicted_loss_ms(spec, vocab_size, row_count, dtype_name, False)
             rows.append({"vocab_size": vocab_size, "dtype": dtype_name, "rows": row_count, **measured})
             print(f"vocab {vocab_size} {dtype_name} x {row_count} rows: loss kernels {measured['loss_ms']:.2f} ms, "
                   f"rest {measured['other_ms']:.2f} ms, step {measured['step_ms']:.2f} ms; predicted (runtime) "
