@@ -24,7 +24,11 @@ VENDOR_WORDS = ("nvidia", "geforce", "tesla", "quadro", "amd", "instinct", "rade
 MEMORY_TYPE_WORDS = ("hbm2e", "hbm2", "hbm3e", "hbm3", "gddr6x", "gddr6", "gddr7", "gddr5")
 _MEMORY = re.compile(r"\b(\d+(?:\.\d+)?)\s*(?:gb|gib|g)\b")
 _FORM_FACTOR = re.compile(r"\b(sxm[2-6]?|pci\s*e(?:\s*gen\s*\d)?|pcie|nvl|oam|gcd)\b")
-MEMORY_TOLERANCE_GB = 2.5
+# How far a memory size in a name may be from a row's marketed size and still mean that row: rounding and
+# GB-versus-GiB spellings ("H100 NVL 94GB" for 94 or 96 GB) move it by a few percent, while parts sold in
+# several sizes differ by far more ("RTX 3050 6GB Laptop GPU" is not the 4 GB part).
+MEMORY_TOLERANCE_GB = 1.0
+MEMORY_TOLERANCE_SHARE = 0.05
 
 
 class NamedRow(Protocol):
@@ -34,6 +38,11 @@ class NamedRow(Protocol):
     form_factor: Optional[str]
     memory_gb: float
     default_for_model: bool
+
+
+def memory_size_fits(row_memory_gb: float, named_memory_gb: float) -> bool:
+    """Whether a size written in a name (GB) means a row's marketed size (GB)."""
+    return abs(row_memory_gb - named_memory_gb) <= max(MEMORY_TOLERANCE_GB, MEMORY_TOLERANCE_SHARE * row_memory_gb)
 
 
 def normalize_name(name: str) -> str:
@@ -172,7 +181,7 @@ class NameIndex:
 
     @staticmethod
     def _fits(row: NamedRow, parts: NameParts) -> bool:
-        if parts.memory_gb is not None and abs(row.memory_gb - parts.memory_gb) > MEMORY_TOLERANCE_GB:
+        if parts.memory_gb is not None and not memory_size_fits(row.memory_gb, parts.memory_gb):
             return False
         if parts.form_factor is not None:
             return form_factor_family(row.form_factor) == form_factor_family(parts.form_factor)

@@ -24,6 +24,13 @@ LAPTOP_DATASHEET = {
     "RTX 4070 Laptop GPU": (4608, 36, 8, 128, 16, 2175),
     "RTX 4080 Laptop GPU": (7424, 58, 12, 192, 18, 2280),
     "RTX 4090 Laptop GPU": (9728, 76, 16, 256, 18, 2040),
+    # Ampere's GA107 without the Ti: Notebookcheck's TGP table, 1058-1740 MHz over 35-80 W
+    "RTX 3050 Laptop GPU": (2048, 16, 4, 128, 12, 1740),
+    # Blackwell (CES 2025 launch table for cores, memory and bus; boost at the top TGP from GPU databases)
+    "RTX 5090 Laptop GPU": (10496, 82, 24, 256, 28, 2160),
+    "RTX 5080 Laptop GPU": (7680, 60, 16, 256, 28, 2287),
+    "RTX 5070 Laptop GPU": (4608, 36, 8, 128, 24, 2347),
+    "RTX 5060 Laptop GPU": (3328, 26, 8, 128, 24, 2497),
 }
 
 
@@ -50,8 +57,10 @@ def test_laptop_rows_carry_the_published_figures(row):
 # Turing Max-Q row: (CUDA cores, SMs, memory GB, bus bits, Gbps per pin, boost MHz at the top of the Max-Q range)
 # 2080 Max-Q: Notebookcheck, 80 W at 735-1095 MHz and 90 W at 990-1230 MHz, 12 Gbps (TechPowerUp: 384.0 GB/s);
 # 2070 Max-Q: 885/1185 MHz, 12 Gbps = 384 GB/s (NVIDIA launch range 1185-1440 MHz, TechPowerUp);
-# 2060 Max-Q: 975/1185 MHz at 65 W, 11 Gbps = 264 GB/s (TechPowerUp)
+# 2060 Max-Q: 975/1185 MHz at 65 W, 11 Gbps = 264 GB/s (TechPowerUp);
+# 2080 SUPER Max-Q: 735/975 MHz at 80 W, 11 Gbps = 352 GB/s (TechPowerUp; the only Max-Q boost figure found)
 TURING_MAX_Q_DATASHEET = {
+    "RTX 2080 SUPER Max-Q": (3072, 48, 8, 256, 11, 975),
     "RTX 2080 Max-Q": (2944, 46, 8, 256, 12, 1230),
     "RTX 2070 Max-Q": (2304, 36, 8, 256, 12, 1185),
     "RTX 2060 Max-Q": (1920, 30, 6, 192, 11, 1185),
@@ -112,6 +121,35 @@ def test_a_turing_max_q_name_plans_the_max_q_part_not_the_desktop_card(number, m
 def test_a_turing_laptop_spelling_without_a_power_class_takes_the_max_q_row(spelling):
     spec, notice = resolve_gpu(spelling)
     assert spec.name == "RTX 2080 Max-Q" and notice is None
+
+
+def test_the_2080_super_max_q_is_its_own_part_not_the_2080_max_q_or_the_desktop_super():
+    super_max_q, notice = resolve_gpu("NVIDIA GeForce RTX 2080 Super with Max-Q Design")
+    assert super_max_q.name == "RTX 2080 SUPER Max-Q" and notice is None
+    desktop_super = resolve_gpu("NVIDIA GeForce RTX 2080 SUPER")[0]
+    assert desktop_super.name == "RTX 2080 SUPER" and desktop_super.sm_count == super_max_q.sm_count == 48
+    assert resolve_gpu("NVIDIA GeForce RTX 2080 with Max-Q Design")[0].sm_count == 46
+
+
+def test_a_laptop_size_the_table_lacks_is_unknown_not_the_other_size():
+    """The 6 GB RTX 3050 laptop part has no row: its name must not plan it as the 4 GB part (2 GB apart is a
+    different part, not a rounding of the same size), so it takes the unknown-GPU path with its notice."""
+    with pytest.raises(ValueError, match="none matches '6 GB'"):
+        resolve_gpu("NVIDIA GeForce RTX 3050 6GB Laptop GPU")
+    assert resolve_gpu("NVIDIA GeForce RTX 3050 4GB Laptop GPU")[0].name == "RTX 3050 Laptop GPU"
+    assert resolve_gpu("H100 NVL 94GB")[0].name == "H100-NVL"  # a size a few percent off still means the row
+
+
+# GB10 (DGX Spark): NVIDIA's figures: 1 PFLOP FP4 with sparsity, about 31 TFLOPS FP32, 128 GB at 273 GB/s,
+# 48 SMs; no FP16 or BF16 figure is published, so FP32-accumulate is taken at GeForce Blackwell's half rate
+def test_gb10_carries_nvidias_figures_and_is_found_by_its_driver_and_system_names():
+    for name in ("NVIDIA GB10", "DGX Spark"):
+        spec, notice = resolve_gpu(name)
+        assert spec.name == "GB10" and notice is None
+    assert (spec.sm_count, spec.memory_gb, spec.memory_bandwidth_gbps) == (48, 128, 273)
+    assert spec.fp16_tflops == pytest.approx(1000 / 8) and spec.fp32_tflops == pytest.approx(31.0)
+    assert spec.bf16_tflops == pytest.approx(spec.fp16_tflops / 2) and spec.pcie_gen is None
+    assert "unconfirmed" in spec.source
 
 
 @pytest.mark.parametrize("memory_gib, row", [(7.8, "RTX 3080 Laptop GPU 8GB"), (15.7, "RTX 3080 Laptop GPU 16GB")])
