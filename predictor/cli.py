@@ -187,7 +187,8 @@ def print_detect(as_json: bool) -> int:
         return 0
     lines = [f"detected by: {machine['source']}"]
     for gpu in machine["gpus"]:
-        lines.append(f"GPU {gpu['index']}: {gpu['name']}, {gpu['memory_gb']} GiB, "
+        shared = " (the host's memory, shared with the CPU)" if gpu.get("unified_memory") else ""
+        lines.append(f"GPU {gpu['index']}: {gpu['name']}, {gpu['memory_gb']} GiB{shared}, "
                      f"datasheet row: {gpu.get('datasheet') or 'none (add one with --gpu-file)'}")
     cpu = machine["cpu"]
     lines.append(f"CPU: {cpu['model']}, {cpu['logical_cores']} cores, {cpu['memory_gb']} GiB, "

@@ -84,12 +84,27 @@ def _nvml_devices(pynvml, index: int) -> list[dict]:
     instances = _nvml_mig_instances(pynvml, handle, name)
     if instances:
         return [{"index": index, **instance, **clocks} for instance in instances]
-    memory_gib = round(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 2)
+    memory_gib, unified = _nvml_memory_gib(pynvml, handle)
     info = {"index": index, "name": name, "memory_gb": memory_gib, "datasheet": _datasheet_name(name, memory_gib),
             **clocks}
+    if unified:
+        info["unified_memory"] = True
     if info["datasheet"]:
         info["sm_count"] = lookup_gpu(info["datasheet"]).sm_count
     return [info]
+
+
+def _nvml_memory_gib(pynvml, handle) -> tuple[float, bool]:
+    """(device memory in GiB, whether it is the host's memory). A GPU that shares the host's memory (GB10 of
+    the DGX Spark) has no memory of its own to report: NVML answers "Not Supported", and the memory it can
+    use is the machine's, so that is reported (as nvtop and gpustat do) instead of failing detection."""
+    try:
+        return round(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 2), False
+    except pynvml.NVMLError as err:
+        not_supported = isinstance(err, getattr(pynvml, "NVMLError_NotSupported", ())) or "not supported" in str(err).lower()
+        if not not_supported:
+            raise
+        return round(memory_total_gb(), 2), True
 
 
 def _nvml_mig_instances(pynvml, handle, parent_name: str) -> list[dict]:

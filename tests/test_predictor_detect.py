@@ -28,7 +28,13 @@ def fake_pynvml(init_error=None, devices=()):
     module.nvmlDeviceGetCount = lambda: len(devices)
     module.nvmlDeviceGetHandleByIndex = lambda index: devices[index]
     module.nvmlDeviceGetName = lambda handle: handle["name"]
-    module.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(total=handle["bytes"])
+
+    def memory_info(handle):
+        if isinstance(handle["bytes"], Exception):
+            raise handle["bytes"]
+        return types.SimpleNamespace(total=handle["bytes"])
+
+    module.nvmlDeviceGetMemoryInfo = memory_info
     module.nvmlDeviceGetMaxClockInfo = lambda handle, clock: 1410 if clock == 1 else 1215
     return module
 
@@ -62,6 +68,28 @@ def test_nvml_gpus_are_read_and_matched_to_datasheet_rows(monkeypatch):
     first, second = machine["gpus"]
     assert (first["datasheet"], first["sm_count"], first["memory_gb"]) == ("A100-SXM4-40GB", 108, 40.0)
     assert second["datasheet"] == "V100-SXM2-32GB" and first["sm_clock_max_mhz"] == 1410
+
+
+def test_a_gpu_on_the_hosts_memory_is_detected_with_the_machines_memory(monkeypatch):
+    """The GB10 (DGX Spark) shares the host's memory, and NVML answers "Not Supported" for its memory
+    (NVIDIA's DGX Spark known issues): NVML detection keeps the GPU, with the machine's memory."""
+    devices = [{"name": "NVIDIA GB10", "bytes": FakeNVMLError("Not Supported")}]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices=devices))
+    monkeypatch.setattr(detect, "memory_total_gb", lambda: 119.7)
+    machine = detect.describe_this_machine(measure=False)
+    assert machine["source"] == "nvml"
+    [gpu] = machine["gpus"]
+    assert (gpu["name"], gpu["datasheet"], gpu["memory_gb"], gpu["unified_memory"]) == ("NVIDIA GB10", "GB10", 119.7, True)
+    assert gpu["sm_count"] == 48
+
+
+def test_any_other_nvml_memory_error_still_falls_back_with_its_reason(monkeypatch, cached_cpu):
+    devices = [{"name": "NVIDIA A100-SXM4-40GB", "bytes": FakeNVMLError("GPU is lost")}]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices=devices))
+    monkeypatch.setattr(detect, "torch_cuda_gpus", lambda: ([], "torch.cuda reports no GPU"))
+    machine = detect.describe_this_machine()
+    assert machine["kind"] == "cpu"
+    assert any("NVML query failed: GPU is lost" in reason for reason in machine["fallback_reasons"])
 
 
 def test_unknown_gpu_name_from_nvml_has_no_datasheet_row(monkeypatch):
