@@ -140,6 +140,41 @@ def test_a_laptop_size_the_table_lacks_is_unknown_not_the_other_size():
     assert resolve_gpu("H100 NVL 94GB")[0].name == "H100-NVL"  # a size a few percent off still means the row
 
 
+# Professional laptop rows: (CUDA cores, SMs, memory GB, bus bits, Gbps per pin, boost MHz at the top of the
+# published range); GPU databases: RTX 5000 Ada Laptop 2190 MHz at 150 W, 18 Gbps; RTX 4000 Ada Laptop 2264 MHz
+# at 150 W, 18 Gbps; RTX A500 Laptop 7.3 TFLOPS FP32 (so 1782 MHz), 14 Gbps on 64 bit
+PRO_LAPTOP_DATASHEET = {
+    "RTX 5000 Ada Laptop GPU": (9728, 76, 16, 256, 18, 2190),
+    "RTX 4000 Ada Laptop GPU": (7424, 58, 12, 192, 18, 2264),
+    "RTX A500 Laptop GPU": (2048, 16, 4, 64, 14, 1782),
+}
+
+
+@pytest.mark.parametrize("row", sorted(PRO_LAPTOP_DATASHEET))
+def test_professional_laptop_rows_carry_the_published_figures_at_full_rate_accumulate(row):
+    cores, sms, memory_gb, bus_bits, gbps, boost = PRO_LAPTOP_DATASHEET[row]
+    spec = registry().by_name[row]
+    assert (spec.sm_count, spec.memory_gb, spec.boost_clock_mhz) == (sms, memory_gb, boost)
+    assert spec.memory_bandwidth_gbps == pytest.approx(bus_bits / 8 * gbps)
+    assert not spec.consumer
+    assert spec.fp32_tflops == pytest.approx(cores * 2 * boost / 1e6, abs=0.06)
+    assert spec.fp16_tflops == pytest.approx(sms * 1024 * boost / 1e6, abs=0.06)
+    assert spec.fp16_fp32acc_tflops == spec.fp16_tflops  # professional parts: no GeForce half rate
+    assert "top of the published range" in spec.source
+
+
+@pytest.mark.parametrize("desktop_name, desktop_row, laptop_row", [
+    ("NVIDIA RTX 5000 Ada Generation", "RTX 5000 Ada", "RTX 5000 Ada Laptop GPU"),
+    ("NVIDIA RTX 4000 Ada Generation", "RTX 4000 Ada", "RTX 4000 Ada Laptop GPU"),
+])
+def test_a_professional_laptop_name_never_plans_the_desktop_board(desktop_name, desktop_row, laptop_row):
+    assert resolve_gpu(desktop_name)[0].name == desktop_row
+    laptop, notice = resolve_gpu(desktop_name + " Laptop GPU")
+    assert laptop.name == laptop_row and notice is None
+    desktop = resolve_gpu(desktop_name)[0]
+    assert (laptop.sm_count, laptop.memory_gb) != (desktop.sm_count, desktop.memory_gb)  # another chip or board
+
+
 # GB10 (DGX Spark): NVIDIA's figures: 1 PFLOP FP4 with sparsity, about 31 TFLOPS FP32, 128 GB at 273 GB/s,
 # 48 SMs; no FP16 or BF16 figure is published, so FP32-accumulate is taken at GeForce Blackwell's half rate
 def test_gb10_carries_nvidias_figures_and_is_found_by_its_driver_and_system_names():
