@@ -236,6 +236,11 @@ class Planner:
         self._issued.pop(round_idx - 2, None)
         return plan
 
+    def largest_micro_batch(self, name: str, batch_size: int) -> int:
+        """Samples of ``batch_size`` that node ``name`` passes at once: all of them when its predicted
+        memory holds them, else the most it holds (the micro-batch its plans use)."""
+        return int(min(batch_size, self.bank.max_micro[self.index[name]]))
+
     def plan(self, round_idx: int, present: Optional[Sequence[str]] = None) -> Plan:
         """The plan of round ``round_idx`` (deterministic given the measurements observed so far).
 

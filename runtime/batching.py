@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from geodiloco.runtime.precision import TrainingPrecision
+
+OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+Result = TypeVar("Result")
 
 BatchSource = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 """Samples -> the node's next (inputs, targets), each (samples, seq_len); the same on every rank."""
@@ -95,3 +98,28 @@ def accumulate_gradients(train_model: torch.nn.Module, next_batch: BatchSource, 
     if ranks > 1:
         dist.all_reduce(loss_sum, group=node_group)
     return StepSamples(mean_loss=loss_sum.item() / step_samples, samples=step_samples)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """A failed allocation: the CUDA / ROCm caching allocator's, or the CPU allocator's."""
+    return isinstance(err, OUT_OF_MEMORY) or (isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
+
+
+def run_fitting(attempt: Callable[[int], Result], micro_batch_size: int,
+                reset: Callable[[], None]) -> tuple[Result, int]:
+    """``attempt(micro_batch_size)``, and after an out-of-memory error ``reset()`` and the same at half the
+    micro-batch, down to one sample per pass; returns the result and the micro-batch that fit.
+
+    Smaller micro-batches over the same samples give the same gradient (gradient accumulation), so a
+    node whose memory was overestimated trains on instead of failing. ``reset`` must undo the failed
+    attempt's effects (gradients, data position). The error of a one-sample pass is raised.
+    """
+    while True:
+        try:
+            return attempt(micro_batch_size), micro_batch_size
+        except Exception as err:  # noqa: BLE001 - only an allocation failure is retried
+            if not is_out_of_memory(err) or micro_batch_size <= 1:
+                raise
+        # outside the except block: the failed attempt's frames and tensors are released first
+        reset()
+        micro_batch_size = max(1, micro_batch_size // 2)

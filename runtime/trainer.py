@@ -23,7 +23,7 @@ from geodiloco.balancer.network import SyncSettings
 from geodiloco.balancer.planner import Planner
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint_writer import CheckpointWriter
-from geodiloco.runtime.batching import StepSamples, accumulate_gradients, micro_batch_sizes
+from geodiloco.runtime.batching import StepSamples, accumulate_gradients, is_out_of_memory, micro_batch_sizes, run_fitting
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import RunConfig
 from geodiloco.runtime.data_sources import node_data
@@ -139,6 +139,9 @@ class NodeTrainer:
         self.sync_staleness: Optional[int] = None
         """Staleness of this node's last update (async), for the progress line."""
         self._warned_batch_growth: set[tuple[int, int]] = set()
+        self.micro_batch_cap: Optional[int] = None
+        """Samples per pass this node's GPU memory was found to hold (after an out-of-memory error), which
+        caps the planned micro-batch for the rest of the run; None until memory ran out."""
 
     def new_planner(self) -> Planner:
         config = self.config
@@ -164,14 +167,60 @@ class NodeTrainer:
         per micro-batch, which can make the effective batch larger than ``batch_size``).
         Returns the node's mean loss and the samples trained, the same on every rank."""
         ranks = self.topology.local_world_size
+        micro_size = min(micro_size, self.micro_batch_cap or micro_size)
         self._warn_if_batch_grows(batch_size, micro_size, ranks)
-        step = accumulate_gradients(self.train_model, self.shard.next_batch, batch_size, micro_size,
-                                    self.topology.local_rank, ranks, self.device, self.topology.node_group,
-                                    self.precision)
+        step = self.within_memory(lambda micro: accumulate_gradients(
+            self.train_model, self.shard.next_batch, batch_size, micro, self.topology.local_rank, ranks,
+            self.device, self.topology.node_group, self.precision), micro_size, f"batch {batch_size}")
         self.precision.step(self.inner_optimizer, lambda: torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.config.optim.inner.grad_clip))
         self.inner_optimizer.zero_grad(set_to_none=True)
         return step
+
+    def within_memory(self, passes, micro_size: int, what: str):
+        """``passes(micro_size)``: forward/backward passes of ``micro_size`` samples each. When the GPU's
+        memory runs out, a one-rank node retries the same samples at half the micro-batch, down to one
+        sample per pass (same gradient: accumulation), keeps the micro-batch that fit for the rest of
+        the run, and says so once. A node of several ranks cannot retry alone (its DDP peers wait in the
+        all-reduce), so it stops the run with what to change, as does a pass of one sample that does
+        not fit."""
+        from geodiloco.predictor.schema import ConfigError
+        position = self.shard.position_state()
+
+        def reset() -> None:
+            self.inner_optimizer.zero_grad(set_to_none=True)
+            self.shard.load_position_state(position)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+        ranks = self.topology.local_world_size
+        try:
+            if ranks > 1:
+                return passes(micro_size)
+            result, fitted = run_fitting(passes, micro_size, reset)
+        except Exception as err:
+            if is_out_of_memory(err):
+                raise ConfigError(self._out_of_memory_message(micro_size if ranks > 1 else 1, what)) from None
+            raise
+        if fitted < micro_size:
+            self.micro_batch_cap = fitted
+            if self.topology.is_leader:
+                print(f"[geodiloco] node {self.node.name}: out of GPU memory at {micro_size} samples per pass "
+                      f"({what}); training in passes of {fitted} from now on (the same samples and gradient, "
+                      "accumulated). The planner's memory estimate was too high for this GPU: raise "
+                      "balancing.memory_headroom to plan smaller passes from the start", file=sys.stderr, flush=True)
+        return result
+
+    def _out_of_memory_message(self, micro_size: int, what: str) -> str:
+        ranks = self.topology.local_world_size
+        model = self.config.model
+        if ranks > 1:
+            return (f"node {self.node.name} ran out of GPU memory at {micro_size} samples per pass on its "
+                    f"{ranks} GPUs ({what}); raise balancing.memory_headroom so the planner takes smaller "
+                    "micro-batches, or lower diloco.batch_size")
+        return (f"node {self.node.name} ran out of GPU memory with one sample per pass ({what}, seq_len "
+                f"{model.seq_len}, precision {model.precision}): the model does not fit this GPU; use a "
+                "smaller model, a shorter model.seq_len, or model.precision bf16 / fp16")
 
     def _warn_if_batch_grows(self, batch_size: int, micro_size: int, ranks: int) -> None:
         """Once per (batch, micro-batch) plan: say when the node trains more samples than planned."""
@@ -227,12 +276,20 @@ class NodeTrainer:
 
     def warm_up(self, batch_size: int) -> None:
         """One forward/backward without an update, so one-time initialisation (allocator,
-        kernel selection) does not inflate the first round's measured step times."""
+        kernel selection) does not inflate the first round's measured step times. One pass of
+        the planner's micro-batch for this node (a batch that needs accumulation would not fit
+        in one pass); memory that runs out here caps the micro-batch as in a step."""
+        ranks = self.topology.local_world_size
+        micro_size = -(-self.planner.largest_micro_batch(self.node.name, batch_size) // ranks)  # this rank's share
+
+        def one_pass(micro: int) -> None:
+            inputs, targets = self.shard.next_batch(micro)
+            with self.precision.autocast():
+                loss = self.model(inputs.to(self.device), targets.to(self.device))
+            loss.backward()
+
         position = self.shard.position_state()
-        inputs, targets = self.shard.next_batch(batch_size)
-        with self.precision.autocast():
-            loss = self.model(inputs.to(self.device), targets.to(self.device))
-        loss.backward()
+        self.within_memory(one_pass, micro_size, f"warm-up pass of batch {batch_size}")
         self.inner_optimizer.zero_grad(set_to_none=True)
         self.shard.load_position_state(position)
 
