@@ -9,7 +9,8 @@ a part their own way ("Tesla V100-SXM2-16GB", "NVIDIA A100 80GB PCIe",
    name or one of its aliases;
 2. by parts: the memory size ("80GB") and form factor ("SXM4", "PCIe", "NVL")
    are taken out wherever they appear, the rest must equal a row's ``model``,
-   and the parts narrow the model's rows down. A model with several rows left
+   and the parts narrow the model's rows down (a row without a form factor, a
+   part sold in one form, fits any). A model with several rows left
    (plain "A100") resolves to its ``default_for_model`` row, and the match
    carries a notice that says so.
 """
@@ -23,7 +24,7 @@ VENDOR_WORDS = ("nvidia", "geforce", "tesla", "quadro", "amd", "instinct", "rade
                 "generation", "accelerator", "edition")
 MEMORY_TYPE_WORDS = ("hbm2e", "hbm2", "hbm3e", "hbm3", "gddr6x", "gddr6", "gddr7", "gddr5")
 _MEMORY = re.compile(r"\b(\d+(?:\.\d+)?)\s*(?:gb|gib|g)\b")
-_FORM_FACTOR = re.compile(r"\b(sxm[2-6]?|pci\s*e(?:\s*gen\s*\d)?|pcie|nvl|oam|gcd)\b")
+_FORM_FACTOR = re.compile(r"\b(sxm[2-6]?|pci\s*e(?:\s*gen\s*\d)?|pcie|nvl|oam|gcd|superchip)\b")
 # How far a memory size in a name may be from a row's marketed size and still mean that row: rounding and
 # GB-versus-GiB spellings ("H100 NVL 94GB" for 94 or 96 GB) move it by a few percent, while parts sold in
 # several sizes differ by far more ("RTX 3050 6GB Laptop GPU" is not the 4 GB part).
@@ -183,9 +184,9 @@ class NameIndex:
     def _fits(row: NamedRow, parts: NameParts) -> bool:
         if parts.memory_gb is not None and not memory_size_fits(row.memory_gb, parts.memory_gb):
             return False
-        if parts.form_factor is not None:
+        if parts.form_factor is not None and row.form_factor is not None:
             return form_factor_family(row.form_factor) == form_factor_family(parts.form_factor)
-        return True
+        return True  # a part sold in one form ("L40S PCIe", "MI300X OAM") fits the form its name gives
 
     @staticmethod
     def _no_such_part(name: str, parts: NameParts, rows: list) -> str:

@@ -54,6 +54,7 @@ def test_memory_and_form_factor_are_taken_out_wherever_they_stand(name, parts):
     ("A100-PCIE-40GB", "A100-PCIE-40GB"),
     ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
     ("Quadro RTX 6000", "Quadro RTX 6000"),
+    ("RTX 6000 Ada PCIe 48GB", "RTX 6000 Ada"),  # a part sold in one form fits the form a name gives it
 ])
 def test_any_order_of_model_form_factor_and_memory_resolves(name, row):
     match = a100_index().resolve(name)
