@@ -105,3 +105,14 @@ def test_bandwidth_curve_interpolates_in_log_size():
     assert cpu_like.bandwidth_gbps_for(2**22) == pytest.approx(40.0)
     assert cpu_like.bandwidth_gbps_for(2**30) == 20.0
     assert lookup_gpu("A30").bandwidth_gbps_for(2**22) == 933
+
+
+@pytest.mark.parametrize("name, memory_gb, bandwidth_gbps", [("RTX 5090 D", 32, 1792), ("RTX 5090 D v2", 24, 1344)])
+def test_the_china_market_5090s_keep_the_chip_but_not_its_tensor_rate(name, memory_gb, bandwidth_gbps):
+    """NVIDIA's figures: 2,375 AI TOPS against the RTX 5090's 3,352, the same 21,760 cores at 2407 MHz;
+    the v2 has 24 GB on 384 bit at 28 Gbps."""
+    capped, full = lookup_gpu(name), lookup_gpu("RTX 5090")
+    assert (capped.sm_count, capped.fp32_tflops) == (full.sm_count, full.fp32_tflops)
+    assert (capped.memory_gb, capped.memory_bandwidth_gbps) == (memory_gb, bandwidth_gbps)
+    assert capped.fp16_tflops == pytest.approx(2375 / 8, abs=0.06)
+    assert capped.bf16_tflops == pytest.approx(full.bf16_tflops * 2375 / 3352, abs=0.1)
