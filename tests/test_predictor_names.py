@@ -132,3 +132,20 @@ def test_the_spelling_a_notice_suggests_means_that_row_alone():
     assert checked >= 40
     notice = resolve_gpu("NVIDIA GeForce RTX 3080")[1]
     assert notice and '(e.g. "RTX 3080 10GB")' in notice
+
+
+OPEN_DRIVER = yaml.safe_load((Path(__file__).parent / "data" / "nvidia_open_driver_names.yaml").read_text())
+
+
+def test_every_name_the_open_driver_lists_resolves_unless_listed_as_not_covered():
+    """The names NVML prints for every GPU NVIDIA's open driver supports: each resolves to a row, except the
+    parts listed as not covered (laptop and embedded parts without sourced figures, mining and display
+    boards), which take the unknown-GPU path. A row added for one of those must take it off the list."""
+    unknown = []
+    for name in OPEN_DRIVER["names"]:
+        try:
+            resolve_gpu(name)
+        except ValueError:
+            unknown.append(name)
+    assert sorted(unknown) == sorted(OPEN_DRIVER["not_covered"])
+    assert all(reason != "not covered" for reason in OPEN_DRIVER["not_covered"].values())  # each says why
