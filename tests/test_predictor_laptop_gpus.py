@@ -34,16 +34,18 @@ LAPTOP_DATASHEET = {
 }
 
 
-def assert_derived_laptop_row(spec, figures):
+def assert_derived_laptop_row(spec, figures, consumer=True):
     """The row holds the typed figures, and its rates follow the table's "derived" rule: FP32 = cores x 2 x
-    boost, FP16 tensor = SMs x 1024 x boost, FP32 accumulate at half rate."""
+    boost, FP16 tensor = SMs x 1024 x boost, FP32 accumulate at half rate on GeForce parts and at full rate
+    on professional ones."""
     cores, sms, memory_gb, bus_bits, gbps, boost = figures
     assert (spec.sm_count, spec.memory_gb, spec.boost_clock_mhz) == (sms, memory_gb, boost)
     assert spec.memory_bandwidth_gbps == pytest.approx(bus_bits / 8 * gbps)
-    assert spec.consumer
+    assert spec.consumer == consumer
     assert spec.fp32_tflops == pytest.approx(cores * 2 * boost / 1e6, abs=0.06)
     assert spec.fp16_tflops == pytest.approx(sms * 1024 * boost / 1e6, abs=0.06)
-    assert spec.fp16_fp32acc_tflops == pytest.approx(spec.fp16_tflops / 2, abs=0.06)
+    accumulate_share = 0.5 if consumer else 1.0
+    assert spec.fp16_fp32acc_tflops == pytest.approx(spec.fp16_tflops * accumulate_share, abs=0.06)
 
 
 @pytest.mark.parametrize("row", sorted(LAPTOP_DATASHEET))
@@ -152,14 +154,8 @@ PRO_LAPTOP_DATASHEET = {
 
 @pytest.mark.parametrize("row", sorted(PRO_LAPTOP_DATASHEET))
 def test_professional_laptop_rows_carry_the_published_figures_at_full_rate_accumulate(row):
-    cores, sms, memory_gb, bus_bits, gbps, boost = PRO_LAPTOP_DATASHEET[row]
     spec = registry().by_name[row]
-    assert (spec.sm_count, spec.memory_gb, spec.boost_clock_mhz) == (sms, memory_gb, boost)
-    assert spec.memory_bandwidth_gbps == pytest.approx(bus_bits / 8 * gbps)
-    assert not spec.consumer
-    assert spec.fp32_tflops == pytest.approx(cores * 2 * boost / 1e6, abs=0.06)
-    assert spec.fp16_tflops == pytest.approx(sms * 1024 * boost / 1e6, abs=0.06)
-    assert spec.fp16_fp32acc_tflops == spec.fp16_tflops  # professional parts: no GeForce half rate
+    assert_derived_laptop_row(spec, PRO_LAPTOP_DATASHEET[row], consumer=False)
     assert "top of the published range" in spec.source
 
 
