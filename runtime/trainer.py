@@ -185,22 +185,13 @@ class NodeTrainer:
         all-reduce), so it stops the run with what to change, as does a pass of one sample that does
         not fit."""
         from geodiloco.predictor.schema import ConfigError
-        position = self.shard.position_state()
-
-        def reset() -> None:
-            self.inner_optimizer.zero_grad(set_to_none=True)
-            self.shard.load_position_state(position)
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-
-        ranks = self.topology.local_world_size
         try:
-            if ranks > 1:
+            if self.topology.local_world_size > 1:
                 return passes(micro_size)
-            result, fitted = run_fitting(passes, micro_size, reset)
+            result, fitted = run_fitting(passes, micro_size, self._undo_passes(self.shard.position_state()))
         except Exception as err:
             if is_out_of_memory(err):
-                raise ConfigError(self._out_of_memory_message(micro_size if ranks > 1 else 1, what)) from None
+                raise ConfigError(self._out_of_memory_message(micro_size, what)) from None
             raise
         if fitted < micro_size:
             self.micro_batch_cap = fitted
@@ -211,7 +202,18 @@ class NodeTrainer:
                       "balancing.memory_headroom to plan smaller passes from the start", file=sys.stderr, flush=True)
         return result
 
+    def _undo_passes(self, position: dict):
+        """What undoes failed passes that started at data ``position``: their gradients, the samples
+        they read, and (on a GPU) the memory the allocator still caches for them."""
+        def undo() -> None:
+            self.inner_optimizer.zero_grad(set_to_none=True)
+            self.shard.load_position_state(position)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return undo
+
     def _out_of_memory_message(self, micro_size: int, what: str) -> str:
+        """``micro_size``: the samples per pass that did not fit (a one-rank node got down to one)."""
         ranks = self.topology.local_world_size
         model = self.config.model
         if ranks > 1:

@@ -31,7 +31,14 @@ LAPTOP_DATASHEET = {
     "RTX 5080 Laptop GPU": (7680, 60, 16, 256, 28, 2287),
     "RTX 5070 Laptop GPU": (4608, 36, 8, 128, 24, 2347),
     "RTX 5060 Laptop GPU": (3328, 26, 8, 128, 24, 2497),
+    # professional parts (GPU databases): RTX 5000 Ada Laptop 2190 MHz at 150 W, 18 Gbps; RTX 4000 Ada Laptop
+    # 2264 MHz at 150 W, 18 Gbps; RTX A500 Laptop 7.3 TFLOPS FP32 (so 1782 MHz), 14 Gbps on 64 bit
+    "RTX 5000 Ada Laptop GPU": (9728, 76, 16, 256, 18, 2190),
+    "RTX 4000 Ada Laptop GPU": (7424, 58, 12, 192, 18, 2264),
+    "RTX A500 Laptop GPU": (2048, 16, 4, 64, 14, 1782),
 }
+PROFESSIONAL_LAPTOP_ROWS = {"RTX 5000 Ada Laptop GPU", "RTX 4000 Ada Laptop GPU", "RTX A500 Laptop GPU"}
+"""Full-rate FP32 accumulate, like their desktop workstation boards."""
 
 
 def assert_derived_laptop_row(spec, figures, consumer=True):
@@ -51,7 +58,7 @@ def assert_derived_laptop_row(spec, figures, consumer=True):
 @pytest.mark.parametrize("row", sorted(LAPTOP_DATASHEET))
 def test_laptop_rows_carry_the_published_figures(row):
     spec = registry().by_name[row]
-    assert_derived_laptop_row(spec, LAPTOP_DATASHEET[row])
+    assert_derived_laptop_row(spec, LAPTOP_DATASHEET[row], consumer=row not in PROFESSIONAL_LAPTOP_ROWS)
     assert "Laptop GPU" in spec.model
     assert "top of the published range" in spec.source
 
@@ -140,23 +147,6 @@ def test_a_laptop_size_the_table_lacks_is_unknown_not_the_other_size():
         resolve_gpu("NVIDIA GeForce RTX 3050 6GB Laptop GPU")
     assert resolve_gpu("NVIDIA GeForce RTX 3050 4GB Laptop GPU")[0].name == "RTX 3050 Laptop GPU"
     assert resolve_gpu("H100 NVL 94GB")[0].name == "H100-NVL"  # a size a few percent off still means the row
-
-
-# Professional laptop rows: (CUDA cores, SMs, memory GB, bus bits, Gbps per pin, boost MHz at the top of the
-# published range); GPU databases: RTX 5000 Ada Laptop 2190 MHz at 150 W, 18 Gbps; RTX 4000 Ada Laptop 2264 MHz
-# at 150 W, 18 Gbps; RTX A500 Laptop 7.3 TFLOPS FP32 (so 1782 MHz), 14 Gbps on 64 bit
-PRO_LAPTOP_DATASHEET = {
-    "RTX 5000 Ada Laptop GPU": (9728, 76, 16, 256, 18, 2190),
-    "RTX 4000 Ada Laptop GPU": (7424, 58, 12, 192, 18, 2264),
-    "RTX A500 Laptop GPU": (2048, 16, 4, 64, 14, 1782),
-}
-
-
-@pytest.mark.parametrize("row", sorted(PRO_LAPTOP_DATASHEET))
-def test_professional_laptop_rows_carry_the_published_figures_at_full_rate_accumulate(row):
-    spec = registry().by_name[row]
-    assert_derived_laptop_row(spec, PRO_LAPTOP_DATASHEET[row], consumer=False)
-    assert "top of the published range" in spec.source
 
 
 @pytest.mark.parametrize("desktop_name, desktop_row, laptop_row", [
