@@ -7,6 +7,11 @@ Order, for a name the table cannot resolve:
 3. otherwise the node is planned like a stand-in part (``STAND_IN_GPU``) until its own
    measured steps calibrate it (balancer calibration, from the first round on).
 Each fallback prints one notice per name, never an error.
+
+Nodes of one run must plan alike, yet each knows only its own machine: the node with an unknown
+GPU probes it, the others would plan it as the stand-in. So at start-up every node sends the rows
+it plans its own GPUs with (``own_rows``) and plans every other node's GPUs from that node's rows
+(``adopt_rows``), whatever its own table holds.
 """
 from __future__ import annotations
 
@@ -24,10 +29,15 @@ STAND_IN_GPU = "L4"
 bounds the batch, so add a row or probe on the node for a large-memory part."""
 
 _resolved: dict[str, GpuSpec] = {}
+_adopted: dict[str, GpuSpec] = {}
+"""Rows other nodes of the run plan their GPUs with (``adopt_rows``); they win over this machine's."""
 
 
 def device_spec(name: str) -> GpuSpec:
-    """The datasheet row of ``name``, else a probe of this machine's GPU of that name, else a stand-in."""
+    """The row the run's node with this GPU plans it with (``adopt_rows``), else the datasheet row of
+    ``name``, else a probe of this machine's GPU of that name, else a stand-in."""
+    if name in _adopted:
+        return _adopted[name]
     try:
         return lookup_gpu(name)
     except ConfigError as err:
@@ -64,3 +74,55 @@ def _probe_or_stand_in(name: str, reason: str) -> GpuSpec:
                 STAND_IN_GPU)
     return dataclasses.replace(stand_in, name=name, aliases=(), default_for_model=False,
                                source=f"stand-in: planned like {STAND_IN_GPU} ({stand_in.source}) until measured")
+
+
+def own_rows(gpu_names: list[str]) -> dict[str, dict]:
+    """The rows this machine plans ``gpu_names`` (its own node's GPUs) with, as plain values for the
+    other nodes: a datasheet row, a user's row, a probe of this machine or a stand-in."""
+    _adopted.clear()
+    return {name: _plain_values(device_spec(name)) for name in dict.fromkeys(gpu_names)}
+
+
+def adopt_rows(rows_by_node: list[dict[str, dict]], node_labels: list[str]) -> list[str]:
+    """Plan each GPU name from the first node (in the given order) that sent a row for it, in place
+    of this machine's own resolution. Returns one line per name whose row differs from what this
+    machine would have planned (another node probed it, or has a user row for it)."""
+    _adopted.clear()
+    changed = []
+    for label, rows in zip(node_labels, rows_by_node):
+        for name, values in rows.items():
+            if name in _adopted:
+                continue
+            spec = _spec_from_values(values)
+            own = _resolved.get(name) or _table_row(name)
+            _adopted[name] = spec
+            if own is None or _plain_values(own) != _plain_values(spec):
+                changed.append(f"GPU {name!r}: planned from node {label}'s row ({spec.source})")
+    return changed
+
+
+def forget_adopted_rows() -> None:
+    """Back to this machine's own resolutions (a new run in the same process, tests)."""
+    _adopted.clear()
+
+
+def _table_row(name: str) -> GpuSpec | None:
+    try:
+        return lookup_gpu(name)
+    except ConfigError:
+        return None
+
+
+def _plain_values(spec: GpuSpec) -> dict:
+    values = dataclasses.asdict(spec)
+    values["aliases"] = list(spec.aliases)
+    values["bandwidth_curve"] = [list(point) for point in spec.bandwidth_curve]
+    return values
+
+
+def _spec_from_values(values: dict) -> GpuSpec:
+    known = {item.name for item in dataclasses.fields(GpuSpec)}
+    fields = {key: value for key, value in values.items() if key in known}
+    fields["aliases"] = tuple(fields.get("aliases") or ())
+    fields["bandwidth_curve"] = tuple(tuple(point) for point in fields.get("bandwidth_curve") or ())
+    return GpuSpec(**fields)

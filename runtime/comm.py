@@ -178,6 +178,17 @@ def build_topology(node_name: str, config_node_names: list[str], min_nodes: Opti
                     present_names=list(ranks_by_node), config_node_names=list(config_node_names), secret=secret)
 
 
+def agree_on_gpu_rows(topology: Topology, own_gpus: list[str]) -> list[str]:
+    """Make every node's planner plan each GPU from the same row: the one the node that has it plans
+    it with (a datasheet row, a site's user row, or a probe of an unknown GPU on that machine), so the
+    first round's plan is the same on every site. Returns what changed here, one line per GPU name."""
+    from geodiloco.predictor.unknown_gpus import adopt_rows, own_rows
+    gathered = all_gather_values({"node": topology.node_name, "rows": own_rows(own_gpus)})
+    order = {name: index for index, name in enumerate(topology.config_node_names)}
+    gathered.sort(key=lambda item: order[item["node"]])
+    return adopt_rows([item["rows"] for item in gathered], [item["node"] for item in gathered])
+
+
 def node_name_from_env(cli_node: Optional[str], config_node_names: list[str]) -> str:
     """``--node-name`` wins, then GEODILOCO_NODE, then torchrun's GROUP_RANK as a config index."""
     name = cli_node or os.environ.get("GEODILOCO_NODE")

@@ -123,6 +123,7 @@ class NodeTrainer:
         self.pacer = StepPacer(self.node, topology.node_index, config.diloco.batch_size, config.run.seed,
                                self.dims, self.seq_len, config.model.precision)
         self.cpu_share = start_cpu_share(self.node)
+        self._agree_on_gpu_rows()
         self.planner = self.new_planner()
         self.measurements: list[RoundMeasurement] = []
         self.last_sync_s: Optional[float] = None
@@ -142,6 +143,17 @@ class NodeTrainer:
         self.micro_batch_cap: Optional[int] = None
         """Samples per pass this node's GPU memory was found to hold (after an out-of-memory error), which
         caps the planned micro-batch for the rest of the run; None until memory ran out."""
+
+    def _agree_on_gpu_rows(self) -> None:
+        """Torch backend: every node plans the run's GPUs from the rows of the nodes that have them
+        (``agree_on_gpu_rows``). Hivemind nodes have no world to ask; their outer weights come from
+        the steps each node ran, so a first plan that differs between sites costs only idle time."""
+        if self.config.comm.backend == "hivemind":
+            return
+        from geodiloco.runtime.comm import agree_on_gpu_rows
+        for line in agree_on_gpu_rows(self.topology, list(self.node.gpus)):
+            if self.topology.is_leader:
+                print(f"[geodiloco] node {self.node.name}: {line}", file=sys.stderr, flush=True)
 
     def new_planner(self) -> Planner:
         config = self.config

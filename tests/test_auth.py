@@ -234,6 +234,11 @@ def test_a_hivemind_peer_with_the_wrong_secret_is_refused_and_the_run_finishes(t
     assert "Traceback" not in stranger_out and "use the same GEODILOCO_SECRET" in stranger_out
     assert "the peers are there but refuse this node's requests" in stranger_out, stranger_out[-3000:]
     assert forger_code == 0 and "READ \n" in forger_out + "\n", forger_out[-3000:]  # it could read nothing
-    assert node_rounds(run_dir, "a") == node_rounds(run_dir, "b") == list(range(12))
+    # Both train from round 0 to the last beside the forged record. On a loaded machine hivemind's
+    # matchmaking can leave a node out of one round's group; it then reloads the global state from its
+    # peer and goes on (the recovery tests/test_hivemind_run.py covers), so each may miss one round.
+    for name in ("a", "b"):
+        rounds = node_rounds(run_dir, name)
+        assert rounds[0] == 0 and rounds[-1] == 11 and len(rounds) >= 11, (name, rounds)
     assert_same_parameters([final_checksum(logs["a"]), final_checksum(logs["b"])])
     assert time.monotonic() - started < 150, "the forged record stalled the run"

@@ -1,0 +1,109 @@
+"""Every site plans the run's GPUs from the same rows: the row the node that has a GPU plans it with
+(a site's own user row, a probe of an unknown GPU) reaches the other nodes at start-up, so the first
+round's plan does not differ between sites."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from geodiloco.predictor import unknown_gpus
+from geodiloco.predictor.specs import lookup_gpu
+from geodiloco.runtime.launch import free_port
+from tests.runtime_helpers import REPO_ROOT, small_config, write_config
+
+SITE_CARD = "Site Card 77"
+"""A GPU no datasheet row has; only the site that has it describes it, in its own GPU file."""
+
+
+def site_card_row(scale: float) -> dict:
+    """An L4-shaped row ``scale`` times as fast (rates and bandwidth)."""
+    base = lookup_gpu("L4")
+    return {"name": SITE_CARD, "architecture": "Ada", "sm_count": base.sm_count, "memory_gb": base.memory_gb,
+            "memory_bandwidth_gbps": base.memory_bandwidth_gbps * scale, "fp32_tflops": base.fp32_tflops * scale,
+            "tf32_tflops": base.tf32_tflops * scale, "fp16_tflops": base.fp16_tflops * scale,
+            "fp16_fp32acc_tflops": base.fp16_fp32acc_tflops * scale, "bf16_tflops": base.bf16_tflops * scale,
+            "source": "site a's own measurements"}
+
+
+@pytest.fixture
+def fresh_resolutions():
+    unknown_gpus.forget_adopted_rows()
+    unknown_gpus._resolved.pop(SITE_CARD, None)
+    yield
+    unknown_gpus.forget_adopted_rows()
+    unknown_gpus._resolved.pop(SITE_CARD, None)
+
+
+def test_a_gpu_is_planned_from_the_first_node_that_sent_its_row(fresh_resolutions):
+    from geodiloco.predictor.probe import probe_spec
+    measured = {"name": SITE_CARD, "sm_count": 60, "memory_gb": 48.0, "memory_bandwidth_gbps": 900.0,
+                "fp32_tflops": 40.0, "fp16_tflops": 160.0, "bf16_tflops": 160.0, "tf32_tflops": 80.0,
+                "torch": "2.13.0", "hip": None, "matmul_size": 4096, "measured_at": "2026-11-26T12:00:00"}
+    probed = unknown_gpus._plain_values(probe_spec(measured))
+    second = {**probed, "bf16_tflops": 10.0, "source": "another probe"}
+    stand_in = unknown_gpus.device_spec(SITE_CARD)
+    assert stand_in.bf16_tflops == lookup_gpu("L4").bf16_tflops and stand_in.source.startswith("stand-in")
+
+    changed = unknown_gpus.adopt_rows([unknown_gpus.own_rows(["L4"]), {SITE_CARD: probed}, {SITE_CARD: second}],
+                                      ["a", "b", "c"])
+    adopted = unknown_gpus.device_spec(SITE_CARD)
+    assert (adopted.bf16_tflops, adopted.memory_gb, adopted.sm_count) == (160.0, 48.0, 60)
+    assert adopted.source.startswith("measured probe")
+    assert changed == [f"GPU '{SITE_CARD}': planned from node b's row ({adopted.source})"], \
+        "a table row every node has is no news; the probe of node b is, and node c's second row loses"
+    assert unknown_gpus.device_spec("L4") == lookup_gpu("L4")
+
+    unknown_gpus.forget_adopted_rows()
+    assert unknown_gpus.device_spec(SITE_CARD).source.startswith("stand-in")
+
+
+def start_worker(config_path, run_dir, name, rank, port, gpu_file=None):
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               GEODILOCO_NODE=name, GEODILOCO_DEVICE="cpu", OMP_NUM_THREADS="1",
+               GEODILOCO_SECRET="the-runs-shared-secret-123456")
+    env.pop("GEODILOCO_GPU_FILES", None)
+    if gpu_file is not None:
+        env["GEODILOCO_GPU_FILES"] = str(gpu_file)
+    return subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.train", "--config", str(config_path),
+                             "--run-dir", str(run_dir)], env=env, cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def read_rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_the_first_plan_is_the_same_on_a_site_that_lacks_the_other_sites_gpu_row(tmp_path):
+    """Site a describes its GPU in its own file (an old card, 1/50 of an L4's rates: about twice an L4's
+    step for this tiny model, whose steps are mostly host time); site b has no row for it, so on its own
+    it would plan a like the L4 stand-in and give itself a's steps, where a's plan gives b twice as many.
+    Node a coordinates, so plan.jsonl is a's plan; metrics.jsonl says what each node trained."""
+    gpu_file = tmp_path / "site_a_gpus.yaml"
+    gpu_file.write_text(yaml.safe_dump({"gpus": [site_card_row(0.02)]}))
+    nodes = [{"name": "a", "gpus": [SITE_CARD], "emulate": {"step_time_s": 0.01}},
+             {"name": "b", "gpus": ["L4"], "emulate": {"step_time_s": 0.01}}]
+    config = small_config(nodes, balancing={"policy": "time"})
+    config["diloco"].update(rounds=1, local_steps=4)
+    config["data"]["eval_batches"] = 0
+    config_path = write_config(tmp_path, config)
+    port = free_port()
+    workers = [start_worker(config_path, tmp_path / "run", "a", 0, port, gpu_file),
+               start_worker(config_path, tmp_path / "run", "b", 1, port)]
+    outputs = [worker.communicate(timeout=120)[0] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+
+    plan = read_rows(tmp_path / "run" / "plan.jsonl")[0]
+    planned = {row["name"]: (row["local_steps"], row["batch_size"]) for row in plan["nodes"]}
+    trained = {row["node"]: (row["local_steps"], row["batch_size"])
+               for row in read_rows(tmp_path / "run" / "metrics.jsonl") if row["round"] == 0 and row["node"] in "ab"}
+    assert planned["b"][0] * planned["b"][1] >= 1.6 * planned["a"][0] * planned["a"][1], \
+        f"the L4 gets about twice the slow card's samples: {planned}"
+    assert trained == planned, f"node b trained what node a's plan gives it: trained {trained}, planned {planned}"
+    assert f"node b: GPU '{SITE_CARD}': planned from node a's row (site a's own measurements)" in outputs[1]
+    assert "planned from node" not in outputs[0]
