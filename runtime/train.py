@@ -167,7 +167,8 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         open_record["round_end"] += written_after_s
         extend_gpu_values(open_record, trainer.gpu_sampler, measured_until)
     final = sync.exchange({"local_rank": topology.local_rank, "previous_record": pending_record,
-                           "saved_round": trainer.saved_round, "record_open": ran_a_round})
+                           "saved_round": trainer.saved_round, "record_open": ran_a_round,
+                           "node": topology.node_name, "final_checksum": trainer.param_checksum()})
     exchanged_at = time.time()
     if not sync.barrier_free:
         trainer.commit_checkpoint(final)
@@ -180,11 +181,29 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         for row in last_evaluations:
             print(f"[geodiloco] eval loss after round {row['round'] + 1}: {row['eval_loss']:.3f}", flush=True)
         log.close()
+        if not sync.logs_own_idle_only:
+            report_final_parameters(final)
         print(f"[geodiloco] run {run_id} finished: logs in {trainer.run_dir}", flush=True)
     if trainer.pacer.slow_steps:
         print(f"[geodiloco] node {topology.node_name}: {trainer.pacer.slow_steps} steps were slower than the "
               "emulated GPU's target on this CPU; their real time was kept", file=sys.stderr, flush=True)
     return 0
+
+
+def report_final_parameters(final: list[dict]) -> None:
+    """One line proving the run ended on one model: the parameter checksum (sum of |parameters| in
+    float64) every rank that reported at the end holds, or each rank's where they differ."""
+    by_rank = [(item["node"], item["local_rank"], item["final_checksum"]) for item in final if "final_checksum" in item]
+    if not by_rank:
+        return
+    first = by_rank[0][2]
+    if all(abs(checksum - first) <= 1e-9 * max(abs(first), 1.0) for _, _, checksum in by_rank):
+        ranks = {node: sum(1 for item in by_rank if item[0] == node) for node, _, _ in by_rank}
+        holders = ", ".join(f"{node} ({count} ranks)" if count > 1 else node for node, count in ranks.items())
+        print(f"[geodiloco] final parameter checksum {first!r} on every rank: {holders}", flush=True)
+        return
+    listed = ", ".join(f"{node} rank {rank} {checksum!r}" for node, rank, checksum in by_rank)
+    print(f"[geodiloco] warning: the ranks ended on different parameters ({listed})", file=sys.stderr, flush=True)
 
 
 def _last_records(final: list[dict], exchanged_at: float, node_name: str, barrier_free: bool) -> list[dict]:

@@ -43,6 +43,8 @@ def test_planner_and_predictor_online_model_agree():
         balancer.observe_round(round_idx, np.array([batch_size]), np.array([true_step_s(batch_size)]))
     for batch_size in (2, 12, 40):
         assert calibrated_step_s(balancer, batch_size) == pytest.approx(online.predict(batch_size), rel=1e-9)
+        assert online.predict(batch_size) == pytest.approx(true_step_s(batch_size), rel=0.02), \
+            "and what both say is the true t(B), at batches never measured"
 
 
 def test_a_node_that_slows_down_at_the_same_batch_drops_its_old_rounds():

@@ -45,12 +45,16 @@ def test_int8_shrinks_the_async_transfer_about_four_times():
 
 
 def test_plan_cli_prints_and_exports_the_mode_advice(tmp_path):
-    cluster = {"nodes": [{"name": "a", "gpus": ["A30"], "wan": {"bandwidth_mbps": 1000}},
-                         {"name": "b", "gpus": ["RTX 3090"], "wan": {"bandwidth_mbps": 1000}}]}
+    # Three nodes on 1 Mbit/s links: one push or pull P of llama-150m's fp32 parameters (about 4.8 Gbit)
+    # takes over an hour, so the local phase is negligible beside it. The host serves 2 pulls per cycle
+    # while a cycle lasts on average (0 + 2 x 2P) / 3 = 4P/3: its link is loaded 2P / (4P/3) = 1.5 times over.
+    cluster = {"nodes": [{"name": name, "gpus": [gpu], "wan": {"bandwidth_mbps": 1}}
+                         for name, gpu in (("a", "A30"), ("b", "RTX 3090"), ("c", "A30"))]}
     path = write_config(tmp_path, cluster, "cluster.yaml")
     shown = geodiloco("plan", "--cluster", str(path), "--policy", "time")
     assert shown.returncode == 0, shown.stderr
-    assert "mode: expect diloco.mode:" in shown.stdout
+    assert "mode: expect diloco.mode: sync" in shown.stdout, shown.stdout
     exported = geodiloco("plan", "--cluster", str(path), "--json")
     advice = json.loads(exported.stdout)["mode_advice"]
-    assert advice["recommended"] in ("sync", "async") and advice["expected_staleness"] == 1
+    assert advice["recommended"] == "sync" and "host's link" in advice["reason"], advice
+    assert advice["host_link_load"] == pytest.approx(1.5, rel=0.01) and advice["expected_staleness"] == 2

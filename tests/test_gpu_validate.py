@@ -259,8 +259,9 @@ def test_preset_sweep_with_oom_faked_at_the_step(monkeypatch):
     data = json.loads(json.dumps(sweep.to_dict()))
     first = data["points"][0]
     assert first["median_step_s"] > 0 and first["predicted_step_s"] == pytest.approx(prediction.step_s(1))
+    assert len(first["step_times_s"]) == 2 and first["median_step_s"] == pytest.approx(sum(first["step_times_s"]) / 2)
     assert first["relative_error"] == pytest.approx(
-        gpu_sweep.relative_error(prediction.step_s(1), first["median_step_s"]))
+        (first["predicted_step_s"] - first["median_step_s"]) / first["median_step_s"])
     assert data["points"][2]["relative_error"] is None
 
 

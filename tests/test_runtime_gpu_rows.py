@@ -107,3 +107,4 @@ def test_the_first_plan_is_the_same_on_a_site_that_lacks_the_other_sites_gpu_row
     assert trained == planned, f"node b trained what node a's plan gives it: trained {trained}, planned {planned}"
     assert f"node b: GPU '{SITE_CARD}': planned from node a's row (site a's own measurements)" in outputs[1]
     assert "planned from node" not in outputs[0]
+

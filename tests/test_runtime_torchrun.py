@@ -22,7 +22,8 @@ def torchrun_site(config_path, run_dir, node, nproc, port, is_host):
 
 
 def run_two_sites(tmp_path, config):
-    """Site a under torchrun with 2 ranks, site b with 1; both must exit 0. Returns the run directory."""
+    """Site a under torchrun with 2 ranks, site b with 1; both must exit 0. Returns the run directory and
+    site a's output (its rank 0 coordinates the run)."""
     config_path = write_config(tmp_path, config)
     run_dir = tmp_path / "run"
     port = free_port()
@@ -30,13 +31,13 @@ def run_two_sites(tmp_path, config):
     other = torchrun_site(config_path, run_dir, "b", 1, port, False)
     outputs = [process.communicate(timeout=150) for process in (host, other)]
     assert host.returncode == 0 and other.returncode == 0, "\n".join(err[-2000:] for _, err in outputs)
-    return run_dir
+    return run_dir, outputs[0][0] + outputs[0][1]
 
 
 def test_two_sites_under_torchrun_with_a_two_rank_node(tmp_path):
     nodes = [{"name": "a", "gpus": ["2 x A30"], "local_steps": 3, "batch_size": 4, "emulate": {"step_time_s": 0.05}},
              {"name": "b", "gpus": ["RTX 3090"], "local_steps": 2, "batch_size": 4, "emulate": {"step_time_s": 0.05}}]
-    run_dir = run_two_sites(tmp_path, small_config(nodes))
+    run_dir, _ = run_two_sites(tmp_path, small_config(nodes))
 
     records = read_jsonl(run_dir / "idle.jsonl")
     assert sorted((r["round"], r["node"], r["local_steps"]) for r in records) == [
@@ -56,7 +57,7 @@ def test_streaming_int8_sync_with_a_two_rank_node_under_torchrun(tmp_path):
              {"name": "b", "gpus": ["RTX 3090"], "local_steps": 3, "batch_size": 4, "emulate": {"step_time_s": 0.05}}]
     config = small_config(nodes)
     config["diloco"].update({"rounds": 3, "overlap": "streaming", "fragments": 3, "compression": "int8"})
-    run_dir = run_two_sites(tmp_path, config)
+    run_dir, _ = run_two_sites(tmp_path, config)
     records = read_jsonl(run_dir / "idle.jsonl")
     assert sorted((r["round"], r["node"]) for r in records) == [(r, n) for r in range(3) for n in "ab"]
     assert all(r["sync_bytes"] > 0 for r in records)
@@ -71,10 +72,13 @@ def test_async_mode_with_a_two_rank_host_node_under_torchrun(tmp_path):
              {"name": "b", "gpus": ["RTX 3090"], "batch_size": 4, "emulate": {"step_time_s": 0.1}}]
     config = small_config(nodes)
     config["diloco"] = {"rounds": 3, "local_steps": 3, "batch_size": 4, "mode": "async", "compression": "none"}
-    run_dir = run_two_sites(tmp_path, config)
+    run_dir, host_output = run_two_sites(tmp_path, config)
     records = read_jsonl(run_dir / "idle.jsonl")
     assert sorted((r["round"], r["node"]) for r in records) == [(r, n) for r in range(3) for n in "ab"]
-    assert all(r["mode"] == "async" and r["staleness"] is not None for r in records)
+    assert all(r["mode"] == "async" and isinstance(r["staleness"], int) and r["staleness"] >= 0 for r in records)
+    # a rank 1 that missed a pulled model's broadcast would end on other parameters than rank 0 and node b
+    assert "final parameter checksum" in host_output and "on every rank: a (2 ranks), b" in host_output, \
+        host_output[-3000:]
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert any(row.get("final") and row["eval_loss"] is not None for row in metrics)
     assert checkpoint.latest_round(run_dir) == 2

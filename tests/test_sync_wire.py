@@ -33,9 +33,15 @@ def test_all_zero_chunk_decodes_to_zero():
     assert torch.equal(decode("int8", encode("int8", torch.zeros(CHUNK_ELEMENTS))), torch.zeros(CHUNK_ELEMENTS))
 
 
-def test_float_codecs_send_two_bytes_per_element():
-    encoded = encode("bf16", spread(100))
-    assert isinstance(encoded, Encoded) and encoded.payload.dtype == torch.bfloat16 and encoded.scales is None
+@pytest.mark.parametrize("codec, dtype, mantissa_bits", [("bf16", torch.bfloat16, 7), ("fp16", torch.float16, 10)])
+def test_float_codecs_send_two_bytes_per_element(codec, dtype, mantissa_bits):
+    values = spread(100)
+    encoded = encode(codec, values)
+    assert isinstance(encoded, Encoded) and encoded.payload.dtype == dtype and encoded.scales is None
+    assert encoded.payload.numel() == 100 and encoded.payload.element_size() == 2
+    # round to nearest: at most half a unit in the last place, 2 ** -(mantissa bits + 1) relative
+    relative = ((decode(codec, encoded) - values).abs() / values.abs()).max().item()
+    assert 0 < relative <= 2.0 ** -(mantissa_bits + 1)
 
 
 def test_bytes_on_the_wire_per_codec():
