@@ -36,8 +36,11 @@ _adopted: dict[str, GpuSpec] = {}
 def device_spec(name: str) -> GpuSpec:
     """The row the run's node with this GPU plans it with (``adopt_rows``), else the datasheet row of
     ``name``, else a probe of this machine's GPU of that name, else a stand-in."""
-    if name in _adopted:
-        return _adopted[name]
+    return _adopted[name] if name in _adopted else _own_spec(name)
+
+
+def _own_spec(name: str) -> GpuSpec:
+    """This machine's resolution of ``name``: its table (with its user rows), a probe, or the stand-in."""
     try:
         return lookup_gpu(name)
     except ConfigError as err:
@@ -78,9 +81,9 @@ def _probe_or_stand_in(name: str, reason: str) -> GpuSpec:
 
 def own_rows(gpu_names: list[str]) -> dict[str, dict]:
     """The rows this machine plans ``gpu_names`` (its own node's GPUs) with, as plain values for the
-    other nodes: a datasheet row, a user's row, a probe of this machine or a stand-in."""
-    _adopted.clear()
-    return {name: _plain_values(device_spec(name)) for name in dict.fromkeys(gpu_names)}
+    other nodes: a datasheet row, a user's row, a probe of this machine or a stand-in (never a row
+    adopted from another node)."""
+    return {name: _plain_values(_own_spec(name)) for name in dict.fromkeys(gpu_names)}
 
 
 def adopt_rows(rows_by_node: list[dict[str, dict]], node_labels: list[str]) -> list[str]:

@@ -128,6 +128,8 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     config, topology, sync = trainer.config, trainer.topology, trainer.sync
     start = sync.start(resume, trainer.sync_handles())
     run_id, pending_record = start.run_id, start.pending_record
+    if start.gpu_rows_by_node:
+        trainer.adopt_founders_gpu_rows(start.gpu_rows_by_node)
     trainer.warm_up(config.diloco.batch_size)
     sync.exchange(None)
     log = RunLog(trainer.run_dir, build_sinks(config.logging, trainer.run_dir.name, trainer.run_dir,

@@ -21,6 +21,7 @@ from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.plan import NodePlan, Plan, RoundMeasurement
 from geodiloco.balancer.network import SyncSettings
 from geodiloco.balancer.planner import Planner
+from geodiloco.predictor.unknown_gpus import own_rows
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint_writer import CheckpointWriter
 from geodiloco.runtime.batching import StepSamples, accumulate_gradients, is_out_of_memory, micro_batch_sizes, run_fitting
@@ -146,13 +147,25 @@ class NodeTrainer:
 
     def _agree_on_gpu_rows(self) -> None:
         """Torch backend: every node plans the run's GPUs from the rows of the nodes that have them
-        (``agree_on_gpu_rows``). Hivemind nodes have no world to ask; their outer weights come from
-        the steps each node ran, so a first plan that differs between sites costs only idle time."""
+        (``agree_on_gpu_rows``). Hivemind nodes have no world to ask yet: they agree while founding
+        the run (``adopt_founders_gpu_rows``)."""
         if self.config.comm.backend == "hivemind":
             return
         from geodiloco.runtime.comm import agree_on_gpu_rows
-        for line in agree_on_gpu_rows(self.topology, list(self.node.gpus)):
-            if self.topology.is_leader:
+        self._say_gpu_rows(agree_on_gpu_rows(self.topology, list(self.node.gpus)))
+
+    def adopt_founders_gpu_rows(self, rows_by_node: list[tuple[str, dict]]) -> None:
+        """Plan from the rows the run's founders sent with their proposals (hivemind), replanning with
+        the measurements restored so far."""
+        from geodiloco.predictor.unknown_gpus import adopt_rows
+        self._say_gpu_rows(adopt_rows([rows for _, rows in rows_by_node], [name for name, _ in rows_by_node]))
+        self.planner = self.new_planner()
+        for measurement in self.measurements:
+            self.planner.observe(measurement)
+
+    def _say_gpu_rows(self, lines: list[str]) -> None:
+        if self.topology.is_leader:
+            for line in lines:
                 print(f"[geodiloco] node {self.node.name}: {line}", file=sys.stderr, flush=True)
 
     def new_planner(self) -> Planner:
@@ -286,7 +299,8 @@ class NodeTrainer:
                            export_state=self.shared_state, import_state=self.load_shared_state,
                            load_checkpoint=self.load_checkpoint, restore=self.restore,
                            checksum=self.param_checksum,
-                           new_run_id=lambda: fresh_run_id(self.config), run_dir=self.run_dir)
+                           new_run_id=lambda: fresh_run_id(self.config), run_dir=self.run_dir,
+                           gpu_rows=own_rows(list(self.node.gpus)))
 
     def warm_up(self, batch_size: int) -> None:
         """One forward/backward without an update, so one-time initialisation (allocator,

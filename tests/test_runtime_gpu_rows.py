@@ -78,33 +78,58 @@ def read_rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def start_hivemind_nodes(tmp_path, config_path, run_dir, gpu_file, monkeypatch):
+    from tests.test_hivemind_run import start_node
+    peers_file = tmp_path / "peers.txt"
+    run_dir.mkdir()
+    monkeypatch.setenv("GEODILOCO_GPU_FILES", str(gpu_file))
+    first = start_node(config_path, run_dir, "a", peers_file, first=True)
+    monkeypatch.delenv("GEODILOCO_GPU_FILES")
+    second = start_node(config_path, run_dir, "b", peers_file, first=False)
+    outputs = []
+    for process, name in zip((first, second), "ab"):
+        process.wait(timeout=150)
+        outputs.append((tmp_path / f"{name}.log").read_text())
+    return [first, second], outputs
+
+
 @pytest.mark.slow
-def test_the_first_plan_is_the_same_on_a_site_that_lacks_the_other_sites_gpu_row(tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "hivemind"])
+def test_the_first_plan_is_the_same_on_a_site_that_lacks_the_other_sites_gpu_row(tmp_path, backend, monkeypatch):
     """Site a describes its GPU in its own file (an old card, 1/50 of an L4's rates: about twice an L4's
     step for this tiny model, whose steps are mostly host time); site b has no row for it, so on its own
     it would plan a like the L4 stand-in and give itself a's steps, where a's plan gives b twice as many.
-    Node a coordinates, so plan.jsonl is a's plan; metrics.jsonl says what each node trained."""
+    Node a writes the round's plan (plan.jsonl); metrics.jsonl says what each node trained. torch: the
+    nodes agree in their world at start-up; hivemind: through the founding proposals."""
     gpu_file = tmp_path / "site_a_gpus.yaml"
     gpu_file.write_text(yaml.safe_dump({"gpus": [site_card_row(0.02)]}))
     nodes = [{"name": "a", "gpus": [SITE_CARD], "emulate": {"step_time_s": 0.01}},
              {"name": "b", "gpus": ["L4"], "emulate": {"step_time_s": 0.01}}]
-    config = small_config(nodes, balancing={"policy": "time"})
+    if backend == "torch":
+        config = small_config(nodes, balancing={"policy": "time"})
+    else:
+        from tests.test_hivemind_run import hivemind_config
+        config = hivemind_config(nodes, rounds=1)
+        config["balancing"] = {"policy": "time"}
     config["diloco"].update(rounds=1, local_steps=4)
     config["data"]["eval_batches"] = 0
     config_path = write_config(tmp_path, config)
-    port = free_port()
-    workers = [start_worker(config_path, tmp_path / "run", "a", 0, port, gpu_file),
-               start_worker(config_path, tmp_path / "run", "b", 1, port)]
-    outputs = [worker.communicate(timeout=120)[0] for worker in workers]
+    run_dir = tmp_path / "run"
+    if backend == "torch":
+        port = free_port()
+        workers = [start_worker(config_path, run_dir, "a", 0, port, gpu_file),
+                   start_worker(config_path, run_dir, "b", 1, port)]
+        outputs = [worker.communicate(timeout=120)[0] for worker in workers]
+    else:
+        workers, outputs = start_hivemind_nodes(tmp_path, config_path, run_dir, gpu_file, monkeypatch)
     assert [worker.returncode for worker in workers] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
 
-    plan = read_rows(tmp_path / "run" / "plan.jsonl")[0]
+    plan = read_rows(run_dir / "plan.jsonl")[0]
     planned = {row["name"]: (row["local_steps"], row["batch_size"]) for row in plan["nodes"]}
     trained = {row["node"]: (row["local_steps"], row["batch_size"])
-               for row in read_rows(tmp_path / "run" / "metrics.jsonl") if row["round"] == 0 and row["node"] in "ab"}
+               for row in read_rows(run_dir / "metrics.jsonl") if row["round"] == 0 and row["node"] in "ab"}
     assert planned["b"][0] * planned["b"][1] >= 1.6 * planned["a"][0] * planned["a"][1], \
         f"the L4 gets about twice the slow card's samples: {planned}"
     assert trained == planned, f"node b trained what node a's plan gives it: trained {trained}, planned {planned}"
     assert f"node b: GPU '{SITE_CARD}': planned from node a's row (site a's own measurements)" in outputs[1]
     assert "planned from node" not in outputs[0]
-

@@ -326,6 +326,8 @@ class HivemindOuterSync:
         self._final_key: Optional[str] = None
         self._done_peers: Optional[list[str]] = None
         self._founders: list[str] = []
+        self.founders_gpu_rows: list[tuple[str, dict]] = []
+        """(node, the rows it plans its GPUs with) of each founder, from its founding proposal."""
         self._scheduled_time = 0.0
         self.diverged = False
         self._lock = threading.RLock()
@@ -441,12 +443,15 @@ class HivemindOuterSync:
         return broadcast_value(value, src=0)
 
     def planning_nodes(self, round_idx: int) -> list[str]:
-        """Nodes to plan round ``round_idx`` for: live members that take part by then, and this node."""
+        """Nodes to plan round ``round_idx`` for: live members that take part by then, and this node; in
+        the first round also every node that founded the run with it, whose heartbeat may not be visible
+        yet (each founder then plans that round for the same nodes)."""
         names = None
         if self.topology.is_leader:
             members = self.members()
+            founders = self._founders if round_idx == self.joined_round else []
             names = [name for name in self.node_names
-                     if name == self.topology.node_name
+                     if name == self.topology.node_name or name in founders
                      or (name in members and members[name].joined is not None and members[name].joined <= round_idx)]
         return self.share_in_node(names)
 
@@ -482,6 +487,7 @@ class HivemindOuterSync:
                 told = True
             time.sleep(POLL_S)
         self._founders = [name for name in self.node_names if name in proposals]
+        self.founders_gpu_rows = [(name, proposals[name].get("gpu_rows") or {}) for name in self._founders]
         missing = self._missing(proposals)
         if missing:
             print(f"[geodiloco] node {self.topology.node_name}: starting without {', '.join(missing)} (not up "

@@ -31,9 +31,9 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
                                  "training; pass --resume to continue it, or choose another --run-dir"}
         else:
             proposal = {"run_id": handles.new_run_id(), "resume_round": saved_round if resume else None,
-                        "node": topology.node_name}
+                        "node": topology.node_name, "gpu_rows": handles.gpu_rows}
             agreed = sync.found(proposal, sync.options.start_wait_s)
-            decision = {"join": True} if agreed is None else agreed
+            decision = {"join": True} if agreed is None else {**agreed, "founders_gpu_rows": sync.founders_gpu_rows}
     decision = sync.share_in_node(decision)
     if "error" in decision:
         raise RuntimeError(decision["error"])
@@ -56,7 +56,8 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     sync.set_round(first_round, joined=first_round)
     if handles.outer is not None:
         sync.publish_state(*handles.export_state(first_round - 1, run_id))
-    return StartPoint(run_id, first_round, pending)
+    return StartPoint(run_id, first_round, pending,
+                      gpu_rows_by_node=[tuple(item) for item in decision.get("founders_gpu_rows") or []] or None)
 
 
 def join_from_peers(sync: "HivemindOuterSync", first_join: bool = False) -> StartPoint:

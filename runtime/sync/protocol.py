@@ -35,6 +35,8 @@ class SyncHandles:
     node's pending idle record). ``restore(global_state, node_state, keep_in_flight)``: the same from
 states in hand (node_state None: fresh inner state; keep_in_flight False: drop syncs in flight,
 the local model starts from the global one). ``checksum``: sum of |parameters|. ``new_run_id``: a fresh id.
+``gpu_rows``: the rows this node plans its own GPUs with (``predictor.unknown_gpus.own_rows``), for
+backends that agree on them at the start (hivemind's founding).
     """
 
     params: list[torch.Tensor]
@@ -46,6 +48,7 @@ the local model starts from the global one). ``checksum``: sum of |parameters|. 
     checksum: Callable[[], float]
     new_run_id: Callable[[], str]
     run_dir: Path
+    gpu_rows: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -105,6 +108,9 @@ class StartPoint:
     pending_record: Optional[dict] = None
     lost_since: Optional[float] = None
     """Unix time the work lost to a restart began (end of the round resumed from), else None."""
+    gpu_rows_by_node: Optional[list[tuple[str, dict]]] = None
+    """(node, its GPU rows) of the nodes that started the run together, config order, when the backend
+    agreed on them only now (hivemind's founding): the node then plans from these rows."""
 
 
 class OuterSync(Protocol):
