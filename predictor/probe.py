@@ -4,12 +4,19 @@ It times large matmuls at fp32, tf32, fp16 and bf16 and a device-to-device
 copy (a few seconds in all) and returns a ``GpuSpec`` so the step-time model
 plans the node like any known GPU. The model's efficiencies are shares of
 *datasheet* peaks, while a probe measures what a 4096^3 matmul and a copy
-reach; so the row holds the measured rates divided by the share of the
-datasheet peak the same probe reaches on GPUs whose datasheet is known
-(``PROBE_SHARE_OF_PEAK``). Taken as peaks unconverted, the probes of an H100
-and an H200 put their GPU-bound steps 30 % and 26 % too slow at the median;
-divided by the other machines' shares, 6.4 % and 6.1 % (the datasheet rows:
-5.8 % and 4.8 %; experiments/results/gpu/probe_accuracy.md).
+reach, so the row holds datasheet-equivalent peaks (``probe_shares``): a
+matmul rate divided by the share of its peak the model gives large GEMMs
+(``Efficiency.matmul``, 0.90), so that the model's large GEMMs run at the
+measured rate; the copy divided by the share of the memory bandwidth the probe's
+copy reached where the datasheet is known (``PROBE_COPY_SHARE``). Taken as peaks
+unconverted, the probes of an H100 and an H200 put their GPU-bound steps 30 %
+and 26 % too slow at the median; converted, 13 % (the datasheet rows: 5.8 %
+and 4.8 %; experiments/results/gpu/probe_accuracy.md). What remains is Hopper's:
+a 4096^3 matmul reaches only 0.69-0.73 of its tensor peak there, less than the
+training GEMMs do. Dividing by that share instead would plan a GPU that such a
+matmul fills (most smaller GPUs) too fast by about that ratio, so the rule keeps
+the model's own share; the online calibration corrects the rest from the node's
+first measured steps.
 
 It also times the host's cost per eager op and per optimizer tensor on the
 device (``host_op_us``, ``host_optimizer_tensor_us`` in ``measure_device``'s
@@ -41,12 +48,16 @@ CPU_MATMUL_SIZE = 1024
 CPU_COPY_BYTES = 64 * 2**20
 """A CPU probe (no GPU here) stays at sizes a CPU times in about a second; half precision is skipped."""
 PROBE_VERSION = 2
-PROBE_SHARE_OF_PEAK = {"fp32": 0.76, "tensor": 0.70, "memory": 0.84}
-"""What this probe measured as a share of the datasheet's dense peak on the GPUs it ran on that have a
-datasheet row: three Hopper machines (two H100 SXM, one H200; ``python experiments/gpu/probe_accuracy.py``):
-fp32 0.758-0.760; tf32, fp16 and bf16 matmuls 0.62-0.77 (mean 0.70); the device copy 0.82-0.86 of the HBM
-bandwidth. Other architectures may reach other shares of their peaks (a smaller GPU fills its SMs at 4096^3
-more easily); the online calibration corrects the rest from the node's first measured steps."""
+PROBE_COPY_SHARE = 0.84
+"""The probe's device copy as a share of the datasheet memory bandwidth, where the datasheet is known:
+0.82-0.86 on two H100 SXM and an H200 (``python experiments/gpu/probe_accuracy.py``)."""
+
+
+def probe_shares() -> dict:
+    """Share of the datasheet peak each probed rate stands for: matmuls (fp32, and the tf32/fp16/bf16
+    "tensor" rates) at the model's share for large GEMMs, the copy at ``PROBE_COPY_SHARE``."""
+    from geodiloco.predictor.kernels import GPU_EFFICIENCY
+    return {"fp32": GPU_EFFICIENCY.matmul, "tensor": GPU_EFFICIENCY.matmul, "memory": PROBE_COPY_SHARE}
 
 
 def _best_s(action: Callable[[], object], synchronize: Callable[[], None], repeats: int) -> float:
@@ -127,9 +138,9 @@ def measure_device(device: str = "cuda:0", size: int = MATMUL_SIZE, copy_bytes: 
 
 def probe_spec(measured: dict) -> GpuSpec:
     """A device row from ``measure_device`` output. On a GPU the measured rates become datasheet-equivalent
-    peaks (divided by ``PROBE_SHARE_OF_PEAK``); a CPU's stay as measured (CPU rows are measured rates)."""
+    peaks (divided by ``probe_shares``); a CPU's stay as measured (CPU rows are measured rates)."""
     on_gpu = measured.get("device", "cuda").startswith("cuda")
-    shares = PROBE_SHARE_OF_PEAK if on_gpu else {"fp32": 1.0, "tensor": 1.0, "memory": 1.0}
+    shares = probe_shares() if on_gpu else {"fp32": 1.0, "tensor": 1.0, "memory": 1.0}
 
     def peak(column: str, share: str) -> Optional[float]:
         value = measured.get(column)

@@ -39,9 +39,9 @@ def test_a_cpu_probe_measures_positive_rates_and_leaves_host_costs_to_detection(
 def test_the_probe_row_leaves_measured_host_costs_out_and_loads_as_a_gpu_file(tmp_path, capsys):
     row = probe_row({**MEASURED, "host_op_us": 37.0, "host_optimizer_tensor_us": 43.0})
     assert "host_op_us" not in row and "host_optimizer_tensor_us" not in row
-    # datasheet-equivalent peaks: the measured rates over the probe's share of the peak (0.70 tensor, 0.84 copy)
-    assert (row["bf16_tflops"], row["memory_bandwidth_gbps"]) == (171.43, 1071.4)
-    assert (row["fp32_tflops"], row["tf32_tflops"]) == (39.47, 85.71)
+    # datasheet-equivalent peaks: matmul rates over the model's 0.90 share for large GEMMs, the copy over 0.84
+    assert (row["bf16_tflops"], row["memory_bandwidth_gbps"]) == (133.33, 1071.4)
+    assert (row["fp32_tflops"], row["tf32_tflops"]) == (33.33, 66.67)
     path = tmp_path / "probed.yaml"
     path.write_text(yaml.safe_dump({"gpus": [row]}, sort_keys=False), encoding="utf-8")
     table_default = predicted_step_s(capsys, path, "tiny", 1)

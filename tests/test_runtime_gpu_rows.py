@@ -52,7 +52,7 @@ def test_a_gpu_is_planned_from_the_first_node_that_sent_its_row(fresh_resolution
     changed = unknown_gpus.adopt_rows([unknown_gpus.own_rows(["L4"]), {SITE_CARD: probed}, {SITE_CARD: second}],
                                       ["a", "b", "c"])
     adopted = unknown_gpus.device_spec(SITE_CARD)
-    assert (round(adopted.bf16_tflops, 2), adopted.memory_gb, adopted.sm_count) == (228.57, 48.0, 60)  # 160 / 0.70
+    assert (round(adopted.bf16_tflops, 2), adopted.memory_gb, adopted.sm_count) == (177.78, 48.0, 60)  # 160 / 0.90
     assert adopted.source.startswith("measured probe")
     assert changed == [f"GPU '{SITE_CARD}': planned from node b's row ({adopted.source})"], \
         "a table row every node has is no news; the probe of node b is, and node c's second row loses"
