@@ -31,6 +31,8 @@ bounds the batch, so add a row or probe on the node for a large-memory part."""
 _resolved: dict[str, GpuSpec] = {}
 _adopted: dict[str, GpuSpec] = {}
 """Rows other nodes of the run plan their GPUs with (``adopt_rows``); they win over this machine's."""
+_adopted_from: list[tuple[str, dict]] = []
+"""What ``adopt_rows`` was given, (node, rows) in order, to pass on to a node that joins later."""
 
 
 def device_spec(name: str) -> GpuSpec:
@@ -91,6 +93,7 @@ def adopt_rows(rows_by_node: list[dict[str, dict]], node_labels: list[str]) -> l
     of this machine's own resolution. Returns one line per name whose row differs from what this
     machine would have planned (another node probed it, or has a user row for it)."""
     _adopted.clear()
+    _adopted_from[:] = [(label, dict(rows)) for label, rows in zip(node_labels, rows_by_node)]
     changed = []
     for label, rows in zip(node_labels, rows_by_node):
         for name, values in rows.items():
@@ -104,9 +107,16 @@ def adopt_rows(rows_by_node: list[dict[str, dict]], node_labels: list[str]) -> l
     return changed
 
 
+def adopted_rows() -> list[tuple[str, dict]]:
+    """(node, rows) this process plans from, as ``adopt_rows`` took them: what a node that joins the run
+    later needs to plan like its peers."""
+    return list(_adopted_from)
+
+
 def forget_adopted_rows() -> None:
     """Back to this machine's own resolutions (a new run in the same process, tests)."""
     _adopted.clear()
+    _adopted_from.clear()
 
 
 def _table_row(name: str) -> GpuSpec | None:

@@ -21,7 +21,7 @@ from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.plan import NodePlan, Plan, RoundMeasurement
 from geodiloco.balancer.network import SyncSettings
 from geodiloco.balancer.planner import Planner
-from geodiloco.predictor.unknown_gpus import own_rows
+from geodiloco.predictor.unknown_gpus import adopt_rows, adopted_rows, own_rows
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint_writer import CheckpointWriter
 from geodiloco.runtime.batching import StepSamples, accumulate_gradients, is_out_of_memory, micro_batch_sizes, run_fitting
@@ -157,7 +157,6 @@ class NodeTrainer:
     def adopt_founders_gpu_rows(self, rows_by_node: list[tuple[str, dict]]) -> None:
         """Plan from the rows the run's founders sent with their proposals (hivemind), replanning with
         the measurements restored so far."""
-        from geodiloco.predictor.unknown_gpus import adopt_rows
         self._say_gpu_rows(adopt_rows([rows for _, rows in rows_by_node], [name for name, _ in rows_by_node]))
         self.planner = self.new_planner()
         for measurement in self.measurements:
@@ -498,7 +497,8 @@ class NodeTrainer:
         momentum = [self.outer.optimizer.state.get(param, {}).get("momentum_buffer") for param in params]
         has_momentum = all(buffer is not None for buffer in momentum)
         metadata = {"round": round_idx, "run_id": run_id, "has_momentum": has_momentum,
-                    "measurements": [asdict(item) for item in self.measurements]}
+                    "measurements": [asdict(item) for item in self.measurements],
+                    "gpu_rows_by_node": [[node, rows] for node, rows in adopted_rows()]}
         return metadata, list(params) + (momentum if has_momentum else [])
 
     def load_shared_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
@@ -511,6 +511,12 @@ class NodeTrainer:
             self.outer.load_state_dict({"global_params": tensors[:count], "optimizer": optimizer_state})
             self.outer.load_into(self.model)
         self.measurements = [RoundMeasurement(**item) for item in metadata["measurements"]]
+        peers_rows = [(node, rows) for node, rows in metadata.get("gpu_rows_by_node") or []]
+        if peers_rows:
+            own = [] if any(node == self.node.name for node, _ in peers_rows) else [
+                (self.node.name, own_rows(list(self.node.gpus)))]
+            self._say_gpu_rows(adopt_rows([rows for _, rows in peers_rows + own],
+                                          [node for node, _ in peers_rows + own]))
         self.planner = self.new_planner()
         for measurement in self.measurements:
             self.planner.observe(measurement)

@@ -133,3 +133,42 @@ def test_the_first_plan_is_the_same_on_a_site_that_lacks_the_other_sites_gpu_row
     assert trained == planned, f"node b trained what node a's plan gives it: trained {trained}, planned {planned}"
     assert f"node b: GPU '{SITE_CARD}': planned from node a's row (site a's own measurements)" in outputs[1]
     assert "planned from node" not in outputs[0]
+
+
+def test_a_node_that_joins_later_plans_the_founders_gpus_from_their_rows(tmp_path, fresh_resolutions, capsys):
+    """Hivemind: a joiner gets the run's rows with the peers' global state (``shared_state``). Here node a's
+    card is known only from a's own row; node c joins later and, without that row, would plan a as the
+    L4 stand-in, like its own L4, and give both the same steps."""
+    import torch
+    import torch.distributed as dist
+
+    from geodiloco.predictor.specs import GpuRow
+    from geodiloco.runtime.comm import build_topology
+    from geodiloco.runtime.config import parse_config
+    from geodiloco.runtime.trainer import NodeTrainer
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        config = parse_config({"model": {"seq_len": 32}, "data": {"max_bytes": 20_000, "eval_batches": 0},
+                               "balancing": {"policy": "time"}, "diloco": {"local_steps": 4, "batch_size": 4},
+                               "comm": {"min_nodes": 1},
+                               "nodes": [{"name": "a", "gpus": [SITE_CARD]}, {"name": "c", "gpus": ["L4"]}]}, "<test>")
+        trainer = NodeTrainer(config, build_topology("c", ["a", "c"], min_nodes=1), tmp_path, torch.device("cpu"))
+        before = trainer.planner.plan(0, ["a", "c"])
+        assert before.node("a").local_steps == before.node("c").local_steps, "both planned as L4s"
+
+        # on a peer that founded the run with a: a's row, adopted at founding, travels with the state
+        site_row = unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec())
+        unknown_gpus.adopt_rows([{SITE_CARD: site_row}], ["a"])
+        metadata, tensors = trainer.shared_state(0, "run-x")
+        assert [node for node, _ in metadata["gpu_rows_by_node"]] == ["a"]
+
+        unknown_gpus.forget_adopted_rows()  # the joiner's own process knows nothing of it
+        capsys.readouterr()
+        trainer.load_shared_state(metadata, tensors)
+        assert unknown_gpus.device_spec(SITE_CARD).source == "site a's own measurements"
+        assert f"node c: GPU '{SITE_CARD}': planned from node a's row" in capsys.readouterr().err
+        after = trainer.planner.plan(0, ["a", "c"])
+        assert after.node("c").local_steps >= 1.6 * after.node("a").local_steps, after.to_dict()
+    finally:
+        dist.destroy_process_group()
