@@ -1,6 +1,7 @@
 """Every site plans the run's GPUs from the same rows: the row the node that has a GPU plans it with
-(a site's own user row, a probe of an unknown GPU) reaches the other nodes at start-up, so the first
-round's plan does not differ between sites."""
+(a site's own user row, a probe of an unknown GPU) reaches the other nodes at start-up (torch: in the
+world; hivemind: in the founding proposals, and with the global state a joiner downloads), so the
+first round's plan does not differ between sites."""
 from __future__ import annotations
 
 import json
