@@ -119,6 +119,10 @@ def run_simulate(args) -> int:
                                                 ("seed", args.seed)) if value is not None}
     setup = _setup(args, simulation)
     slowdowns = [parse_slowdown(text) for text in args.slowdown]
+    late = [text for text, event in zip(args.slowdown, slowdowns) if event.from_round >= args.rounds]
+    if late:
+        raise ConfigError(f"--slowdown {late[0]}: it starts after the last simulated round (--rounds {args.rounds} "
+                          f"runs rounds 0-{args.rounds - 1}); start it earlier or simulate more rounds")
     result = simulate(setup.planner(), args.rounds, slowdowns=slowdowns, keep_plans=args.out is not None)
     if args.out:
         run_id = args.run_id or f"sim-{setup.balancing.policy}"

@@ -21,6 +21,13 @@ class SlowdownEvent(StrictModel):
     factor: float = Field(gt=0)
     until_round: Optional[int] = Field(default=None, ge=1)
 
+    @model_validator(mode="after")
+    def _until_after_from(self) -> "SlowdownEvent":
+        if self.until_round is not None and self.until_round <= self.from_round:
+            raise ValueError(f"until_round ({self.until_round}) must come after from_round ({self.from_round}); "
+                             "the slowdown lasts up to, not including, until_round")
+        return self
+
 
 class EmulateSpec(StrictModel):
     """How a node gets its speed on a machine that lacks its GPUs: one of three sources.

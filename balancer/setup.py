@@ -115,7 +115,8 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     for name, value in (("--seq-len", resolved_seq_len), ("--local-steps", steps), ("--batch-size", batch)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    balancing = balancing_options(file_data, policy, assignments, simulation or {}, str(cluster_path))
+    balancing = balancing_options(file_data, policy, assignments, simulation or {},
+                                  source_with_options(cluster_path, assignments, simulation or {}))
     try:
         dims = resolve_dims(model_name)
     except ValueError as err:
@@ -123,6 +124,14 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     return PlanningSetup(cluster=cluster, balancing=balancing, model=model_name, dims=dims,
                          seq_len=resolved_seq_len, local_steps=steps, batch_size=batch, precision=precision,
                          sync=sync_settings(diloco, balancing, overlap, compression, run_sync_defaults(file_data)))
+
+
+def source_with_options(cluster_path: str, assignments: Sequence[str], simulation: dict) -> str:
+    """The file an error is about, and the command-line options that changed it, so that an error in an
+    option's value does not send the user looking for it in the file."""
+    options = [f"--set {item}" for item in assignments] + [
+        f"--{key.replace('_', '-')} {value}" for key, value in simulation.items() if key != "seed"]
+    return f"{cluster_path} (with {', '.join(options)})" if options else str(cluster_path)
 
 
 def _first_given(*values):
@@ -178,4 +187,7 @@ def parse_slowdown(text: str) -> Slowdown:
         raise ConfigError(f"--slowdown {text!r}: ROUND must be an integer and FACTOR a number") from None
     if event.from_round < 0 or event.factor <= 0:
         raise ConfigError(f"--slowdown {text!r}: ROUND must be >= 0 and FACTOR > 0")
+    if until is not None and until <= event.from_round:
+        raise ConfigError(f"--slowdown {text!r}: UNTIL ({until}) must come after ROUND ({event.from_round}); the "
+                          "slowdown lasts from ROUND up to, not including, UNTIL")
     return event

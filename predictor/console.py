@@ -13,8 +13,14 @@ PIPE_WIDTH = 160
 
 
 def cli_console():
-    """A rich Console: the terminal's width, or ``PIPE_WIDTH`` columns when piped."""
+    """A rich Console: the terminal's width, or ``PIPE_WIDTH`` columns when piped. A reader that went
+    away (``| head``) raises BrokenPipeError, which the CLI turns into exit status 141 like its plain
+    prints; rich's own handling would exit with status 1."""
     from rich.console import Console
 
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
     piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(width=PIPE_WIDTH if piped else None)
+    return PipeConsole(width=PIPE_WIDTH if piped else None)

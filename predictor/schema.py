@@ -49,6 +49,8 @@ def format_validation_error(err: ValidationError, source: str, prefix: str = "")
 def load_yaml_mapping(path: str | Path, what: str = "a YAML config") -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; errors say which file and why (``what`` the file should be)."""
     file_path = Path(path)
+    if file_path.is_dir():
+        raise ConfigError(f"{file_path}: a folder, not a file; pass the path of {what}")
     if not file_path.is_file():
         raise ConfigError(f"{file_path}: no such file; pass the path of {what}")
     try:

@@ -349,7 +349,9 @@ def known_gpus() -> list[GpuSpec]:
     return sorted(registry().by_name.values(), key=lambda spec: spec.name)
 
 
-_GPU_COUNT = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
+_GPU_COUNT = re.compile(r"^\s*(\d+)\s*[xX×*]\s*(.+?)\s*$")
+_COUNT_LIKE = re.compile(r"^\s*([-+]?\d+(?:\.\d*)?)\s*[xX×*](?:\s+|$)(.*?)\s*$")
+"""A count the user meant but wrote wrongly ("-2 x A30", "2.5 x A30", "4 x"): an error, not a GPU name."""
 
 
 def expand_gpu_counts(names: list[str]) -> list[str]:
@@ -357,6 +359,10 @@ def expand_gpu_counts(names: list[str]) -> list[str]:
     expanded: list[str] = []
     for name in names:
         match = _GPU_COUNT.match(name) if isinstance(name, str) else None
+        malformed = None if match or not isinstance(name, str) else _COUNT_LIKE.match(name)
+        if malformed:
+            raise ConfigError(f"{name!r}: a GPU count is a whole number of 1 or more followed by the GPU's name "
+                              f"(e.g. \"4 x {malformed.group(2) or 'A30'}\")")
         if match and int(match.group(1)) < 1:
             raise ConfigError(f"{name!r}: a GPU count must be at least 1 (write \"1 x {match.group(2)}\", or "
                              "leave the node's gpus empty for a CPU node)")

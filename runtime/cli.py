@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that went away (`| head`) is handled below
+        return code
     except ConfigError as err:
         print(f"geodiloco {args.command}: error: {err}", file=sys.stderr)
         return 2
@@ -63,6 +65,17 @@ def main(argv: list[str] | None = None) -> int:
         # The reader (e.g. `| head`) went away: stop quietly, like other command-line tools.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as err:
+        print(f"geodiloco {args.command}: error: {path_error(err)}", file=sys.stderr)
+        return 2
+
+
+def path_error(err: OSError) -> str:
+    """A file-system error as one line naming the path: an output path that is a file where a folder
+    is wanted, a folder that cannot be created, a file that cannot be written."""
+    if err.filename is None:
+        return err.strerror or str(err)
+    return f"{err.filename}: {(err.strerror or str(err)).lower()}; choose another path"
 
 
 if __name__ == "__main__":

@@ -32,10 +32,11 @@ def register(subparsers) -> None:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config value, e.g. --set diloco.rounds=3 (repeatable)")
     run.add_argument("--no-report", action="store_true", help="do not print the idle report at the end")
-    run.add_argument("--elastic", dest="elastic", action="store_true", default=None,
-                     help="start each node under torchrun's elastic agent (default: comm.elastic.enabled)")
-    run.add_argument("--no-elastic", dest="elastic", action="store_false",
-                     help="fixed membership: one failed node stops the run")
+    membership = run.add_mutually_exclusive_group()
+    membership.add_argument("--elastic", dest="elastic", action="store_true", default=None,
+                            help="start each node under torchrun's elastic agent (default: comm.elastic.enabled)")
+    membership.add_argument("--no-elastic", dest="elastic", action="store_false",
+                            help="fixed membership: one failed node stops the run")
     run.add_argument("--drill", metavar="ACTION:NODE@ROUND,...",
                      help="inject site failures, e.g. 'kill:c@3,restart:c@5' (actions: kill, freeze, thaw, "
                           "restart; halfway through the round; elastic runs only)")

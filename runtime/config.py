@@ -438,6 +438,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         data = load_yaml_mapping(path)
     for override in overrides or []:
         apply_override(data, override)
+    if overrides:
+        source += f" (with {', '.join(f'--set {override}' for override in overrides)})"
     return parse_config(data, source)
 
 

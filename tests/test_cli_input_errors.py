@@ -1,0 +1,77 @@
+"""Mistakes a user makes on the command line end in one line that names the path, option or field and
+exit status 2 (or 141 when the reader of the output went away), never in a traceback or a silent run."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from geodiloco.balancer.cluster import SlowdownEvent
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.specs import expand_gpu_counts
+from geodiloco.runtime.cli import main
+from tests.runtime_helpers import REPO_ROOT
+
+CLUSTER = str(REPO_ROOT / "experiments" / "configs" / "clusters" / "paper4.yaml")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_an_output_path_that_is_a_file_or_cannot_be_made_is_one_line(tmp_path, capsys):
+    taken = tmp_path / "afile"
+    taken.write_text("")
+    code, _, err = run(capsys, "simulate", "--cluster", CLUSTER, "--rounds", "2", "--out", str(taken))
+    assert code == 2 and err == f"geodiloco simulate: error: {taken}: file exists; choose another path\n"
+    code, _, err = run(capsys, "simulate", "--cluster", CLUSTER, "--rounds", "2", "--out", str(taken / "below"))
+    assert code == 2 and err == f"geodiloco simulate: error: {taken / 'below'}: not a directory; choose another path\n"
+
+
+@pytest.mark.parametrize("written", ["-2 x A30", "2.5 x A30", "4 x", "3 *"])
+def test_a_gpu_count_written_wrongly_is_an_error_not_a_gpu_name(written):
+    with pytest.raises(ConfigError, match="a GPU count is a whole number of 1 or more followed by the GPU's name"):
+        expand_gpu_counts([written])
+
+
+def test_gpu_counts_written_as_people_do_expand():
+    assert expand_gpu_counts(["2 * A30", "3x RTX 3090", "V100"]) == ["A30", "A30"] + ["RTX 3090"] * 3 + ["V100"]
+
+
+def test_a_slowdown_that_cannot_take_effect_is_refused(capsys):
+    code, _, err = run(capsys, "simulate", "--cluster", CLUSTER, "--rounds", "5", "--slowdown", "node3:4:2:2")
+    assert code == 2 and "--slowdown 'node3:4:2:2': UNTIL (2) must come after ROUND (4)" in err
+    code, _, err = run(capsys, "simulate", "--cluster", CLUSTER, "--rounds", "5", "--slowdown", "node3:50:2")
+    assert code == 2 and "it starts after the last simulated round (--rounds 5 runs rounds 0-4)" in err
+    with pytest.raises(ValueError, match="until_round \\(3\\) must come after from_round \\(3\\)"):
+        SlowdownEvent(from_round=3, factor=2.0, until_round=3)
+
+
+def test_an_error_in_an_option_names_the_option_not_only_the_file(capsys):
+    code, _, err = run(capsys, "simulate", "--cluster", CLUSTER, "--straggler-prob", "1.5")
+    assert code == 2 and f"{CLUSTER} (with --straggler-prob 1.5): balancing.simulation.straggler_prob" in err
+    code, _, err = run(capsys, "run", "--no-report", "--set", "diloco.locl_steps=3")
+    assert code == 2 and "(with --set diloco.locl_steps=3): diloco.locl_steps: unknown key" in err
+
+
+def test_a_folder_given_as_the_config_file_says_so(tmp_path, capsys):
+    code, _, err = run(capsys, "plan", "--cluster", str(tmp_path))
+    assert code == 2 and err == f"geodiloco plan: error: {tmp_path}: a folder, not a file; pass the path of a YAML config\n"
+
+
+def test_elastic_and_fixed_membership_together_are_refused(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["run", "--elastic", "--no-elastic"])
+    assert stopped.value.code == 2
+    assert "argument --no-elastic: not allowed with argument --elastic" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_ends_a_table_with_status_141():
+    process = subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.cli", "plan", "--cluster", CLUSTER],
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # like `| head` that has already exited
+    err = process.stderr.read()
+    assert process.wait(timeout=60) == 141 and "Traceback" not in err, err
