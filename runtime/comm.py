@@ -178,6 +178,16 @@ def build_topology(node_name: str, config_node_names: list[str], min_nodes: Opti
                     present_names=list(ranks_by_node), config_node_names=list(config_node_names), secret=secret)
 
 
+def agree_on_config(topology: Topology, config) -> None:
+    """Stop every site at once, naming the settings, when the sites' configs differ in what they must
+    share (``runtime.config_agreement``): one gather of each rank's view, compared on every rank."""
+    from geodiloco.runtime.config_agreement import check_all_same, shared_view
+    gathered = all_gather_values({"node": topology.node_name, "view": shared_view(config)})
+    order = {name: index for index, name in enumerate(topology.config_node_names)}
+    gathered.sort(key=lambda item: order.get(item["node"], len(order)))
+    check_all_same([(item["node"], item["view"]) for item in gathered])
+
+
 def agree_on_gpu_rows(topology: Topology, own_gpus: list[str]) -> list[str]:
     """Make every node's planner plan each GPU from the same row: the one the node that has it plans
     it with (a datasheet row, a site's user row, or a probe of an unknown GPU on that machine), so the

@@ -107,6 +107,9 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     node_name = node_name_from_env(node_name, config_names)
     use_cuda = torch.cuda.is_available() and os.environ.get("GEODILOCO_DEVICE", "auto") != "cpu"
     topology = join_world(config, node_name, use_cuda, secret)
+    if config.comm.backend == "torch":
+        from geodiloco.runtime.comm import agree_on_config
+        agree_on_config(topology, config)
     if config.run.deterministic:
         torch.use_deterministic_algorithms(True)
     device = torch.device(f"cuda:{cuda_device_index()}" if use_cuda else "cpu")

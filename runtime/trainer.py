@@ -27,6 +27,7 @@ from geodiloco.runtime.checkpoint_writer import CheckpointWriter
 from geodiloco.runtime.batching import StepSamples, accumulate_gradients, is_out_of_memory, micro_batch_sizes, run_fitting
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import RunConfig
+from geodiloco.runtime.config_agreement import check_same_config, shared_view
 from geodiloco.runtime.data_sources import node_data
 from geodiloco.runtime.diloco import OuterState, build_inner_optimizer, inner_lr
 from geodiloco.lab.cpu_share import NodeCpuShare, start_node_share
@@ -299,7 +300,7 @@ class NodeTrainer:
                            load_checkpoint=self.load_checkpoint, restore=self.restore,
                            checksum=self.param_checksum,
                            new_run_id=lambda: fresh_run_id(self.config), run_dir=self.run_dir,
-                           gpu_rows=own_rows(list(self.node.gpus)))
+                           gpu_rows=own_rows(list(self.node.gpus)), config_view=shared_view(self.config))
 
     def warm_up(self, batch_size: int) -> None:
         """One forward/backward without an update, so one-time initialisation (allocator,
@@ -498,11 +499,16 @@ class NodeTrainer:
         has_momentum = all(buffer is not None for buffer in momentum)
         metadata = {"round": round_idx, "run_id": run_id, "has_momentum": has_momentum,
                     "measurements": [asdict(item) for item in self.measurements],
-                    "gpu_rows_by_node": [[node, rows] for node, rows in adopted_rows()]}
+                    "gpu_rows_by_node": [[node, rows] for node, rows in adopted_rows()],
+                    "node": self.node.name, "config_view": shared_view(self.config)}
         return metadata, list(params) + (momentum if has_momentum else [])
 
     def load_shared_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
-        """Take a peer's global state (leader) and its measurement history (every rank)."""
+        """Take a peer's global state (leader) and its measurement history (every rank); a peer whose
+        run settings differ from this node's stops it (``runtime.config_agreement``)."""
+        if metadata.get("config_view") is not None:
+            check_same_config(shared_view(self.config), metadata["config_view"], self.node.name,
+                              metadata.get("node", "of the peer"))
         if self.outer is not None:
             count = len(self.outer.global_params)
             optimizer_state = self.outer.optimizer.state_dict()

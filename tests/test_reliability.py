@@ -349,7 +349,8 @@ def test_a_hivemind_site_that_did_not_found_the_resume_drops_its_own_newer_round
         checkpoint.save_node(tmp_path, round_idx, "b", {"round": round_idx})
     checkpoint.point_latest(tmp_path, 3)
     handles = types.SimpleNamespace(run_dir=tmp_path, new_run_id=lambda: "fresh", outer=None,
-                                    load_checkpoint=lambda round_idx: ("run-x", None), gpu_rows={})
+                                    load_checkpoint=lambda round_idx: ("run-x", None), gpu_rows={},
+                                    config_view={})
     sync = types.SimpleNamespace(
         handles=handles, topology=types.SimpleNamespace(is_leader=True, node_name="b"), founders_gpu_rows=[],
         running_round=lambda: None, options=types.SimpleNamespace(start_wait_s=1.0),

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime import checkpoint
+from geodiloco.runtime.config_agreement import check_same_config
 from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.sync.protocol import StartPoint
 
@@ -31,10 +33,17 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
                                  "training; pass --resume to continue it, or choose another --run-dir"}
         else:
             proposal = {"run_id": handles.new_run_id(), "resume_round": saved_round if resume else None,
-                        "node": topology.node_name, "gpu_rows": handles.gpu_rows}
+                        "node": topology.node_name, "gpu_rows": handles.gpu_rows, "config_view": handles.config_view}
             agreed = sync.found(proposal, sync.options.start_wait_s)
             decision = {"join": True} if agreed is None else {**agreed, "founders_gpu_rows": sync.founders_gpu_rows}
+            if agreed is not None and agreed.get("config_view") is not None:
+                try:
+                    check_same_config(handles.config_view, agreed["config_view"], topology.node_name, agreed["node"])
+                except ConfigError as err:
+                    decision = {"config_error": str(err)}
     decision = sync.share_in_node(decision)
+    if "config_error" in decision:
+        raise ConfigError(decision["config_error"])
     if "error" in decision:
         raise RuntimeError(decision["error"])
     if decision.get("join"):

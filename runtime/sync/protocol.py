@@ -49,6 +49,8 @@ backends that agree on them at the start (hivemind's founding).
     new_run_id: Callable[[], str]
     run_dir: Path
     gpu_rows: dict = field(default_factory=dict)
+    config_view: dict = field(default_factory=dict)
+    """The settings every site must share (``runtime.config_agreement.shared_view``)."""
 
 
 @dataclass

@@ -1,0 +1,96 @@
+"""Sites that start with different run settings stop at once, each naming the settings, instead of
+hanging at the end of the run or failing in the first all-reduce."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.config import parse_config
+from geodiloco.runtime.config_agreement import check_all_same, differences, shared_view
+from geodiloco.runtime.launch import free_port
+from tests.runtime_helpers import REPO_ROOT, small_config, write_config
+
+NODES = [{"name": name, "gpus": ["RTX 3090"], "emulate": {"step_time_s": 0.01}} for name in ("a", "b")]
+SECRET = "the-runs-shared-secret-123456"
+
+
+def view(**sections):
+    return shared_view(parse_config(small_config(NODES, **sections), "<test>"))
+
+
+def test_only_settings_of_one_site_may_differ():
+    base = view()
+    per_site = view(run={"name": "other", "out_dir": "elsewhere", "seed": 0},
+                    checkpoint={"background": False, "flush": False},
+                    comm={"timeout_s": 99, "elastic": {"enabled": False}},
+                    optim={"inner": {"lr": 3.0e-3, "warmup_steps": 2}})
+    assert differences(per_site, base) == []
+    changed = view(diloco={"rounds": 5, "local_steps": 3, "batch_size": 4, "overlap": "none", "compression": "none"},
+                   model={"preset": "small", "seq_len": 32})
+    paths = [path for path, _, _ in differences(changed, base)]
+    assert "diloco.rounds" in paths and "model.dims.hidden_size" in paths and "model.dims.num_layers" in paths
+
+
+def test_the_error_names_the_nodes_and_each_setting_with_both_values():
+    base = view()
+    other = view(diloco={"rounds": 5, "local_steps": 3, "batch_size": 4, "overlap": "none", "compression": "none"},
+                 balancing={"policy": "time"})
+    with pytest.raises(ConfigError) as raised:
+        check_all_same([("a", base), ("b", other)])
+    message = str(raised.value)
+    assert message.startswith("node b's config differs from node a's in ")
+    assert "diloco.rounds: 5 at node b, 2 at node a" in message
+    assert "balancing.policy: 'time' at node b, 'uniform' at node a" in message
+    assert message.endswith("copy one config file to every site")
+    check_all_same([("a", base), ("b", view())])  # the same settings: no error
+
+
+def start_worker(config_path, run_dir, name, rank, port):
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               GEODILOCO_NODE=name, GEODILOCO_DEVICE="cpu", OMP_NUM_THREADS="1", GEODILOCO_SECRET=SECRET)
+    return subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.train", "--config", str(config_path),
+                             "--run-dir", str(run_dir)], env=env, cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_two_torch_sites_with_different_rounds_both_stop_and_say_why(tmp_path):
+    config = small_config(NODES)
+    edited = small_config(NODES)
+    edited["diloco"]["rounds"] = 4
+    paths = [write_config(tmp_path, config, "a.yaml"), write_config(tmp_path, edited, "b.yaml")]
+    port = free_port()
+    workers = [start_worker(path, tmp_path / f"run_{name}", name, rank, port)
+               for rank, (name, path) in enumerate(zip("ab", paths))]
+    outputs = [worker.communicate(timeout=120)[0] for worker in workers]
+    for worker, output in zip(workers, outputs):
+        assert worker.returncode == 2, output[-3000:]
+        assert "node b's config differs from node a's in diloco.rounds: 4 at node b, 2 at node a" in output
+        assert "Traceback" not in output
+    assert not (tmp_path / "run_a" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_hivemind_founder_with_other_settings_stops_and_the_run_goes_on_without_it(tmp_path, monkeypatch):
+    from tests.test_hivemind_run import assert_all_finish, hivemind_config, start_node, stop_all
+    config = hivemind_config(NODES, rounds=2, start_wait_s=20.0)
+    edited = hivemind_config(NODES, rounds=2, start_wait_s=20.0)
+    edited["optim"]["outer"] = {"lr": 0.5}
+    paths = [write_config(tmp_path, config, "a.yaml"), write_config(tmp_path, edited, "b.yaml")]
+    run_dir, peers_file = tmp_path / "run", tmp_path / "peers.txt"
+    run_dir.mkdir()
+    processes = [start_node(paths[0], run_dir, "a", peers_file, first=True)]
+    try:
+        processes.append(start_node(paths[1], run_dir, "b", peers_file, first=False))
+        assert processes[1].wait(timeout=150) == 2, (tmp_path / "b.log").read_text()[-3000:]
+        logs = assert_all_finish(processes[:1], ["a"], tmp_path)
+    finally:
+        stop_all(processes)
+    stopped = (tmp_path / "b.log").read_text()
+    assert "node b's config differs from node a's in optim.outer.lr: 0.5 at node b, 0.7 at node a" in stopped
+    assert "Traceback" not in stopped
+    assert "final parameter checksum" in logs["a"]
