@@ -72,6 +72,8 @@ def check_same_config(subject: dict, reference: dict, subject_node: str, referen
 
 def check_all_same(views: list[tuple[str, dict]]) -> None:
     """Every (node, view) against the first: the same ConfigError on every site that holds this list."""
+    if not views:
+        return
     reference_node, reference = views[0]
     for node, view in views[1:]:
         check_same_config(view, reference, node, reference_node)

@@ -75,8 +75,8 @@ def test_two_torch_sites_with_different_rounds_both_stop_and_say_why(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_hivemind_founder_with_other_settings_stops_and_the_run_goes_on_without_it(tmp_path, monkeypatch):
-    from tests.test_hivemind_run import assert_all_finish, hivemind_config, start_node, stop_all
+def test_hivemind_founders_with_different_settings_all_stop_and_say_why(tmp_path):
+    from tests.test_hivemind_run import hivemind_config, start_node, stop_all
     config = hivemind_config(NODES, rounds=2, start_wait_s=20.0)
     edited = hivemind_config(NODES, rounds=2, start_wait_s=20.0)
     edited["optim"]["outer"] = {"lr": 0.5}
@@ -86,11 +86,37 @@ def test_a_hivemind_founder_with_other_settings_stops_and_the_run_goes_on_withou
     processes = [start_node(paths[0], run_dir, "a", peers_file, first=True)]
     try:
         processes.append(start_node(paths[1], run_dir, "b", peers_file, first=False))
-        assert processes[1].wait(timeout=150) == 2, (tmp_path / "b.log").read_text()[-3000:]
-        logs = assert_all_finish(processes[:1], ["a"], tmp_path)
+        codes = [process.wait(timeout=150) for process in processes]
     finally:
         stop_all(processes)
-    stopped = (tmp_path / "b.log").read_text()
-    assert "node b's config differs from node a's in optim.outer.lr: 0.5 at node b, 0.7 at node a" in stopped
-    assert "Traceback" not in stopped
-    assert "final parameter checksum" in logs["a"]
+    for name, code in zip("ab", codes):
+        log = (tmp_path / f"{name}.log").read_text()
+        assert code == 2, log[-3000:]
+        assert "node b's config differs from node a's in optim.outer.lr: 0.5 at node b, 0.7 at node a" in log
+        assert "Traceback" not in log
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_a_joiner_whose_settings_differ_from_its_peers_stops(tmp_path):
+    """Hivemind: the global state a joiner downloads carries the peer's run settings."""
+    import torch
+    import torch.distributed as dist
+
+    from geodiloco.runtime.comm import build_topology
+    from geodiloco.runtime.trainer import NodeTrainer
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        config = parse_config({"model": {"seq_len": 32}, "data": {"max_bytes": 20_000, "eval_batches": 0},
+                               "comm": {"min_nodes": 1}, "nodes": [{"name": "a"}, {"name": "c"}]}, "<test>")
+        trainer = NodeTrainer(config, build_topology("c", ["a", "c"], min_nodes=1), tmp_path, torch.device("cpu"))
+        metadata, tensors = trainer.shared_state(0, "run-x")
+        assert metadata["config_view"] == shared_view(config)
+        trainer.load_shared_state({**metadata, "node": "a"}, tensors)  # the same settings: taken
+        peers = {**metadata, "node": "a", "config_view": {**metadata["config_view"],
+                                                          "diloco": {**metadata["config_view"]["diloco"], "rounds": 9}}}
+        with pytest.raises(ConfigError, match="node c's config differs from node a's in diloco.rounds: "
+                                              f"{config.diloco.rounds} at node c, 9 at node a"):
+            trainer.load_shared_state(peers, tensors)
+    finally:
+        dist.destroy_process_group()

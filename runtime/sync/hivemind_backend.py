@@ -328,6 +328,8 @@ class HivemindOuterSync:
         self._founders: list[str] = []
         self.founders_gpu_rows: list[tuple[str, dict]] = []
         """(node, the rows it plans its GPUs with) of each founder, from its founding proposal."""
+        self.founders_config_views: list[tuple[str, dict]] = []
+        """(node, the run settings it must share with the others) of each founder, from its proposal."""
         self._scheduled_time = 0.0
         self.diverged = False
         self._lock = threading.RLock()
@@ -488,6 +490,8 @@ class HivemindOuterSync:
             time.sleep(POLL_S)
         self._founders = [name for name in self.node_names if name in proposals]
         self.founders_gpu_rows = [(name, proposals[name].get("gpu_rows") or {}) for name in self._founders]
+        self.founders_config_views = [(name, proposals[name]["config_view"]) for name in self._founders
+                                      if proposals[name].get("config_view") is not None]
         missing = self._missing(proposals)
         if missing:
             print(f"[geodiloco] node {self.topology.node_name}: starting without {', '.join(missing)} (not up "

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime import checkpoint
-from geodiloco.runtime.config_agreement import check_same_config
+from geodiloco.runtime.config_agreement import check_all_same
 from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.sync.protocol import StartPoint
 
@@ -36,9 +36,9 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
                         "node": topology.node_name, "gpu_rows": handles.gpu_rows, "config_view": handles.config_view}
             agreed = sync.found(proposal, sync.options.start_wait_s)
             decision = {"join": True} if agreed is None else {**agreed, "founders_gpu_rows": sync.founders_gpu_rows}
-            if agreed is not None and agreed.get("config_view") is not None:
-                try:
-                    check_same_config(handles.config_view, agreed["config_view"], topology.node_name, agreed["node"])
+            if agreed is not None:
+                try:  # every founder stops when any two differ, as a torch world does
+                    check_all_same(sync.founders_config_views)
                 except ConfigError as err:
                     decision = {"config_error": str(err)}
     decision = sync.share_in_node(decision)
