@@ -214,8 +214,9 @@ def test_a_killed_node_does_not_stop_the_others(tmp_path):
     assert_same_parameters([final["a"]["start_checksum"], final["b"]["start_checksum"]])
     idle = read_jsonl(run_dir / "idle.jsonl")
     waits = [row["wait_s"] for row in idle if row["node"] in ("a", "b") and row["round_end"] > killed_at]
-    # the dead node is awaited at most until its heartbeat expires, far below round_timeout_s
-    assert waits and max(waits) < HIVEMIND["heartbeat_ttl_s"] + 5.0
+    # the dead node is awaited until its heartbeat expires (3 s), not for round_timeout_s (60 s); on a
+    # loaded 2-core machine a round after the kill waited 12 s (expiry, then a new averaging group)
+    assert waits and max(waits) < HIVEMIND["heartbeat_ttl_s"] + 12.0 < HIVEMIND["round_timeout_s"] / 3
     plans = read_jsonl(run_dir / "plan.jsonl")
     assert {node["name"] for node in plans[-1]["nodes"]} == {"a", "b"}
 
