@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 from rich.console import Console
@@ -62,6 +63,7 @@ def _report(args: argparse.Namespace) -> int:
     from geodiloco.report.export import write_html, write_json
     from geodiloco.report.runs import summarize_runs
 
+    check_output_paths(args)
     summaries = summarize_runs(args.run_dirs, args.price, args.skip_rounds)
     for summary in summaries:
         for warning in summary.warnings:
@@ -86,6 +88,19 @@ def _report(args: argparse.Namespace) -> int:
         write_plot(summaries, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Fail before the report is printed when a file it was asked to write cannot be written there."""
+    for option, value in (("--json", args.json), ("--html", args.html), ("--plot", args.plot)):
+        if value in (None, "-"):
+            continue
+        path = Path(value)
+        if path.is_dir():
+            raise ReportError(f"{option} {path}: a folder; give a file name")
+        if not path.parent.is_dir():
+            raise ReportError(f"{option} {path}: its folder {path.parent} does not exist; create it or choose "
+                              "another path")
 
 
 def run_report(args: argparse.Namespace, prog: str = "geodiloco report") -> int:

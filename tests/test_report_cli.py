@@ -79,6 +79,16 @@ def test_html_export(tmp_path, capsys):
     assert page.startswith("<!DOCTYPE html>") and "GPU time per node" in page and "23.3 %" in page
 
 
+def test_an_output_path_that_cannot_be_written_fails_before_the_report(tmp_path, capsys):
+    run = str(default_run(tmp_path / "run"))
+    assert main([run, "--plot", str(tmp_path / "missing" / "x.png")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "", "nothing of the report is printed first"
+    assert f"--plot {tmp_path / 'missing' / 'x.png'}: its folder {tmp_path / 'missing'} does not exist" in captured.err
+    assert main([run, "--html", str(tmp_path)]) == 2
+    assert f"--html {tmp_path}: a folder; give a file name" in capsys.readouterr().err
+
+
 def test_plot_timeline_and_bars(tmp_path, capsys):
     base, tuned = default_run(tmp_path / "uniform"), _tuned_run(tmp_path / "time")
     single, both = tmp_path / "single.png", tmp_path / "both.png"
