@@ -18,7 +18,7 @@ from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.network import CODEC_BITS, RUN_DEFAULT_COMPRESSION, RUN_DEFAULT_OVERLAP, SYNC_DTYPE_CODEC, SyncSettings
 from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.simulate import Slowdown
-from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, validate
+from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, validate, with_options
 from geodiloco.predictor.workload import ModelDims, hf_config_json, resolve_dims
 
 DEFAULT_MODEL = "llama-150m"
@@ -115,8 +115,10 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     for name, value in (("--seq-len", resolved_seq_len), ("--local-steps", steps), ("--batch-size", batch)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    options = [f"--set {item}" for item in assignments] + [
+        f"--{key.replace('_', '-')} {value}" for key, value in (simulation or {}).items() if key != "seed"]
     balancing = balancing_options(file_data, policy, assignments, simulation or {},
-                                  source_with_options(cluster_path, assignments, simulation or {}))
+                                  with_options(str(cluster_path), options))
     try:
         dims = resolve_dims(model_name)
     except ValueError as err:
@@ -124,14 +126,6 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     return PlanningSetup(cluster=cluster, balancing=balancing, model=model_name, dims=dims,
                          seq_len=resolved_seq_len, local_steps=steps, batch_size=batch, precision=precision,
                          sync=sync_settings(diloco, balancing, overlap, compression, run_sync_defaults(file_data)))
-
-
-def source_with_options(cluster_path: str, assignments: Sequence[str], simulation: dict) -> str:
-    """The file an error is about, and the command-line options that changed it, so that an error in an
-    option's value does not send the user looking for it in the file."""
-    options = [f"--set {item}" for item in assignments] + [
-        f"--{key.replace('_', '-')} {value}" for key, value in simulation.items() if key != "seed"]
-    return f"{cluster_path} (with {', '.join(options)})" if options else str(cluster_path)
 
 
 def _first_given(*values):

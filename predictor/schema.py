@@ -46,6 +46,12 @@ def format_validation_error(err: ValidationError, source: str, prefix: str = "")
     return "\n".join(lines)
 
 
+def with_options(source: str, options: list[str]) -> str:
+    """``source`` (a config file) and the command-line options that changed it, so that an error in an
+    option's value does not send the user looking for it in the file."""
+    return f"{source} (with {', '.join(options)})" if options else source
+
+
 def load_yaml_mapping(path: str | Path, what: str = "a YAML config") -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; errors say which file and why (``what`` the file should be)."""
     file_path = Path(path)

@@ -88,14 +88,14 @@ def own_rows(gpu_names: list[str]) -> dict[str, dict]:
     return {name: _plain_values(_own_spec(name)) for name in dict.fromkeys(gpu_names)}
 
 
-def adopt_rows(rows_by_node: list[dict[str, dict]], node_labels: list[str]) -> list[str]:
-    """Plan each GPU name from the first node (in the given order) that sent a row for it, in place
-    of this machine's own resolution. Returns one line per name whose row differs from what this
-    machine would have planned (another node probed it, or has a user row for it)."""
+def adopt_rows(rows_by_node: list[tuple[str, dict]]) -> list[str]:
+    """Plan each GPU name from the first node (in the given (node, rows) order) that sent a row for it,
+    in place of this machine's own resolution. Returns one line per name whose row differs from what
+    this machine would have planned (another node probed it, or has a user row for it)."""
     _adopted.clear()
-    _adopted_from[:] = [(label, dict(rows)) for label, rows in zip(node_labels, rows_by_node)]
+    _adopted_from[:] = [(label, dict(rows)) for label, rows in rows_by_node]
     changed = []
-    for label, rows in zip(node_labels, rows_by_node):
+    for label, rows in rows_by_node:
         for name, values in rows.items():
             if name in _adopted:
                 continue

@@ -178,25 +178,22 @@ def build_topology(node_name: str, config_node_names: list[str], min_nodes: Opti
                     present_names=list(ranks_by_node), config_node_names=list(config_node_names), secret=secret)
 
 
-def agree_on_config(topology: Topology, config) -> None:
-    """Stop every site at once, naming the settings, when the sites' configs differ in what they must
-    share (``runtime.config_agreement``): one gather of each rank's view, compared on every rank."""
-    from geodiloco.runtime.config_agreement import check_all_same, shared_view
-    gathered = all_gather_values({"node": topology.node_name, "view": shared_view(config)})
+def agree_at_start(topology: Topology, config_view: dict, own_gpus: list[str]) -> list[str]:
+    """One gather at start-up, so that the sites train and plan alike:
+
+    - every site must share ``config_view`` (``runtime.config_agreement``); on a difference every rank
+      raises the same ConfigError, naming the settings;
+    - every node plans each GPU from the row the node that has it plans it with (a datasheet row, that
+      site's user row, or a probe of its unknown GPU), so the first round's plan is the same everywhere.
+
+    Returns what changed in this node's GPU rows, one line per GPU name."""
+    from geodiloco.predictor.unknown_gpus import adopt_rows, own_rows
+    from geodiloco.runtime.config_agreement import check_all_same
+    gathered = all_gather_values({"node": topology.node_name, "view": config_view, "rows": own_rows(own_gpus)})
     order = {name: index for index, name in enumerate(topology.config_node_names)}
     gathered.sort(key=lambda item: order.get(item["node"], len(order)))
     check_all_same([(item["node"], item["view"]) for item in gathered])
-
-
-def agree_on_gpu_rows(topology: Topology, own_gpus: list[str]) -> list[str]:
-    """Make every node's planner plan each GPU from the same row: the one the node that has it plans
-    it with (a datasheet row, a site's user row, or a probe of an unknown GPU on that machine), so the
-    first round's plan is the same on every site. Returns what changed here, one line per GPU name."""
-    from geodiloco.predictor.unknown_gpus import adopt_rows, own_rows
-    gathered = all_gather_values({"node": topology.node_name, "rows": own_rows(own_gpus)})
-    order = {name: index for index, name in enumerate(topology.config_node_names)}
-    gathered.sort(key=lambda item: order[item["node"]])
-    return adopt_rows([item["rows"] for item in gathered], [item["node"] for item in gathered])
+    return adopt_rows([(item["node"], item["rows"]) for item in gathered])
 
 
 def node_name_from_env(cli_node: Optional[str], config_node_names: list[str]) -> str:

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names, load_gpu_files
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.network import RUN_DEFAULT_COMPRESSION, RUN_DEFAULT_OVERLAP
-from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
+from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate, with_options
 from geodiloco.predictor.workload import ModelDims, dims_from_mapping, hf_config_json, preset_dims, resolve_dims
 
 DEFAULT_CONFIG_NAME = "default.yaml"
@@ -438,9 +438,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         data = load_yaml_mapping(path)
     for override in overrides or []:
         apply_override(data, override)
-    if overrides:
-        source += f" (with {', '.join(f'--set {override}' for override in overrides)})"
-    return parse_config(data, source)
+    return parse_config(data, with_options(source, [f"--set {override}" for override in overrides or []]))
 
 
 def apply_override(data: dict, override: str) -> None:

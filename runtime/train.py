@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections import Counter
 import signal
 import sys
 import threading
@@ -108,8 +109,11 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     use_cuda = torch.cuda.is_available() and os.environ.get("GEODILOCO_DEVICE", "auto") != "cpu"
     topology = join_world(config, node_name, use_cuda, secret)
     if config.comm.backend == "torch":
-        from geodiloco.runtime.comm import agree_on_config
-        agree_on_config(topology, config)
+        from geodiloco.runtime.comm import agree_at_start
+        from geodiloco.runtime.config_agreement import shared_view
+        for line in agree_at_start(topology, shared_view(config), list(config.node(node_name).gpus)):
+            if topology.is_leader:
+                print(f"[geodiloco] node {node_name}: {line}", file=sys.stderr, flush=True)
     if config.run.deterministic:
         torch.use_deterministic_algorithms(True)
     device = torch.device(f"cuda:{cuda_device_index()}" if use_cuda else "cpu")
@@ -203,7 +207,7 @@ def report_final_parameters(final: list[dict]) -> None:
         return
     first = by_rank[0][2]
     if all(abs(checksum - first) <= 1e-9 * max(abs(first), 1.0) for _, _, checksum in by_rank):
-        ranks = {node: sum(1 for item in by_rank if item[0] == node) for node, _, _ in by_rank}
+        ranks = Counter(node for node, _, _ in by_rank)
         holders = ", ".join(f"{node} ({count} ranks)" if count > 1 else node for node, count in ranks.items())
         print(f"[geodiloco] final parameter checksum {first!r} on every rank: {holders}", flush=True)
         return

@@ -125,7 +125,8 @@ class NodeTrainer:
         self.pacer = StepPacer(self.node, topology.node_index, config.diloco.batch_size, config.run.seed,
                                self.dims, self.seq_len, config.model.precision)
         self.cpu_share = start_cpu_share(self.node)
-        self._agree_on_gpu_rows()
+        self.config_view = shared_view(config)
+        """The settings every site must share (``runtime.config_agreement``), computed once."""
         self.planner = self.new_planner()
         self.measurements: list[RoundMeasurement] = []
         self.last_sync_s: Optional[float] = None
@@ -146,19 +147,14 @@ class NodeTrainer:
         """Samples per pass this node's GPU memory was found to hold (after an out-of-memory error), which
         caps the planned micro-batch for the rest of the run; None until memory ran out."""
 
-    def _agree_on_gpu_rows(self) -> None:
-        """Torch backend: every node plans the run's GPUs from the rows of the nodes that have them
-        (``agree_on_gpu_rows``). Hivemind nodes have no world to ask yet: they agree while founding
-        the run (``adopt_founders_gpu_rows``)."""
-        if self.config.comm.backend == "hivemind":
-            return
-        from geodiloco.runtime.comm import agree_on_gpu_rows
-        self._say_gpu_rows(agree_on_gpu_rows(self.topology, list(self.node.gpus)))
-
     def adopt_founders_gpu_rows(self, rows_by_node: list[tuple[str, dict]]) -> None:
-        """Plan from the rows the run's founders sent with their proposals (hivemind), replanning with
-        the measurements restored so far."""
-        self._say_gpu_rows(adopt_rows([rows for _, rows in rows_by_node], [name for name, _ in rows_by_node]))
+        """Plan from the rows the run's founders sent with their proposals (hivemind; the torch backend
+        agrees on them in ``runtime.comm.agree_at_start``), replanning with the measurements so far."""
+        self._say_gpu_rows(adopt_rows(rows_by_node))
+        self._replan()
+
+    def _replan(self) -> None:
+        """A fresh planner that has seen ``self.measurements`` (after a restore, or new GPU rows)."""
         self.planner = self.new_planner()
         for measurement in self.measurements:
             self.planner.observe(measurement)
@@ -300,7 +296,7 @@ class NodeTrainer:
                            load_checkpoint=self.load_checkpoint, restore=self.restore,
                            checksum=self.param_checksum,
                            new_run_id=lambda: fresh_run_id(self.config), run_dir=self.run_dir,
-                           gpu_rows=own_rows(list(self.node.gpus)), config_view=shared_view(self.config))
+                           gpu_rows=own_rows(list(self.node.gpus)), config_view=self.config_view)
 
     def warm_up(self, batch_size: int) -> None:
         """One forward/backward without an update, so one-time initialisation (allocator,
@@ -482,9 +478,7 @@ class NodeTrainer:
             self.shard.load_position_state(node_state["data_position"])
         history = global_state.get("measurements", node_state.get("measurements", []))
         self.measurements = [RoundMeasurement(**item) for item in history]
-        self.planner = self.new_planner()
-        for measurement in self.measurements:
-            self.planner.observe(measurement)
+        self._replan()
         if "torch_rng" in node_state:
             torch.set_rng_state(node_state["torch_rng"])
         return global_state["run_id"], node_state.get("pending_record")
@@ -500,14 +494,14 @@ class NodeTrainer:
         metadata = {"round": round_idx, "run_id": run_id, "has_momentum": has_momentum,
                     "measurements": [asdict(item) for item in self.measurements],
                     "gpu_rows_by_node": [[node, rows] for node, rows in adopted_rows()],
-                    "node": self.node.name, "config_view": shared_view(self.config)}
+                    "node": self.node.name, "config_view": self.config_view}
         return metadata, list(params) + (momentum if has_momentum else [])
 
     def load_shared_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:
         """Take a peer's global state (leader) and its measurement history (every rank); a peer whose
         run settings differ from this node's stops it (``runtime.config_agreement``)."""
         if metadata.get("config_view") is not None:
-            check_same_config(shared_view(self.config), metadata["config_view"], self.node.name,
+            check_same_config(self.config_view, metadata["config_view"], self.node.name,
                               metadata.get("node", "of the peer"))
         if self.outer is not None:
             count = len(self.outer.global_params)
@@ -521,11 +515,8 @@ class NodeTrainer:
         if peers_rows:
             own = [] if any(node == self.node.name for node, _ in peers_rows) else [
                 (self.node.name, own_rows(list(self.node.gpus)))]
-            self._say_gpu_rows(adopt_rows([rows for _, rows in peers_rows + own],
-                                          [node for node, _ in peers_rows + own]))
-        self.planner = self.new_planner()
-        for measurement in self.measurements:
-            self.planner.observe(measurement)
+            self._say_gpu_rows(adopt_rows(peers_rows + own))
+        self._replan()
 
 
 def build_data(config: RunConfig, topology: Topology) -> tuple[list, object]:

@@ -50,8 +50,8 @@ def test_a_gpu_is_planned_from_the_first_node_that_sent_its_row(fresh_resolution
     stand_in = unknown_gpus.device_spec(SITE_CARD)
     assert stand_in.bf16_tflops == lookup_gpu("L4").bf16_tflops and stand_in.source.startswith("stand-in")
 
-    changed = unknown_gpus.adopt_rows([unknown_gpus.own_rows(["L4"]), {SITE_CARD: probed}, {SITE_CARD: second}],
-                                      ["a", "b", "c"])
+    changed = unknown_gpus.adopt_rows([("a", unknown_gpus.own_rows(["L4"])), ("b", {SITE_CARD: probed}),
+                                       ("c", {SITE_CARD: second})])
     adopted = unknown_gpus.device_spec(SITE_CARD)
     assert (round(adopted.bf16_tflops, 2), adopted.memory_gb, adopted.sm_count) == (177.78, 48.0, 60)  # 160 / 0.90
     assert adopted.source.startswith("measured probe")
@@ -160,7 +160,7 @@ def test_a_node_that_joins_later_plans_the_founders_gpus_from_their_rows(tmp_pat
 
         # on a peer that founded the run with a: a's row, adopted at founding, travels with the state
         site_row = unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec())
-        unknown_gpus.adopt_rows([{SITE_CARD: site_row}], ["a"])
+        unknown_gpus.adopt_rows([("a", {SITE_CARD: site_row})])
         metadata, tensors = trainer.shared_state(0, "run-x")
         assert [node for node, _ in metadata["gpu_rows_by_node"]] == ["a"]
 
