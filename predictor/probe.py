@@ -12,11 +12,15 @@ copy reached where the datasheet is known (``PROBE_COPY_SHARE``). Taken as peaks
 unconverted, the probes of an H100 and an H200 put their GPU-bound steps 30 %
 and 26 % too slow at the median; converted, 13 % (the datasheet rows: 5.8 %
 and 4.8 %; experiments/results/gpu/probe_accuracy.md). What remains is Hopper's:
-a 4096^3 matmul reaches only 0.69-0.73 of its tensor peak there, less than the
-training GEMMs do. Dividing by that share instead would plan a GPU that such a
-matmul fills (most smaller GPUs) too fast by about that ratio, so the rule keeps
-the model's own share; the online calibration corrects the rest from the node's
-first measured steps.
+a 4096^3 matmul reaches only 0.69-0.74 of its tensor peak there. That is not the
+probe's size or timing: on a second H200, 8192^3 and 16384^3 products, steady-state
+batches instead of single calls, and llama-150m's own MLP GEMM all read 0.62-0.79
+(experiments/results/gpu/h200-b/probe_timing.md). The model's 0.90 is the share its
+fit to whole published steps gives large GEMMs, not one GEMM's measured share.
+Dividing by Hopper's 0.70 instead would plan a GPU whose matmuls reach more of
+their peak too fast by that ratio (no such GPU has been measured here), so the rule
+keeps the model's own share; the online calibration corrects the rest from the
+node's first measured steps.
 
 It also times the host's cost per eager op and per optimizer tensor on the
 device (``host_op_us``, ``host_optimizer_tensor_us`` in ``measure_device``'s
@@ -73,14 +77,19 @@ def _best_s(action: Callable[[], object], synchronize: Callable[[], None], repea
     return best
 
 
-def _matmul_tflops(torch, device, dtype, size: int, repeats: int, tf32: bool = False) -> Optional[float]:
+Timer = Callable[[Callable[[], object], Callable[[], None], int], float]
+"""How an action is timed: (action, synchronize, repeats) -> seconds per action."""
+
+
+def _matmul_tflops(torch, device, dtype, size: int, repeats: int, tf32: bool = False,
+                   timer: Timer = _best_s) -> Optional[float]:
     """Measured TFLOPS of a size^3 matmul in ``dtype``; None if the device refuses that dtype."""
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
         left = torch.randn(size, size, device=device, dtype=dtype)
         right = torch.randn(size, size, device=device, dtype=dtype)
-        seconds = _best_s(lambda: torch.mm(left, right), lambda: _sync(torch, device), repeats)
+        seconds = timer(lambda: torch.mm(left, right), lambda: _sync(torch, device), repeats)
     except (RuntimeError, TypeError) as err:
         log.info("probe: %s matmul unavailable on %s: %s", dtype, device, err)
         return None
@@ -94,12 +103,12 @@ def _sync(torch, device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _copy_gbps(torch, device, copy_bytes: int, repeats: int) -> float:
+def _copy_gbps(torch, device, copy_bytes: int, repeats: int, timer: Timer = _best_s) -> float:
     """Read + write bandwidth of a device-to-device copy, GB/s."""
     elements = copy_bytes // 4
     source = torch.ones(elements, device=device)
     target = torch.empty(elements, device=device)
-    seconds = _best_s(lambda: target.copy_(source), lambda: _sync(torch, device), repeats)
+    seconds = timer(lambda: target.copy_(source), lambda: _sync(torch, device), repeats)
     return 2.0 * elements * 4 / seconds / 1e9
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, for a machine lent for a short while:
 #   experiments/gpu/run_all.sh OUT_DIR
-# 1. what the predictor detects on this machine (NVML / torch.cuda), a measured probe row, and the
-#    probe's matmul at 4096^3, 8192^3 and 16384^3;
+# 1. what the predictor detects on this machine (NVML / torch.cuda), a measured probe row, and
+#    probe_timing.py: the probe's matmul by size (4096^3-16384^3), timing, operands and interleaving;
 # 2. validate.py at bf16: t(B) and largest batch of tiny, small, llama-150m beside the predictor,
 #    then a short real DiLoCo run (2 nodes under torchrun, bf16 autocast);
 # 3. kernel_classes.py: GPU-bound steps' kernel time by class, beside the predictor's split;
@@ -10,9 +10,10 @@
 # 4. validate.py at fp32 (no run): the same t(B) check without tensor-core autocast;
 # 5. host_overhead.py: small-batch steps split into host and GPU time (profiler), beside the predictor;
 # 6. a DiLoCo run at fp16: the runtime's loss-scaled path on the GPU;
-# 7. the tests that behave differently with CUDA present (precision, GPU kit, NVML sampler, detection).
-# Writes OUT_DIR/{detect.txt,probe_row.yaml,probe_sizes.json,host_overhead.json,kernel_classes.{json,md},loss_rate.{json,md},pytest.log} and
-# OUT_DIR/{bf16,fp32,fp16-run}/<gpu-slug>.{txt,json}.
+# 7. nccl_one_rank.sh: the outer sync on CUDA tensors (cpu:gloo,cuda:nccl) in a world of one rank;
+# 8. the tests that behave differently with CUDA present (precision, GPU kit, NVML sampler, detection).
+# Writes OUT_DIR/{detect.txt,probe_row.yaml,probe_timing.{json,md},host_overhead.json,kernel_classes.{json,md},
+# loss_rate.{json,md},pytest.log}, OUT_DIR/{bf16,fp32,fp16-run}/<gpu-slug>.{txt,json} and OUT_DIR/nccl/.
 # Exit code: the number of steps that failed (0: all passed).
 set -u
 case "${1:-}" in
@@ -31,10 +32,8 @@ echo "== detection and probe"
   geodiloco predict --probe --write-row "$out_dir/probe_row.yaml"
   geodiloco predict --resolve "$(python3 -c 'import torch; print(torch.cuda.get_device_name(0))')"
 } 2>&1 | tee "$out_dir/detect.txt" || failed=$((failed + 1))
-# the probe's matmul at larger sizes: how far 4096^3 is from what this GPU's GEMMs reach (probe_accuracy.py)
-python3 -c 'import json, sys; from geodiloco.predictor.probe import measure_device
-json.dump({size: measure_device("cuda:0", size=size) for size in (4096, 8192, 16384)}, sys.stdout, indent=1)' \
-    > "$out_dir/probe_sizes.json" || failed=$((failed + 1))
+python3 experiments/gpu/probe_timing.py --out "$out_dir" --data-check --interleave-check \
+    && python3 experiments/gpu/probe_timing.py --render "$out_dir" || failed=$((failed + 1))
 
 echo "== bf16 sweep and DiLoCo run"
 python3 experiments/gpu/validate.py --batch-sizes 1,2,4,8,16,32,64 --out "$out_dir/bf16" || failed=$((failed + 1))
@@ -54,6 +53,10 @@ python3 experiments/gpu/host_overhead.py --out "$out_dir" || failed=$((failed + 
 
 echo "== DiLoCo run at fp16 (loss scale)"
 python3 experiments/gpu/validate.py --skip-sweep --run-precision fp16 --out "$out_dir/fp16-run" || failed=$((failed + 1))
+
+echo "== the outer sync on CUDA tensors (nccl group, one rank)"
+experiments/gpu/nccl_one_rank.sh "$out_dir/nccl" cuda || failed=$((failed + 1))
+rm -rf "$out_dir/nccl/runs"
 
 echo "== tests with CUDA present"
 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_precision.py tests/test_gpu_validate.py \
