@@ -21,6 +21,23 @@ SyncDtype = Literal["fp32", "bf16", "fp16", "int8"]
 FlopsField = Literal["fp16_tflops", "bf16_tflops", "fp16_fp32acc_tflops", "tf32_tflops", "fp32_tflops"]
 
 
+RULE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "reference_node": ("time", "hybrid"), "round_time_s": ("time", "hybrid"),
+    "max_comm_fraction": ("time", "hybrid"), "max_phase_stretch": ("time", "hybrid"),
+    "tokens_per_round": ("hybrid",), "max_grad_accum": ("hybrid",), "throughput_tolerance": ("hybrid",),
+    "max_batch_factor": ("hybrid",), "flops_field": ("batch_by_flops", "steps_by_flops"),
+    "batch_search": ("max_batch_by_memory",),
+}
+"""Options read by a policy's rule (balancer/policies.py), and the policies whose rule reads each;
+``adaptive`` and ``deadline`` run the rule of their ``adaptive_base`` (time or hybrid) every round."""
+PLANNER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "calibration_rounds": ("time", "hybrid"), "adaptive_base": ("adaptive", "deadline"),
+    "hysteresis": ("adaptive", "deadline"), "deadline_step_slack": ("deadline",),
+}
+"""Options the planner reads around the rule (balancer/planner.py), and the policies it reads each for."""
+REPLANNING_POLICIES = ("adaptive", "deadline")
+
+
 class SimulationConfig(StrictModel):
     """Ground truth knobs of ``geodiloco simulate`` (ignored by a real run).
 
@@ -99,3 +116,27 @@ class BalancingConfig(StrictModel):
             raise ValueError(f"max_batch_size ({self.max_batch_size}) must be >= min_batch_size "
                              f"({self.min_batch_size}); raise max_batch_size or lower min_batch_size")
         return self
+
+    def unread_options(self) -> list[str]:
+        """One notice per option the config sets that its policy never reads (a setting meant for
+        another policy has no effect, which a user tuning it would not otherwise learn)."""
+        rule = self.adaptive_base if self.policy in REPLANNING_POLICIES else self.policy
+        notices = []
+        for option in sorted(self.model_fields_set & (RULE_OPTIONS.keys() | PLANNER_OPTIONS.keys())):
+            if option in RULE_OPTIONS:
+                readers = RULE_OPTIONS[option]
+                if rule in readers:
+                    continue
+                used_by = ", ".join(readers)
+                if "time" in readers or "hybrid" in readers:
+                    bases = " or ".join(base for base in ("time", "hybrid") if base in readers)
+                    used_by += f", and adaptive/deadline with adaptive_base: {bases}"
+            else:
+                readers = PLANNER_OPTIONS[option]
+                if self.policy in readers:
+                    continue
+                used_by = ", ".join(readers)
+            rule_note = f" (its rule: {rule})" if rule != self.policy else ""
+            notices.append(f"balancing.{option} has no effect under policy {self.policy}{rule_note}; "
+                           f"it is read by {used_by}")
+        return notices

@@ -8,6 +8,7 @@ override.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -20,6 +21,8 @@ from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.simulate import Slowdown
 from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, validate, with_options
 from geodiloco.predictor.workload import ModelDims, hf_config_json, resolve_dims
+
+log = logging.getLogger("geodiloco.balancer")
 
 DEFAULT_MODEL = "llama-150m"
 DEFAULT_SEQ_LEN = 1024
@@ -119,6 +122,8 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
         f"--{key.replace('_', '-')} {value}" for key, value in (simulation or {}).items() if key != "seed"]
     balancing = balancing_options(file_data, policy, assignments, simulation or {},
                                   with_options(str(cluster_path), options))
+    for notice in balancing.unread_options():
+        log.warning(notice)
     try:
         dims = resolve_dims(model_name)
     except ValueError as err:

@@ -126,13 +126,17 @@ def check_model_files(config: RunConfig) -> None:
 
 GPU_NOTICES_ENV = "GEODILOCO_GPU_NOTICES"
 """``shown`` in the nodes ``geodiloco run`` starts: the launcher's preflight already printed each GPU name's
-notice (a default row, a stand-in), so the nodes do not print it again (``quiet_gpu_notices``)."""
+notice (a default row, a stand-in) and each balancing option the policy does not read, so the nodes do
+not print them again (``quiet_gpu_notices``)."""
+NOTICE_LOGGERS = ("geodiloco.predictor", "geodiloco.balancer")
 
 
 def quiet_gpu_notices(environ=None) -> None:
-    """In a node whose launcher printed the GPU notices, keep the predictor's warnings to errors."""
+    """In a node whose launcher printed the config's notices, keep the predictor's and the balancer's
+    warnings to errors."""
     if (os.environ if environ is None else environ).get(GPU_NOTICES_ENV) == "shown":
-        logging.getLogger("geodiloco.predictor").setLevel(logging.ERROR)
+        for name in NOTICE_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def check_gpu_names(config: RunConfig) -> None:
@@ -141,6 +145,13 @@ def check_gpu_names(config: RunConfig) -> None:
     for node in config.nodes:
         for gpu in node.gpus:
             device_spec(gpu)
+
+
+def check_balancing_options(config: RunConfig) -> None:
+    """A notice for each ``balancing:`` option the chosen policy never reads (not an error: a config
+    may keep another policy's settings for later)."""
+    for notice in config.balancing.unread_options():
+        logging.getLogger("geodiloco.balancer").warning(notice)
 
 
 def check_byte_corpus(config: RunConfig) -> None:
@@ -190,6 +201,7 @@ def preflight(config: RunConfig, data: bool = True) -> None:
     check_extras(config)
     config.model.dims()
     check_gpu_names(config)
+    check_balancing_options(config)
     check_model_fits(config)
     check_model_files(config)
     check_data_files(config)

@@ -258,9 +258,9 @@ def test_nodes_started_by_the_launcher_do_not_repeat_its_gpu_notices(caplog):
     import logging
 
     from geodiloco.predictor.unknown_gpus import _resolved, device_spec
-    from geodiloco.runtime.preflight import quiet_gpu_notices
+    from geodiloco.runtime.preflight import NOTICE_LOGGERS, quiet_gpu_notices
     logger = logging.getLogger("geodiloco.predictor")
-    level = logger.level
+    levels = {name: logging.getLogger(name).level for name in NOTICE_LOGGERS}
     try:
         with caplog.at_level(logging.WARNING):
             device_spec("Lab Card 9002")
@@ -272,8 +272,10 @@ def test_nodes_started_by_the_launcher_do_not_repeat_its_gpu_notices(caplog):
         assert "Lab Card 9001" not in caplog.text
         quiet_gpu_notices({})
         assert logger.level == logging.ERROR
+        assert logging.getLogger("geodiloco.balancer").level == logging.ERROR
     finally:
-        logger.setLevel(level)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
         _resolved.pop("Lab Card 9001", None)
         _resolved.pop("Lab Card 9002", None)
 
