@@ -39,7 +39,7 @@ from geodiloco.runtime.finite_guard import NonFiniteModel, check_some_node_finit
 from geodiloco.runtime.metrics_sinks import build_sinks
 from geodiloco.runtime.mig_devices import cuda_device_index, pin_mig_instance
 from geodiloco.runtime.runlog import RunLog
-from geodiloco.runtime.sync import OutOfSync, RoundSync, SyncOutcome, join_world
+from geodiloco.runtime.sync import CannotStart, OutOfSync, RoundSync, SyncOutcome, join_world
 from geodiloco.runtime.trainer import LocalResult, NodeTrainer
 
 FORCED_EXIT_GRACE_S = 5.0
@@ -463,6 +463,10 @@ def train_from_args(args: argparse.Namespace) -> int:
         return 1
     except AuthError as err:
         print(f"[geodiloco] cannot join the run: {err}", file=sys.stderr, flush=True)
+        return 1
+    except CannotStart as err:
+        print(f"[geodiloco] cannot start: {err}", file=sys.stderr, flush=True)
+        record_fatal(str(err))
         return 1
     except StopRequested as stop:
         print(f"[geodiloco] node stopped by {stop}; the last complete checkpoint is kept in {run_dir}",

@@ -5,9 +5,10 @@ from typing import Optional
 
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import RunConfig
-from geodiloco.runtime.sync.protocol import OuterSync, OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
+from geodiloco.runtime.sync.protocol import (CannotStart, OuterSync, OutOfSync, RoundSync, StartPoint, SyncHandles,
+                                              SyncOutcome)
 
-__all__ = ["OuterSync", "OutOfSync", "RoundSync", "StartPoint", "SyncHandles", "SyncOutcome", "build_outer_sync"]
+__all__ = ["CannotStart", "OuterSync", "OutOfSync", "RoundSync", "StartPoint", "SyncHandles", "SyncOutcome", "build_outer_sync"]
 
 
 def transfer_timeout_s(config: RunConfig, planned_sync_s: float) -> float:
@@ -30,7 +31,8 @@ def build_outer_sync(config: RunConfig, topology: Topology, num_params: int, pla
                               transfer_timeout_s(config, planned_sync_s))
     from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync
     return HivemindOuterSync(topology, config.comm.hivemind, config.run.name, [node.name for node in config.nodes],
-                             num_params, config.diloco.compression, config.comm.init_timeout_s)
+                             num_params, config.diloco.compression, config.comm.init_timeout_s,
+                             config.comm.min_nodes)
 
 
 def join_world(config: RunConfig, node_name: str, use_cuda: bool, secret: Optional[bytes] = None) -> Topology:

@@ -166,6 +166,10 @@ def initial_peers(options: HivemindSection) -> list[str]:
     return list(options.initial_peers) + extra
 
 
+class TooFewNodes(RuntimeError):
+    """Founding gave up: fewer than ``comm.min_nodes`` nodes came up in time."""
+
+
 def peer_start_failure(node_name: str, error: str, peers: list[str], start_wait_s: float) -> str:
     """Why this node's hivemind peer could not start, told apart by where bootstrapping stopped:
     p2pd reaching no one at the initial peers' addresses (nothing listens there: not started yet,
@@ -310,11 +314,13 @@ class HivemindOuterSync:
     barrier_free = False
 
     def __init__(self, topology: Topology, options: HivemindSection, run_name: str, node_names: list[str],
-                 num_params: int, diloco_compression: str = "none", init_timeout_s: float = 120.0) -> None:
+                 num_params: int, diloco_compression: str = "none", init_timeout_s: float = 120.0,
+                 min_nodes: int = 1) -> None:
         self.topology = topology
         self.options = options
         self.compression = diloco_compression
         self.init_timeout_s = init_timeout_s
+        self.min_nodes = min_nodes
         self.handles: Optional[SyncHandles] = None
         self.writes_round = True
         self.global_withheld: Optional[str] = None
@@ -468,25 +474,39 @@ class HivemindOuterSync:
     def found(self, proposal: dict, wait_s: float) -> Optional[dict]:
         """Founding nodes agree on a proposal (the lowest config index wins); None = join instead.
 
-        Waits until every config node proposed, up to ``wait_s``; gives up founding as soon as
-        a peer is seen training.
+        Waits until every config node proposed, up to ``wait_s``; past that, while fewer than
+        ``min_nodes`` (comm.min_nodes) have proposed, up to ``init_timeout_s`` more, then gives up
+        (``TooFewNodes`` naming the missing nodes). Gives up founding as soon as a peer is seen training.
         """
         self._store("start", self.topology.node_name, proposal, ROUND_KEY_TTL_S)
         started = time.monotonic()
-        told = False
+        told = told_short = False
+        seen_up: set[str] = set()
         while True:
-            proposals = self._read("start")
+            proposals = {name: value for name, value in self._read("start").items() if not value.get("withdrawn")}
+            seen_up |= set(proposals)
             running = self.running_round()
             if running is not None:
                 if self._founded_without_waiting(proposals, running):
                     break
                 return None
-            if set(self.node_names) <= set(proposals) or time.monotonic() > started + wait_s:
+            waited_s = time.monotonic() - started
+            proposed = len([name for name in self.node_names if name in proposals])
+            if proposed == len(self.node_names) or (waited_s > wait_s and proposed >= self.min_nodes):
                 break
-            if not told and time.monotonic() > started + FOUNDING_QUIET_S:
+            if waited_s > wait_s + self.init_timeout_s:
+                # withdrawn, so that a site starting later does not count this one as up
+                self._store("start", self.topology.node_name, {"withdrawn": True}, ROUND_KEY_TTL_S)
+                raise TooFewNodes(self._too_few_founders(proposals, seen_up, wait_s))
+            if not told and waited_s > FOUNDING_QUIET_S:
                 print(f"[geodiloco] node {self.topology.node_name}: waiting up to {wait_s:g} s "
                       f"(comm.hivemind.start_wait_s) for {', '.join(self._missing(proposals))} to start", flush=True)
                 told = True
+            if not told_short and waited_s > wait_s:
+                print(f"[geodiloco] node {self.topology.node_name}: {proposed} of the {self.min_nodes} nodes "
+                      f"comm.min_nodes asks for are up; waiting up to {self.init_timeout_s:g} s more "
+                      f"(comm.init_timeout_s) for {', '.join(self._missing(proposals))}", flush=True)
+                told_short = True
             time.sleep(POLL_S)
         self._founders = [name for name in self.node_names if name in proposals]
         self.founders_gpu_rows = [(name, proposals[name].get("gpu_rows") or {}) for name in self._founders]
@@ -497,6 +517,17 @@ class HivemindOuterSync:
             print(f"[geodiloco] node {self.topology.node_name}: starting without {', '.join(missing)} (not up "
                   f"within comm.hivemind.start_wait_s, {wait_s:g} s); they join mid-run when they come", flush=True)
         return proposals[self._founders[0]]
+
+    def _too_few_founders(self, proposals: dict, seen_up: set[str], wait_s: float) -> str:
+        """Why founding gave up: the nodes that came up (and those of them that gave up first), the missing."""
+        came = [name for name in self.node_names if name in seen_up]
+        gave_up = [name for name in came if name not in proposals]
+        left = f"; {', '.join(gave_up)} gave up waiting first" if gave_up else ""
+        return (f"node {self.topology.node_name}: only {len(came)} node(s) came up ({', '.join(came)}{left}) within "
+                f"comm.hivemind.start_wait_s ({wait_s:g} s) and comm.init_timeout_s ({self.init_timeout_s:g} s) "
+                f"more; comm.min_nodes asks for {self.min_nodes} to start the run. Never up: "
+                f"{', '.join(name for name in self.node_names if name not in seen_up)}. Start those sites (with "
+                "this node's address in their initial peers), or lower comm.min_nodes")
 
     def _missing(self, proposals: dict) -> list[str]:
         """Config nodes that have not proposed (not started, or not reachable yet)."""

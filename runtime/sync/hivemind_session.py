@@ -13,7 +13,7 @@ from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config_agreement import check_all_same
 from geodiloco.runtime.runlog import RunLog
-from geodiloco.runtime.sync.protocol import StartPoint
+from geodiloco.runtime.sync.protocol import CannotStart, StartPoint
 
 if TYPE_CHECKING:
     from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     """Join peers already training, or found the run with the nodes starting now (lowest index wins)."""
+    from geodiloco.runtime.sync.hivemind_backend import TooFewNodes
     handles, topology = sync.handles, sync.topology
     run_dir = handles.run_dir
     decision = None
@@ -34,8 +35,12 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
         else:
             proposal = {"run_id": handles.new_run_id(), "resume_round": saved_round if resume else None,
                         "node": topology.node_name, "gpu_rows": handles.gpu_rows, "config_view": handles.config_view}
-            agreed = sync.found(proposal, sync.options.start_wait_s)
-            decision = {"join": True} if agreed is None else {**agreed, "founders_gpu_rows": sync.founders_gpu_rows}
+            try:
+                agreed = sync.found(proposal, sync.options.start_wait_s)
+            except TooFewNodes as too_few:
+                agreed, decision = None, {"error": str(too_few)}
+            else:
+                decision = {"join": True} if agreed is None else {**agreed, "founders_gpu_rows": sync.founders_gpu_rows}
             if agreed is not None:
                 try:  # every founder stops when any two differ, as a torch world does
                     check_all_same(sync.founders_config_views)
@@ -45,7 +50,7 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     if "config_error" in decision:
         raise ConfigError(decision["config_error"])
     if "error" in decision:
-        raise RuntimeError(decision["error"])
+        raise CannotStart(decision["error"])
     if decision.get("join"):
         return join_from_peers(sync, first_join=True)
     run_id, first_round, pending = decision["run_id"], 0, None

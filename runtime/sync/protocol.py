@@ -24,6 +24,11 @@ class OutOfSync(RuntimeError):
     """This node's peers finished a round without it; it must reload the global state to go on."""
 
 
+class CannotStart(RuntimeError):
+    """The run cannot start at this node, for a reason its message states with the fix (fewer than
+    ``comm.min_nodes`` sites came up; a checkpoint in the run directory without ``--resume``)."""
+
+
 @dataclass
 class SyncHandles:
     """What a backend may read and change on its node.
