@@ -252,15 +252,21 @@ def test_a_late_node_joins_with_its_peers_parameters(tmp_path):
     # c starts from a peer's parameters, not its own initialization
     first = start_checksums[joined[0]]
     assert any(same_parameters(first["c"], first[peer]) for peer in ("a", "b") if peer in first), first
+    records_c = sorted((row for row in read_jsonl(run_dir / "idle.jsonl") if row["node"] == "c"),
+                       key=lambda row: row["round"])
+    recorded = [row["round"] for row in records_c]
     if not any(marker in log for log in logs.values() for marker in RECOVERY_MARKERS):
         # no hivemind hiccup to recover from: every round from the join holds all three, in step
         assert joined == list(range(joined[0], rounds))
         for round_idx in joined:
             assert set(start_checksums[round_idx]) == {"a", "b", "c"}
             assert_same_parameters(list(start_checksums[round_idx].values()))
-    records_c = sorted((row for row in read_jsonl(run_dir / "idle.jsonl") if row["node"] == "c"),
-                       key=lambda row: row["round"])
-    assert [row["round"] for row in records_c] == joined
+        assert recorded == joined
+    else:
+        # an all-reduce that failed for some: c's row of a round it threw away (its time counted in its
+        # next record) may come from the group's first node, and a round that node threw away has c's
+        # record without c's row
+        assert recorded[-1] == rounds - 1 and set(recorded) <= set(range(joined[0], rounds)), (recorded, joined)
     # from its first round on, c's records tile its time: a round it had to throw away (left out
     # of an averaging group, rejoined) is counted in the next one, not dropped
     for earlier, later in zip(records_c, records_c[1:]):
