@@ -92,9 +92,22 @@ def adopt_rows(rows_by_node: list[tuple[str, dict]]) -> list[str]:
     """Plan each GPU name from the first node (in the given (node, rows) order) that sent a row for it,
     in place of this machine's own resolution. Returns one line per name whose row differs from what
     this machine would have planned (another node probed it, or has a user row for it)."""
+    return list(_adopt(rows_by_node).values())
+
+
+def adopt_more_rows(rows_by_node: list[tuple[str, dict]]) -> list[str]:
+    """Add the rows of nodes that joined later, after those already adopted (a name keeps the row it
+    was adopted with). Returns the lines ``adopt_rows`` would for the names new to this process."""
+    before = set(_adopted)
+    changed = _adopt(adopted_rows() + list(rows_by_node))
+    return [line for name, line in changed.items() if name not in before]
+
+
+def _adopt(rows_by_node: list[tuple[str, dict]]) -> dict[str, str]:
+    """Adopt ``rows_by_node`` afresh; {name: line} for each name planned differently from this machine."""
     _adopted.clear()
     _adopted_from[:] = [(label, dict(rows)) for label, rows in rows_by_node]
-    changed = []
+    changed = {}
     for label, rows in rows_by_node:
         for name, values in rows.items():
             if name in _adopted:
@@ -103,7 +116,7 @@ def adopt_rows(rows_by_node: list[tuple[str, dict]]) -> list[str]:
             own = _resolved.get(name) or _table_row(name)
             _adopted[name] = spec
             if own is None or _plain_values(own) != _plain_values(spec):
-                changed.append(f"GPU {name!r}: planned from node {label}'s row ({spec.source})")
+                changed[name] = f"GPU {name!r}: planned from node {label}'s row ({spec.source})"
     return changed
 
 

@@ -21,7 +21,7 @@ from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.plan import NodePlan, Plan, RoundMeasurement
 from geodiloco.balancer.network import SyncSettings
 from geodiloco.balancer.planner import Planner
-from geodiloco.predictor.unknown_gpus import adopt_rows, adopted_rows, own_rows
+from geodiloco.predictor.unknown_gpus import adopt_more_rows, adopt_rows, adopted_rows, own_rows
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint_writer import CheckpointWriter
 from geodiloco.runtime.batching import StepSamples, accumulate_gradients, is_out_of_memory, micro_batch_sizes, run_fitting
@@ -152,6 +152,14 @@ class NodeTrainer:
         agrees on them in ``runtime.comm.agree_at_start``), replanning with the measurements so far."""
         self._say_gpu_rows(adopt_rows(rows_by_node))
         self._replan()
+
+    def adopt_joiners_gpu_rows(self, rows_by_node: list[tuple[str, dict]]) -> None:
+        """Plan nodes that joined after the founding from the rows they plan their own GPUs with (hivemind
+        heartbeats), replanning only when one of them changes a row this node planned with."""
+        lines = adopt_more_rows(rows_by_node)
+        self._say_gpu_rows(lines)
+        if lines:
+            self._replan()
 
     def _replan(self) -> None:
         """A fresh planner that has seen ``self.measurements`` (after a restore, or new GPU rows)."""
@@ -296,7 +304,8 @@ class NodeTrainer:
                            load_checkpoint=self.load_checkpoint, restore=self.restore,
                            checksum=self.param_checksum,
                            new_run_id=lambda: fresh_run_id(self.config), run_dir=self.run_dir,
-                           gpu_rows=own_rows(list(self.node.gpus)), config_view=self.config_view)
+                           gpu_rows=own_rows(list(self.node.gpus)), config_view=self.config_view,
+                           adopt_gpu_rows=self.adopt_joiners_gpu_rows)
 
     def warm_up(self, batch_size: int) -> None:
         """One forward/backward without an update, so one-time initialisation (allocator,

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from geodiloco.predictor import unknown_gpus
-from geodiloco.predictor.specs import lookup_gpu
+from geodiloco.predictor.specs import GpuRow, lookup_gpu
 from geodiloco.runtime.launch import free_port
 from tests.runtime_helpers import REPO_ROOT, small_config, write_config
 
@@ -143,7 +143,6 @@ def test_a_node_that_joins_later_plans_the_founders_gpus_from_their_rows(tmp_pat
     import torch
     import torch.distributed as dist
 
-    from geodiloco.predictor.specs import GpuRow
     from geodiloco.runtime.comm import build_topology
     from geodiloco.runtime.config import parse_config
     from geodiloco.runtime.trainer import NodeTrainer
@@ -171,5 +170,83 @@ def test_a_node_that_joins_later_plans_the_founders_gpus_from_their_rows(tmp_pat
         assert f"node c: GPU '{SITE_CARD}': planned from node a's row" in capsys.readouterr().err
         after = trainer.planner.plan(0, ["a", "c"])
         assert after.node("c").local_steps >= 1.6 * after.node("a").local_steps, after.to_dict()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rows_of_a_later_node_are_added_after_those_adopted_and_only_new_names_are_news(fresh_resolutions):
+    site_row = unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec())
+    unknown_gpus.adopt_rows([("a", {SITE_CARD: site_row}), ("b", unknown_gpus.own_rows(["L4"]))])
+    other = {**site_row, "name": "Other Card 5", "bf16_tflops": 3.0, "source": "site c's own measurements"}
+    lines = unknown_gpus.adopt_more_rows([("c", {SITE_CARD: {**site_row, "bf16_tflops": 999.0}, "Other Card 5": other})])
+    assert lines == ["GPU 'Other Card 5': planned from node c's row (site c's own measurements)"]
+    assert unknown_gpus.device_spec(SITE_CARD).bf16_tflops == site_row["bf16_tflops"], "a's row keeps its name"
+    assert unknown_gpus.device_spec("Other Card 5").bf16_tflops == 3.0
+    assert [node for node, _ in unknown_gpus.adopted_rows()] == ["a", "b", "c"]
+    assert unknown_gpus.adopt_more_rows([("d", {"Other Card 5": other})]) == [], "adopted before: no news"
+    unknown_gpus._resolved.pop("Other Card 5", None)
+
+
+def hivemind_view(node_name, members, founders, joined_round, adopt):
+    """A hivemind backend's leader as ``planning_nodes`` sees the run: ``members`` are the heartbeats."""
+    import types
+
+    from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync, Member
+    sync = HivemindOuterSync.__new__(HivemindOuterSync)
+    sync.topology = types.SimpleNamespace(node_name=node_name, is_leader=True)
+    sync.node_names, sync._founders, sync.joined_round = ["a", "b", "c"], founders, joined_round
+    sync.members = lambda: {name: Member(name, *fields) for name, fields in members.items()}
+    sync.share_in_node = lambda value: value
+    sync.handles = types.SimpleNamespace(adopt_gpu_rows=adopt)
+    return sync
+
+
+def test_a_peer_adopts_a_joiners_rows_from_its_heartbeat_once_it_takes_part(fresh_resolutions):
+    site_row = unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec())
+    unknown_gpus.adopt_rows([("a", unknown_gpus.own_rows(["L4"])), ("b", unknown_gpus.own_rows(["L4"]))])
+    adopted_calls = []
+
+    def adopt(rows_by_node):
+        adopted_calls.append(rows_by_node)
+        unknown_gpus.adopt_more_rows(rows_by_node)
+
+    members = {"a": (5, 0, unknown_gpus.own_rows(["L4"])), "b": (5, 0, unknown_gpus.own_rows(["L4"])),
+               "c": (-1, 6, {SITE_CARD: site_row})}
+    sync = hivemind_view("a", members, founders=["a", "b"], joined_round=0, adopt=adopt)
+    assert sync.planning_nodes(5) == ["a", "b"] and adopted_calls == [], "c takes part from round 6"
+    assert sync.planning_nodes(6) == ["a", "b", "c"]
+    assert adopted_calls == [[("c", {SITE_CARD: site_row})]]
+    assert unknown_gpus.device_spec(SITE_CARD).source == "site a's own measurements"
+    sync.planning_nodes(7)
+    assert len(adopted_calls) == 1, "adopted once"
+
+
+def test_a_peer_replans_a_joiner_with_an_unknown_gpu_from_the_joiners_row(tmp_path, fresh_resolutions, capsys):
+    """Without the joiner's row, node a plans c's card as the L4 stand-in (the same steps as its own L4);
+    with it, as the slow card it is."""
+    import torch
+    import torch.distributed as dist
+
+    from geodiloco.runtime.comm import build_topology
+    from geodiloco.runtime.config import parse_config
+    from geodiloco.runtime.trainer import NodeTrainer
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        config = parse_config({"model": {"seq_len": 32}, "data": {"max_bytes": 20_000, "eval_batches": 0},
+                               "balancing": {"policy": "time"}, "diloco": {"local_steps": 4, "batch_size": 4},
+                               "comm": {"min_nodes": 1},
+                               "nodes": [{"name": "a", "gpus": ["L4"]}, {"name": "c", "gpus": [SITE_CARD]}]}, "<test>")
+        trainer = NodeTrainer(config, build_topology("a", ["a", "c"], min_nodes=1), tmp_path, torch.device("cpu"))
+        trainer.adopt_founders_gpu_rows([("a", unknown_gpus.own_rows(["L4"]))])
+        before = trainer.planner.plan(6, ["a", "c"])
+        assert before.node("a").local_steps == before.node("c").local_steps, "both planned as L4s"
+        capsys.readouterr()
+        site_row = unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec())
+        trainer.adopt_joiners_gpu_rows([("c", {SITE_CARD: site_row})])
+        assert f"node a: GPU '{SITE_CARD}': planned from node c's row (site a's own measurements)" in \
+            capsys.readouterr().err
+        after = trainer.planner.plan(6, ["a", "c"])
+        assert after.node("a").local_steps >= 1.6 * after.node("c").local_steps, after.to_dict()
     finally:
         dist.destroy_process_group()

@@ -31,13 +31,14 @@ import threading
 import time
 import typing
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
+from geodiloco.predictor.unknown_gpus import adopted_rows
 from geodiloco.runtime.auth import SECRET_ENV, AuthError
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import HivemindSection
@@ -282,6 +283,8 @@ class Member:
     name: str
     round: int
     joined: Optional[int]
+    gpu_rows: dict = field(default_factory=dict)
+    """The rows the node plans its own GPUs with (``SyncHandles.gpu_rows``)."""
 
 
 def node_topology(node_name: str, config_node_names: list[str], timeout_s: float, use_cuda: bool,
@@ -410,7 +413,8 @@ class HivemindOuterSync:
         return {subkey: item.value for subkey, item in found.value.items() if item.value is not None}
 
     def _beat(self, left: bool = False) -> None:
-        value = {"round": self.current_round, "joined": self.joined_round, "left": left, "peer": self.peer_id}
+        value = {"round": self.current_round, "joined": self.joined_round, "left": left, "peer": self.peer_id,
+                 "gpu_rows": self.handles.gpu_rows if self.handles is not None else {}}
         self._store("members", self.topology.node_name, value, self.options.heartbeat_ttl_s)
 
     def _heartbeat_loop(self) -> None:
@@ -428,7 +432,8 @@ class HivemindOuterSync:
             info = entries.get(name)
             if isinstance(info, dict) and not info.get("left"):
                 joined = info.get("joined")
-                live[name] = Member(name, int(info.get("round", -1)), None if joined is None else int(joined))
+                live[name] = Member(name, int(info.get("round", -1)), None if joined is None else int(joined),
+                                    info.get("gpu_rows") or {})
         return live
 
     def set_round(self, round_idx: int, joined: Optional[int] = None) -> None:
@@ -453,15 +458,24 @@ class HivemindOuterSync:
     def planning_nodes(self, round_idx: int) -> list[str]:
         """Nodes to plan round ``round_idx`` for: live members that take part by then, and this node; in
         the first round also every node that founded the run with it, whose heartbeat may not be visible
-        yet (each founder then plans that round for the same nodes)."""
-        names = None
+        yet (each founder then plans that round for the same nodes). A member that joined after the
+        founding and whose GPU rows this node has not adopted yet has them adopted first, so its peers
+        plan it from the rows it plans itself with."""
+        chosen = None
         if self.topology.is_leader:
             members = self.members()
             founders = self._founders if round_idx == self.joined_round else []
             names = [name for name in self.node_names
                      if name == self.topology.node_name or name in founders
                      or (name in members and members[name].joined is not None and members[name].joined <= round_idx)]
-        return self.share_in_node(names)
+            adopted = {node for node, _ in adopted_rows()}
+            joiners_rows = [(name, members[name].gpu_rows) for name in names
+                            if name in members and name not in adopted and members[name].gpu_rows]
+            chosen = (names, joiners_rows)
+        names, joiners_rows = self.share_in_node(chosen)
+        if joiners_rows and self.handles is not None and self.handles.adopt_gpu_rows is not None:
+            self.handles.adopt_gpu_rows(joiners_rows)
+        return names
 
     # ----- start: found a run or join one ------------------------------------------------
 

@@ -41,7 +41,7 @@ class SyncHandles:
 states in hand (node_state None: fresh inner state; keep_in_flight False: drop syncs in flight,
 the local model starts from the global one). ``checksum``: sum of |parameters|. ``new_run_id``: a fresh id.
 ``gpu_rows``: the rows this node plans its own GPUs with (``predictor.unknown_gpus.own_rows``), for
-backends that agree on them at the start (hivemind's founding).
+backends that agree on them at the start (hivemind's founding) or pass them on later (its heartbeats).
     """
 
     params: list[torch.Tensor]
@@ -56,6 +56,9 @@ backends that agree on them at the start (hivemind's founding).
     gpu_rows: dict = field(default_factory=dict)
     config_view: dict = field(default_factory=dict)
     """The settings every site must share (``runtime.config_agreement.shared_view``)."""
+    adopt_gpu_rows: Optional[Callable[[list[tuple[str, dict]]], None]] = None
+    """Plan from the rows of nodes that joined later, (node, rows) each, after the rows already adopted
+    (hivemind: a joiner's rows reach its peers in its heartbeat)."""
 
 
 @dataclass
