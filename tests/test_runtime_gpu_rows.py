@@ -250,3 +250,21 @@ def test_a_peer_replans_a_joiner_with_an_unknown_gpu_from_the_joiners_row(tmp_pa
         assert after.node("a").local_steps >= 1.6 * after.node("c").local_steps, after.to_dict()
     finally:
         dist.destroy_process_group()
+
+
+def test_the_heartbeat_carries_the_nodes_own_rows_and_members_read_them_back(fresh_resolutions):
+    import types
+
+    from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync
+    site_row = unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec())
+    stored = {}
+    sync = HivemindOuterSync.__new__(HivemindOuterSync)
+    sync.topology = types.SimpleNamespace(node_name="c")
+    sync.node_names, sync.current_round, sync.joined_round, sync.peer_id = ["a", "b", "c"], -1, 6, "peer-c"
+    sync.options = types.SimpleNamespace(heartbeat_ttl_s=6.0)
+    sync.handles = types.SimpleNamespace(gpu_rows={SITE_CARD: site_row})
+    sync._store = lambda key, subkey, value, ttl_s: stored.setdefault(key, {}).__setitem__(subkey, value)
+    sync._read = lambda key: stored.get(key, {})
+    sync._beat()
+    member = sync.members()["c"]
+    assert (member.joined, member.gpu_rows) == (6, {SITE_CARD: site_row})
