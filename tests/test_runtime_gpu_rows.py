@@ -136,42 +136,52 @@ def test_the_first_plan_is_the_same_on_a_site_that_lacks_the_other_sites_gpu_row
     assert "planned from node" not in outputs[0]
 
 
-def test_a_node_that_joins_later_plans_the_founders_gpus_from_their_rows(tmp_path, fresh_resolutions, capsys):
-    """Hivemind: a joiner gets the run's rows with the peers' global state (``shared_state``). Here node a's
-    card is known only from a's own row; node c joins later and, without that row, would plan a as the
-    L4 stand-in, like its own L4, and give both the same steps."""
-    import torch
+@pytest.fixture
+def one_rank_world():
+    """A one-rank gloo world, as a NodeTrainer needs one."""
     import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def trainer_of(node_name, nodes, run_dir):
+    """Node ``node_name``'s trainer for a time-balanced run of ``nodes`` ((name, GPU) pairs) on the CPU."""
+    import torch
 
     from geodiloco.runtime.comm import build_topology
     from geodiloco.runtime.config import parse_config
     from geodiloco.runtime.trainer import NodeTrainer
+    config = parse_config({"model": {"seq_len": 32}, "data": {"max_bytes": 20_000, "eval_batches": 0},
+                           "balancing": {"policy": "time"}, "diloco": {"local_steps": 4, "batch_size": 4},
+                           "comm": {"min_nodes": 1},
+                           "nodes": [{"name": name, "gpus": [gpu]} for name, gpu in nodes]}, "<test>")
+    names = [name for name, _ in nodes]
+    return NodeTrainer(config, build_topology(node_name, names, min_nodes=1), run_dir, torch.device("cpu"))
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
-        config = parse_config({"model": {"seq_len": 32}, "data": {"max_bytes": 20_000, "eval_batches": 0},
-                               "balancing": {"policy": "time"}, "diloco": {"local_steps": 4, "batch_size": 4},
-                               "comm": {"min_nodes": 1},
-                               "nodes": [{"name": "a", "gpus": [SITE_CARD]}, {"name": "c", "gpus": ["L4"]}]}, "<test>")
-        trainer = NodeTrainer(config, build_topology("c", ["a", "c"], min_nodes=1), tmp_path, torch.device("cpu"))
-        before = trainer.planner.plan(0, ["a", "c"])
-        assert before.node("a").local_steps == before.node("c").local_steps, "both planned as L4s"
 
-        # on a peer that founded the run with a: a's row, adopted at founding, travels with the state
-        site_row = unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec())
-        unknown_gpus.adopt_rows([("a", {SITE_CARD: site_row})])
-        metadata, tensors = trainer.shared_state(0, "run-x")
-        assert [node for node, _ in metadata["gpu_rows_by_node"]] == ["a"]
+def test_a_node_that_joins_later_plans_the_founders_gpus_from_their_rows(tmp_path, fresh_resolutions, capsys,
+                                                                        one_rank_world):
+    """Hivemind: a joiner gets the run's rows with the peers' global state (``shared_state``). Here node a's
+    card is known only from a's own row; node c joins later and, without that row, would plan a as the
+    L4 stand-in, like its own L4, and give both the same steps."""
+    trainer = trainer_of("c", [("a", SITE_CARD), ("c", "L4")], tmp_path)
+    before = trainer.planner.plan(0, ["a", "c"])
+    assert before.node("a").local_steps == before.node("c").local_steps, "both planned as L4s"
 
-        unknown_gpus.forget_adopted_rows()  # the joiner's own process knows nothing of it
-        capsys.readouterr()
-        trainer.load_shared_state(metadata, tensors)
-        assert unknown_gpus.device_spec(SITE_CARD).source == "site a's own measurements"
-        assert f"node c: GPU '{SITE_CARD}': planned from node a's row" in capsys.readouterr().err
-        after = trainer.planner.plan(0, ["a", "c"])
-        assert after.node("c").local_steps >= 1.6 * after.node("a").local_steps, after.to_dict()
-    finally:
-        dist.destroy_process_group()
+    # on a peer that founded the run with a: a's row, adopted at founding, travels with the state
+    site_row = unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec())
+    unknown_gpus.adopt_rows([("a", {SITE_CARD: site_row})])
+    metadata, tensors = trainer.shared_state(0, "run-x")
+    assert [node for node, _ in metadata["gpu_rows_by_node"]] == ["a"]
+
+    unknown_gpus.forget_adopted_rows()  # the joiner's own process knows nothing of it
+    capsys.readouterr()
+    trainer.load_shared_state(metadata, tensors)
+    assert unknown_gpus.device_spec(SITE_CARD).source == "site a's own measurements"
+    assert f"node c: GPU '{SITE_CARD}': planned from node a's row" in capsys.readouterr().err
+    after = trainer.planner.plan(0, ["a", "c"])
+    assert after.node("c").local_steps >= 1.6 * after.node("a").local_steps, after.to_dict()
 
 
 def test_rows_of_a_later_node_are_added_after_those_adopted_and_only_new_names_are_news(fresh_resolutions):
@@ -221,35 +231,21 @@ def test_a_peer_adopts_a_joiners_rows_from_its_heartbeat_once_it_takes_part(fres
     assert len(adopted_calls) == 1, "adopted once"
 
 
-def test_a_peer_replans_a_joiner_with_an_unknown_gpu_from_the_joiners_row(tmp_path, fresh_resolutions, capsys):
+def test_a_peer_replans_a_joiner_with_an_unknown_gpu_from_the_joiners_row(tmp_path, fresh_resolutions, capsys,
+                                                                          one_rank_world):
     """Without the joiner's row, node a plans c's card as the L4 stand-in (the same steps as its own L4);
     with it, as the slow card it is."""
-    import torch
-    import torch.distributed as dist
-
-    from geodiloco.runtime.comm import build_topology
-    from geodiloco.runtime.config import parse_config
-    from geodiloco.runtime.trainer import NodeTrainer
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
-        config = parse_config({"model": {"seq_len": 32}, "data": {"max_bytes": 20_000, "eval_batches": 0},
-                               "balancing": {"policy": "time"}, "diloco": {"local_steps": 4, "batch_size": 4},
-                               "comm": {"min_nodes": 1},
-                               "nodes": [{"name": "a", "gpus": ["L4"]}, {"name": "c", "gpus": [SITE_CARD]}]}, "<test>")
-        trainer = NodeTrainer(config, build_topology("a", ["a", "c"], min_nodes=1), tmp_path, torch.device("cpu"))
-        trainer.adopt_founders_gpu_rows([("a", unknown_gpus.own_rows(["L4"]))])
-        before = trainer.planner.plan(6, ["a", "c"])
-        assert before.node("a").local_steps == before.node("c").local_steps, "both planned as L4s"
-        capsys.readouterr()
-        site_row = unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec())
-        trainer.adopt_joiners_gpu_rows([("c", {SITE_CARD: site_row})])
-        assert f"node a: GPU '{SITE_CARD}': planned from node c's row (site a's own measurements)" in \
-            capsys.readouterr().err
-        after = trainer.planner.plan(6, ["a", "c"])
-        assert after.node("a").local_steps >= 1.6 * after.node("c").local_steps, after.to_dict()
-    finally:
-        dist.destroy_process_group()
+    trainer = trainer_of("a", [("a", "L4"), ("c", SITE_CARD)], tmp_path)
+    trainer.adopt_founders_gpu_rows([("a", unknown_gpus.own_rows(["L4"]))])
+    before = trainer.planner.plan(6, ["a", "c"])
+    assert before.node("a").local_steps == before.node("c").local_steps, "both planned as L4s"
+    capsys.readouterr()
+    site_row = unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec())
+    trainer.adopt_joiners_gpu_rows([("c", {SITE_CARD: site_row})])
+    assert f"node a: GPU '{SITE_CARD}': planned from node c's row (site a's own measurements)" in \
+        capsys.readouterr().err
+    after = trainer.planner.plan(6, ["a", "c"])
+    assert after.node("a").local_steps >= 1.6 * after.node("c").local_steps, after.to_dict()
 
 
 def test_the_heartbeat_carries_the_nodes_own_rows_and_members_read_them_back(fresh_resolutions):
