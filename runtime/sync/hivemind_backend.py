@@ -494,7 +494,7 @@ class HivemindOuterSync:
         """
         self._store("start", self.topology.node_name, proposal, ROUND_KEY_TTL_S)
         started = time.monotonic()
-        told = told_short = False
+        said: set[str] = set()
         seen_up: set[str] = set()
         while True:
             proposals = {name: value for name, value in self._read("start").items() if not value.get("withdrawn")}
@@ -512,15 +512,7 @@ class HivemindOuterSync:
                 # withdrawn, so that a site starting later does not count this one as up
                 self._store("start", self.topology.node_name, {"withdrawn": True}, ROUND_KEY_TTL_S)
                 raise TooFewNodes(self._too_few_founders(proposals, seen_up, wait_s))
-            if not told and waited_s > FOUNDING_QUIET_S:
-                print(f"[geodiloco] node {self.topology.node_name}: waiting up to {wait_s:g} s "
-                      f"(comm.hivemind.start_wait_s) for {', '.join(self._missing(proposals))} to start", flush=True)
-                told = True
-            if not told_short and waited_s > wait_s:
-                print(f"[geodiloco] node {self.topology.node_name}: {proposed} of the {self.min_nodes} nodes "
-                      f"comm.min_nodes asks for are up; waiting up to {self.init_timeout_s:g} s more "
-                      f"(comm.init_timeout_s) for {', '.join(self._missing(proposals))}", flush=True)
-                told_short = True
+            self._say_founding_wait(said, self._missing(proposals), proposed, waited_s, wait_s)
             time.sleep(POLL_S)
         self._founders = [name for name in self.node_names if name in proposals]
         self.founders_gpu_rows = [(name, proposals[name].get("gpu_rows") or {}) for name in self._founders]
@@ -531,6 +523,21 @@ class HivemindOuterSync:
             print(f"[geodiloco] node {self.topology.node_name}: starting without {', '.join(missing)} (not up "
                   f"within comm.hivemind.start_wait_s, {wait_s:g} s); they join mid-run when they come", flush=True)
         return proposals[self._founders[0]]
+
+    def _say_founding_wait(self, said: set[str], missing: list[str], proposed: int, waited_s: float,
+                           wait_s: float) -> None:
+        """Each founding notice once: after a quiet moment, who is awaited; past ``wait_s``, how many of
+        ``min_nodes`` are up. ``said`` holds the notices given."""
+        me = self.topology.node_name
+        if "waiting" not in said and waited_s > FOUNDING_QUIET_S:
+            print(f"[geodiloco] node {me}: waiting up to {wait_s:g} s (comm.hivemind.start_wait_s) for "
+                  f"{', '.join(missing)} to start", flush=True)
+            said.add("waiting")
+        if "too few" not in said and waited_s > wait_s:
+            print(f"[geodiloco] node {me}: {proposed} of the {self.min_nodes} nodes comm.min_nodes asks for are up; "
+                  f"waiting up to {self.init_timeout_s:g} s more (comm.init_timeout_s) for {', '.join(missing)}",
+                  flush=True)
+            said.add("too few")
 
     def _too_few_founders(self, proposals: dict, seen_up: set[str], wait_s: float) -> str:
         """Why founding gave up: the nodes that came up (and those of them that gave up first), the missing."""
