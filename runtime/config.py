@@ -295,6 +295,9 @@ class CommSection(StrictModel):
     own timeout, ``max(transfer_min_timeout_s, factor x the planned sync time)`` from the bytes
     and the ``wan:`` bandwidths. A frozen or cut-off site is found sooner by the heartbeats
     (``comm.elastic.failure_timeout_s``).
+    ``min_nodes``: the fewest config nodes that may train: torch (elastic), the rendezvous's minimum;
+    hivemind, the fewest that found the run (founders wait up to ``init_timeout_s`` past
+    ``hivemind.start_wait_s`` for them, then stop).
     """
 
     backend: Literal["torch", "hivemind"] = "torch"
