@@ -15,8 +15,9 @@ and 4.8 %; experiments/results/gpu/probe_accuracy.md). What remains is Hopper's:
 a 4096^3 matmul reaches only 0.69-0.74 of its tensor peak there. That is not the
 probe's size or timing: on a second H200, 8192^3 and 16384^3 products, steady-state
 batches instead of single calls, and llama-150m's own MLP GEMM all read 0.62-0.79
-(experiments/results/gpu/h200-b/probe_timing.md). The model's 0.90 is the share its
-fit to whole published steps gives large GEMMs, not one GEMM's measured share.
+(experiments/results/gpu/h200-b/probe_timing.md), and the GEMMs inside a profiled
+training step 0.76-0.78 (kernel_classes.md of h200-a and h100-d). The model's 0.90 is
+the share its fit to whole published steps gives large GEMMs, not a measured share.
 Dividing by Hopper's 0.70 instead would plan a GPU whose matmuls reach more of
 their peak too fast by that ratio (no such GPU has been measured here), so the rule
 keeps the model's own share; the online calibration corrects the rest from the

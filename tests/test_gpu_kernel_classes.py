@@ -2,6 +2,7 @@
 classes, the per-class sums, the predicted split it compares with, and the script without CUDA."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -139,3 +140,24 @@ def test_a_profiled_cpu_step_has_no_cuda_kernels_but_counts_its_aten_ops():
     kernels, aten_ops = gpu_sweep.profiled_step(runner, 2)
     assert kernels == []
     assert aten_ops > 100  # forward, backward, clipping and AdamW of a 2-layer model dispatch hundreds of ops
+
+
+def test_the_gemm_flops_of_a_step_count_every_linear_layer_forward_and_backward():
+    from geodiloco.predictor.workload import resolve_dims
+    # llama-150m by hand: 12 x (q,k,v 1024x3072 + out 1024x1024 + gate, up 2 x 1024x4096 + down 4096x1024)
+    # + the vocabulary projection 1024 x 32,000 = 234,094,592 weights; 6 FLOPs per weight and token
+    assert kernel_classes.gemm_flops(resolve_dims("llama-150m"), 1024, 32) == 6 * 32 * 1024 * 234_094_592
+
+
+def test_render_adds_the_rate_the_gemm_kernels_reached(tmp_path):
+    # 46.02 TFLOP of GEMMs (6 x 32,768 tokens x 234,094,592 weights) in 62.0 ms on an H200 (bf16 989.5 TFLOPS) is 742 TFLOPS, 0.75 of the datasheet
+    row = {"preset": "llama-150m", "precision": "bf16", "batch_size": 32, "seq_len": 1024,
+           "measured_ms": {"matmul": 62.0, "attention": 5.0, "elementwise": 100.0, "optimizer": 10.0,
+                           "vocab_loss": 4.0},
+           "predicted_ms": {"matmul": 55.0, "attention": 6.5, "elementwise": 150.0, "optimizer": 8.0}}
+    (tmp_path / "kernel_classes.json").write_text(json.dumps(
+        {"gpu": "NVIDIA H200", "row": "H200", "torch": "2.x", "rows": [row]}), encoding="utf-8")
+    assert kernel_classes.main(["--render", str(tmp_path)]) == 0
+    text = (tmp_path / "kernel_classes.md").read_text(encoding="utf-8")
+    assert "| llama-150m | bf16 | 32 | 46.02 | 62.00 | 742 | 0.75 |" in text
+    assert "| llama-150m | bf16 | 32 | matmul | 62.00 | 55.00 | 0.89 |" in text

@@ -14,8 +14,13 @@ measured milliseconds per class beside the predicted ones (``NodeStepModel.expla
 kernels (PyTorch's one-block-per-row softmax, ``cunn_SoftMax*``, and ``nll_loss*``) are also
 shown apart: their rate is the predictor's per-SM bound.
 
+It also gives the rate the step's GEMM kernels reached, as a share of the datasheet rate: the
+linear layers' FLOPs (forward and backward, 3 x 2 x tokens x weights; attention's score products run
+in the attention kernels) over the measured GEMM time. The model prices large GEMMs at 0.90 of it.
+
 Without CUDA it prints one line and exits 0. Writes DIR/kernel_classes.{json,md} (default
-experiments/results/gpu/).
+experiments/results/gpu/). ``--render DIR`` rewrites DIR/kernel_classes.md from DIR/kernel_classes.json
+(no GPU needed).
 """
 from __future__ import annotations
 
@@ -70,7 +75,39 @@ def predicted_classes_ms(spec, dims, seq_len: int, precision: str, batch_size: i
     return {name: explained[f"{name}_s"] * 1e3 for name in CLASSES}
 
 
-def markdown(rows: list[dict], gpu: str, torch_version: str) -> str:
+def gemm_flops(dims, seq_len: int, batch_size: int) -> float:
+    """FLOPs of one training step's linear layers, forward and backward (3 x 2 x tokens x weights,
+    the vocabulary projection included)."""
+    from geodiloco.predictor.workload import layer_linear_shapes
+    weights = dims.num_layers * sum(n_in * n_out for n_in, n_out in layer_linear_shapes(dims))
+    weights += dims.vocab_size * dims.hidden_size
+    return 6.0 * batch_size * seq_len * weights
+
+
+def gemm_share(row: dict, datasheet) -> float:
+    """Share of the datasheet GEMM rate (the precision's column) that a profiled step's GEMM kernels reached."""
+    from geodiloco.predictor.workload import resolve_dims
+    flops = gemm_flops(resolve_dims(row["preset"]), row["seq_len"], row["batch_size"])
+    rate_tflops, _, _ = datasheet.matmul_rate(row["precision"])
+    return flops / (row["measured_ms"]["matmul"] / 1e3) / 1e12 / rate_tflops
+
+
+def gemm_table(rows: list[dict], datasheet) -> list[str]:
+    lines = ["", f"GEMM kernels' rate: the linear layers' FLOPs over the measured GEMM time, as a share of the "
+                 f"{datasheet.name} datasheet rate (the model prices large GEMMs at 0.90 of it).", "",
+             "| preset | precision | batch | GEMM TFLOP per step | measured ms | TFLOPS | share of datasheet |",
+             "|---|---|---|---|---|---|---|"]
+    from geodiloco.predictor.workload import resolve_dims
+    for row in rows:
+        flops = gemm_flops(resolve_dims(row["preset"]), row["seq_len"], row["batch_size"])
+        measured_ms = row["measured_ms"]["matmul"]
+        lines.append(f"| {row['preset']} | {row['precision']} | {row['batch_size']} | {flops / 1e12:.2f} | "
+                     f"{measured_ms:.2f} | {flops / (measured_ms / 1e3) / 1e12:,.0f} | "
+                     f"{gemm_share(row, datasheet):.2f} |")
+    return lines
+
+
+def markdown(rows: list[dict], gpu: str, torch_version: str, datasheet=None) -> str:
     lines = [
         f"# Kernel time by class: {gpu}",
         "",
@@ -90,6 +127,8 @@ def markdown(rows: list[dict], gpu: str, torch_version: str) -> str:
                          f"{predicted:.2f} | {ratio} |")
         lines.append(f"| {row['preset']} | {row['precision']} | {row['batch_size']} | (loss kernels, measured) | "
                      f"{row['measured_ms']['vocab_loss']:.2f} | | |")
+    if datasheet is not None:
+        lines += gemm_table(rows, datasheet)
     return "\n".join(lines) + "\n"
 
 
@@ -101,11 +140,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--precisions", default="bf16,fp32", help="comma-separated: fp32, bf16, fp16")
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "gpu",
                         help="folder for kernel_classes.json and kernel_classes.md")
+    parser.add_argument("--render", type=Path, metavar="DIR",
+                        help="rewrite DIR/kernel_classes.md from DIR/kernel_classes.json and exit (no GPU needed)")
     return parser.parse_args(argv)
+
+
+def render(folder: Path) -> Path:
+    """DIR/kernel_classes.md from the stored profile, with the GEMM rate the steps reached."""
+    from geodiloco.predictor.specs import lookup_gpu
+    stored = folder / "kernel_classes.json"
+    if not stored.is_file():
+        raise SystemExit(f"kernel_classes.py: error: {folder} holds no kernel_classes.json; profile with --out first")
+    data = json.loads(stored.read_text(encoding="utf-8"))
+    target = folder / "kernel_classes.md"
+    target.write_text(markdown(data["rows"], data["gpu"], data["torch"], lookup_gpu(data["row"])), encoding="utf-8")
+    return target
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.render:
+        print(f"wrote {render(args.render)}")
+        return 0
     import torch
     if not torch.cuda.is_available():
         print(f"no CUDA device (torch {torch.__version__}): nothing was run; with one this would profile "
@@ -134,7 +190,7 @@ def main(argv=None) -> int:
     (args.out / "kernel_classes.json").write_text(json.dumps(
         {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "gpu": gpu, "row": datasheet.name, "torch": torch.__version__,
          "rows": rows}, indent=2), encoding="utf-8")
-    (args.out / "kernel_classes.md").write_text(markdown(rows, gpu, torch.__version__), encoding="utf-8")
+    (args.out / "kernel_classes.md").write_text(markdown(rows, gpu, torch.__version__, datasheet), encoding="utf-8")
     print(f"wrote {args.out / 'kernel_classes.md'}")
     return 0
 
