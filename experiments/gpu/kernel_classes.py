@@ -84,12 +84,13 @@ def gemm_flops(dims, seq_len: int, batch_size: int) -> float:
     return 6.0 * batch_size * seq_len * weights
 
 
-def gemm_share(row: dict, datasheet) -> float:
-    """Share of the datasheet GEMM rate (the precision's column) that a profiled step's GEMM kernels reached."""
+def gemm_rate(row: dict, datasheet) -> tuple[float, float, float]:
+    """(TFLOP, TFLOPS, share of the datasheet rate of the row's precision) of a profiled step's GEMM kernels."""
     from geodiloco.predictor.workload import resolve_dims
-    flops = gemm_flops(resolve_dims(row["preset"]), row["seq_len"], row["batch_size"])
-    rate_tflops, _, _ = datasheet.matmul_rate(row["precision"])
-    return flops / (row["measured_ms"]["matmul"] / 1e3) / 1e12 / rate_tflops
+    tflop = gemm_flops(resolve_dims(row["preset"]), row["seq_len"], row["batch_size"]) / 1e12
+    tflops = tflop / (row["measured_ms"]["matmul"] / 1e3)
+    datasheet_tflops, _, _ = datasheet.matmul_rate(row["precision"])
+    return tflop, tflops, tflops / datasheet_tflops
 
 
 def gemm_table(rows: list[dict], datasheet) -> list[str]:
@@ -97,13 +98,10 @@ def gemm_table(rows: list[dict], datasheet) -> list[str]:
                  f"{datasheet.name} datasheet rate (the model prices large GEMMs at 0.90 of it).", "",
              "| preset | precision | batch | GEMM TFLOP per step | measured ms | TFLOPS | share of datasheet |",
              "|---|---|---|---|---|---|---|"]
-    from geodiloco.predictor.workload import resolve_dims
     for row in rows:
-        flops = gemm_flops(resolve_dims(row["preset"]), row["seq_len"], row["batch_size"])
-        measured_ms = row["measured_ms"]["matmul"]
-        lines.append(f"| {row['preset']} | {row['precision']} | {row['batch_size']} | {flops / 1e12:.2f} | "
-                     f"{measured_ms:.2f} | {flops / (measured_ms / 1e3) / 1e12:,.0f} | "
-                     f"{gemm_share(row, datasheet):.2f} |")
+        tflop, tflops, share = gemm_rate(row, datasheet)
+        lines.append(f"| {row['preset']} | {row['precision']} | {row['batch_size']} | {tflop:.2f} | "
+                     f"{row['measured_ms']['matmul']:.2f} | {tflops:,.0f} | {share:.2f} |")
     return lines
 
 

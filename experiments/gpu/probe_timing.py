@@ -106,6 +106,8 @@ OPERAND_HOW = ("operand scales: best of 5 single calls, as the probe times; 'bac
                "median of 50 GEMMs timed by CUDA events around each GEMM alone")
 TRAINING_GEMM = (32768, 1024, 4096)
 """(M, K, N) of llama-150m's MLP up-projection at batch 32 x 1024 tokens."""
+CHECKED_GEMMS = (("8192^3", (8192, 8192, 8192)), ("llama-150m MLP", TRAINING_GEMM))
+"""The GEMMs the data and interleave checks time: a larger square than the probe's, and a training one."""
 
 
 def operand_rate(torch, dtype, shape: tuple[int, int, int], scale: float) -> float:
@@ -122,7 +124,7 @@ def operand_rate(torch, dtype, shape: tuple[int, int, int], scale: float) -> flo
 def data_check(torch, idle_s: float) -> list[dict]:
     """Square 8192^3 and llama-150m's MLP GEMM at bf16 and fp16 on each operand scale."""
     rows = []
-    for label, shape in (("8192^3", (8192, 8192, 8192)), ("llama-150m MLP", TRAINING_GEMM)):
+    for label, shape in CHECKED_GEMMS:
         for dtype_name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
             for operands, scale in OPERANDS.items():
                 time.sleep(idle_s)
@@ -154,7 +156,7 @@ def interleave_check(torch, idle_s: float) -> list[dict]:
     source = torch.ones(2**28, device="cuda:0")
     target = torch.empty_like(source)
     rows = []
-    for label, (rows_, inner, cols) in (("8192^3", (8192, 8192, 8192)), ("llama-150m MLP", TRAINING_GEMM)):
+    for label, (rows_, inner, cols) in CHECKED_GEMMS:
         left = torch.randn(rows_, inner, device="cuda:0", dtype=torch.bfloat16)
         right = torch.randn(inner, cols, device="cuda:0", dtype=torch.bfloat16)
         for mode, between in (("back to back", None), ("copy between", lambda: target.copy_(source))):
