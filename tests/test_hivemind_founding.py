@@ -85,7 +85,9 @@ def test_too_few_after_both_waits_gives_up_naming_the_missing_and_withdraws(monk
 def test_two_real_founders_of_three_with_min_nodes_three_both_stop_and_say_why(tmp_path):
     nodes = [{"name": name, "local_steps": 2, "batch_size": 2} for name in "abc"]
     config = hivemind_config(nodes, rounds=2, start_wait_s=3.0)
-    config["comm"].update(min_nodes=3, init_timeout_s=4)
+    # b starts only once a is up; under a loaded CI machine its imports and peer take well over 4 s, so the
+    # founders' second wait is long enough that both see each other before giving up
+    config["comm"].update(min_nodes=3, init_timeout_s=30)
     config_path, run_dir, peers_file = write_config(tmp_path, config), tmp_path / "run", tmp_path / "peers.txt"
     processes = [start_node(config_path, run_dir, "a", peers_file, first=True)]
     try:
