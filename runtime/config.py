@@ -297,7 +297,8 @@ class CommSection(StrictModel):
     (``comm.elastic.failure_timeout_s``).
     ``min_nodes``: the fewest config nodes that may train: torch (elastic), the rendezvous's minimum;
     hivemind, the fewest that found the run (founders wait up to ``init_timeout_s`` past
-    ``hivemind.start_wait_s`` for them, then stop).
+    ``hivemind.start_wait_s`` for them, then stop) and that go on (with fewer live, the nodes wait up
+    to ``init_timeout_s`` between rounds for a site to rejoin, then stop with their checkpoints kept).
     """
 
     backend: Literal["torch", "hivemind"] = "torch"

@@ -43,6 +43,9 @@ class RoundClock:
     checkpoint_wait_s: float = 0.0
     """Seconds after the local phase spent waiting for the previous round's checkpoint write
     (runtime/checkpoint_writer.py): overhead, not waiting for peers."""
+    members_wait_s: float = 0.0
+    """Seconds at the round's start spent waiting for ``comm.min_nodes`` live nodes (hivemind): waiting
+    for peers, not compute."""
 
     def mark(self, phase_end: str) -> None:
         self.marks[phase_end] = time.time()
@@ -62,11 +65,12 @@ class RoundClock:
 
     @property
     def compute_s(self) -> float:
-        return self.span_s("start", "local_done") - self.blocked_in_phase_s
+        return self.span_s("start", "local_done") - self.blocked_in_phase_s - self.members_wait_s
 
     @property
     def wait_s(self) -> float:
-        return max(0.0, self.span_s("local_done", "ready") - self.checkpoint_wait_s) + self.waited_in_sync_s
+        return (max(0.0, self.span_s("local_done", "ready") - self.checkpoint_wait_s) + self.waited_in_sync_s
+                + self.members_wait_s)
 
     @property
     def comm_s(self) -> float:
@@ -83,10 +87,12 @@ class RoundClock:
                 + min(self.checkpoint_wait_s, self.span_s("local_done", "ready")))
 
     def idle_windows(self) -> list[tuple[float, float]]:
-        """The round's contiguous idle stretches (unix seconds): the lost time before it, if any, and
-        everything after the local phase (waiting, the outer step, other). Stalls on a streaming sync
+        """The round's contiguous idle stretches (unix seconds): the lost time before it, if any, the wait
+        for ``comm.min_nodes`` at its start, and everything after the local phase (waiting, the outer step, other). Stalls on a streaming sync
         inside the local phase (``blocked_in_phase_s``) are scattered and not among them."""
         windows = [(self.marks["lost_since"], self.marks["start"])] if "lost_since" in self.marks else []
+        if self.members_wait_s > 0:
+            windows.append((self.marks["start"], self.marks["start"] + self.members_wait_s))
         return windows + [(self.marks["local_done"], self.marks["end"])]
 
     @property

@@ -39,7 +39,7 @@ from geodiloco.runtime.finite_guard import NonFiniteModel, check_some_node_finit
 from geodiloco.runtime.metrics_sinks import build_sinks
 from geodiloco.runtime.mig_devices import cuda_device_index, pin_mig_instance
 from geodiloco.runtime.runlog import RunLog
-from geodiloco.runtime.sync import CannotStart, OutOfSync, RoundSync, SyncOutcome, join_world
+from geodiloco.runtime.sync import CannotStart, OutOfSync, RoundSync, SyncOutcome, TooFewToGoOn, join_world
 from geodiloco.runtime.trainer import LocalResult, NodeTrainer
 
 FORCED_EXIT_GRACE_S = 5.0
@@ -280,6 +280,7 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
         clock.marks["lost_since"] = lost_since
     start_checksum = trainer.param_checksum()  # inside the round, so rounds tile the wall time
     present = sync.begin_round(round_idx)
+    clock.members_wait_s = sync.members_wait_s
     plan = trainer.planner.plan(round_idx, present)
     node_plan = plan.node(topology.node_name)
     round_sync = RoundSync(round=round_idx, plan=plan, stats_by_node={}, weighting=trainer.weighting(plan),
@@ -340,7 +341,8 @@ def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalRes
     if trainer.gpu_sampler is not None:
         gpu_values = trainer.gpu_sampler.summary(clock.round_start, clock.marks["end"])
         gpu_values["idle_energy_j"] = trainer.gpu_sampler.idle_energy_j(
-            clock.idle_windows(), (clock.marks["start"], clock.marks["local_done"]), clock.blocked_in_phase_s)
+            clock.idle_windows(), (clock.marks["start"] + clock.members_wait_s, clock.marks["local_done"]),
+            clock.blocked_in_phase_s)
     record = IdleRecord(
         run_id=run_id, round=plan.round, node=node.name, site=node.site, policy=plan.policy,
         local_steps=result.steps, batch_size=plan.node(node.name).batch_size, tokens=result.tokens,
@@ -466,6 +468,13 @@ def train_from_args(args: argparse.Namespace) -> int:
         return 1
     except CannotStart as err:
         print(f"[geodiloco] cannot start: {err}", file=sys.stderr, flush=True)
+        record_fatal(str(err))
+        return 1
+    except TooFewToGoOn as err:
+        latest = latest_round(run_dir)
+        kept = (f"the last complete checkpoint (after round {latest + 1}) stays in {run_dir}; restart the sites, "
+                "then every site with --resume" if latest is not None else "no round was saved")
+        print(f"[geodiloco] stopping: {err}; {kept}, or lower comm.min_nodes", file=sys.stderr, flush=True)
         record_fatal(str(err))
         return 1
     except StopRequested as stop:

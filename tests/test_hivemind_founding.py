@@ -1,16 +1,22 @@
-"""Founding a hivemind run with comm.min_nodes: the founder's loop on a fake clock and a fake DHT
-(each test says when each node's proposal appears), then two real peers that give up."""
+"""comm.min_nodes under hivemind: founding (the founder's loop on a fake clock and a fake DHT, each test
+saying when each node's proposal appears, then two real peers that give up) and going on between rounds
+(the wait for live nodes on a fake clock, then real peers: one killed and restarted, one never back)."""
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 import types
 
 import pytest
 
+from geodiloco.runtime import checkpoint
 from geodiloco.runtime.sync import hivemind_backend
-from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync, TooFewNodes
-from tests.runtime_helpers import write_config
-from tests.test_hivemind_run import hivemind_config, start_node, stop_all
+from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync, Member, TooFewNodes
+from geodiloco.runtime.sync.protocol import TooFewToGoOn
+from tests.runtime_helpers import read_jsonl, write_config
+from tests.test_hivemind_run import hivemind_config, node_rounds, start_node, stop_all, wait_for
 
 
 class Founder:
@@ -104,3 +110,134 @@ def test_two_real_founders_of_three_with_min_nodes_three_both_stop_and_say_why(t
         assert "comm.min_nodes asks for 3 to start the run. Never up: c." in log
         assert "Traceback" not in log
     assert not (run_dir / "metrics.jsonl").exists()
+
+
+class BetweenRounds:
+    """Node a after a round, as its DHT shows the members: each other node live from its time (s) on, with
+    the round it joined at."""
+
+    def __init__(self, monkeypatch, live: dict[str, tuple[float, int]], min_nodes: int, init_timeout_s: float) -> None:
+        self.now_s, self.reads = 0.0, 0
+        monkeypatch.setattr(hivemind_backend, "time", types.SimpleNamespace(
+            monotonic=lambda: self.now_s, sleep=self._sleep))
+        sync = HivemindOuterSync.__new__(HivemindOuterSync)
+        sync.topology = types.SimpleNamespace(node_name="a", is_leader=True, local_world_size=1)
+        sync.node_names, sync.min_nodes, sync.init_timeout_s = ["a", "b", "c"], min_nodes, init_timeout_s
+        sync.joined_round, sync._founders = 0, ["a", "b", "c"]
+        sync.members = self._members
+        self.live, self.sync = live, sync
+
+    def _members(self) -> dict[str, Member]:
+        self.reads += 1
+        return {name: Member(name, joined, joined, {}) for name, (at_s, joined) in self.live.items()
+                if at_s <= self.now_s}
+
+    def _sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+def test_without_min_nodes_a_lone_node_goes_on_without_looking(monkeypatch):
+    node = BetweenRounds(monkeypatch, {}, min_nodes=1, init_timeout_s=60.0)
+    node.sync.await_min_nodes(5)
+    assert node.reads == 0 and node.sync.members_wait_s == 0.0
+
+
+def test_enough_live_nodes_go_on_at_once(monkeypatch, capsys):
+    node = BetweenRounds(monkeypatch, {"b": (0.0, 0)}, min_nodes=2, init_timeout_s=60.0)
+    node.sync.await_min_nodes(5)
+    assert node.now_s == 0.0 and capsys.readouterr().out == ""
+
+
+def test_a_node_left_alone_waits_until_a_site_rejoins_for_the_coming_round(monkeypatch, capsys):
+    # c restarts at 30 s and announces round 5 as its first; b's own join, at round 9, does not count yet
+    node = BetweenRounds(monkeypatch, {"b": (10.0, 9), "c": (30.0, 5)}, min_nodes=2, init_timeout_s=60.0)
+    node.sync.await_min_nodes(5)
+    assert 30.0 <= node.now_s < 30.5
+    out = capsys.readouterr().out
+    assert ("node a: 1 of the 2 nodes comm.min_nodes asks for are live before round 6; waiting up to 60 s "
+            "(comm.init_timeout_s) for b, c to (re)join") in out
+    assert "node a: a, c take part; going on with round 6" in out
+
+
+def test_a_node_left_alone_too_long_stops_naming_the_gone(monkeypatch):
+    node = BetweenRounds(monkeypatch, {"b": (0.0, 0), "c": (500.0, 5)}, min_nodes=3, init_timeout_s=60.0)
+    with pytest.raises(TooFewToGoOn) as raised:
+        node.sync.await_min_nodes(5)
+    assert 60.0 < node.now_s < 60.5
+    assert str(raised.value) == ("node a: only 2 node(s) live before round 6 (a, b) for comm.init_timeout_s (60 s); "
+                                 "comm.min_nodes asks for 3 to go on. Gone: c")
+
+
+def test_in_its_first_round_a_founder_counts_the_founders_not_yet_visible(monkeypatch):
+    node = BetweenRounds(monkeypatch, {}, min_nodes=3, init_timeout_s=60.0)
+    node.sync.await_min_nodes(0)
+    assert node.now_s == 0.0
+
+
+TWO_EMULATED = [{"name": name, "emulate": {"step_time_s": 0.15}} for name in "ab"]
+ALONE_NOTICE = "1 of the 2 nodes comm.min_nodes asks for are live before round"
+
+
+def kill_node(process) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@pytest.mark.slow
+def test_with_min_nodes_two_a_killed_site_holds_its_peer_until_it_rejoins(tmp_path):
+    rounds = 8
+    config = hivemind_config(TWO_EMULATED, rounds=rounds)
+    config["comm"].update(min_nodes=2)
+    config_path, run_dir, peers_file = write_config(tmp_path, config), tmp_path / "run", tmp_path / "peers.txt"
+    processes = [start_node(config_path, run_dir, "a", peers_file, first=True)]
+    try:
+        processes.append(start_node(config_path, run_dir, "b", peers_file, first=False))
+        wait_for(lambda: 1 in node_rounds(run_dir, "b"), 90, "round 2 of node b")
+        kill_node(processes[1])
+        wait_for(lambda: ALONE_NOTICE in (tmp_path / "a.log").read_text(), 60, "node a to wait for b")
+        noticed_at = time.time()
+        time.sleep(1.0)
+        processes[1] = start_node(config_path, run_dir, "b", peers_file, first=False)
+        restarted_at = time.time()
+        for process, name in zip(processes, "ab"):
+            assert process.wait(timeout=150) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    finally:
+        stop_all(processes)
+    log_a = (tmp_path / "a.log").read_text()
+    going_on = re.search(r"node a: a, b take part; going on with round (\d+)", log_a)
+    assert going_on, log_a[-3000:]
+    assert "joined run" in (tmp_path / "b.log").read_text()
+    assert node_rounds(run_dir, "a") == list(range(rounds))
+    # a trained no round planned for itself alone
+    assert all({node["name"] for node in plan["nodes"]} == {"a", "b"} for plan in read_jsonl(run_dir / "plan.jsonl"))
+    held = [row for row in read_jsonl(run_dir / "idle.jsonl")
+            if row["node"] == "a" and row["round"] == int(going_on.group(1)) - 1]
+    assert len(held) == 1 and held[0]["wait_s"] >= restarted_at - noticed_at, held
+
+
+@pytest.mark.slow
+def test_with_min_nodes_two_a_site_that_never_comes_back_stops_its_peer_with_its_checkpoint_kept(tmp_path):
+    config = hivemind_config(TWO_EMULATED, rounds=30)
+    config["comm"].update(min_nodes=2, init_timeout_s=5)
+    config_path, run_dir, peers_file = write_config(tmp_path, config), tmp_path / "run", tmp_path / "peers.txt"
+    processes = [start_node(config_path, run_dir, "a", peers_file, first=True)]
+    try:
+        processes.append(start_node(config_path, run_dir, "b", peers_file, first=False))
+        wait_for(lambda: 1 in node_rounds(run_dir, "b"), 90, "round 2 of node b")
+        kill_node(processes[1])
+        code = processes[0].wait(timeout=90)
+    finally:
+        stop_all(processes)
+    log_a = (tmp_path / "a.log").read_text()
+    assert code == 1, log_a[-3000:]
+    stopped = re.search(r"stopping: node a: only 1 node\(s\) live before round (\d+) \(a\) for comm.init_timeout_s "
+                        r"\(5 s\); comm.min_nodes asks for 2 to go on. Gone: b; the last complete checkpoint "
+                        r"\(after round (\d+)\) stays in \S+; restart the sites, then every site with --resume, "
+                        r"or lower comm.min_nodes", log_a)
+    assert stopped, log_a[-3000:]
+    assert "Traceback" not in log_a
+    stopped_before, kept = int(stopped.group(1)), int(stopped.group(2))
+    # the round b died in was averaged without it, so its checkpoint is not a complete one
+    assert 2 <= kept < stopped_before < 30
+    assert checkpoint.latest_round(run_dir) == kept - 1
+    assert checkpoint.load_global(run_dir, kept - 1)["outer"]["global_params"]

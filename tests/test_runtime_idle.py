@@ -61,3 +61,10 @@ def test_idle_windows_cover_lost_time_and_everything_after_the_local_phase():
     windows_s = sum(end - start for start, end in clock.idle_windows())
     assert windows_s == clock.wait_s + clock.comm_s + clock.overhead_s  # no streaming stall in this round
     assert _clock(start=0.0, local_done=5.0, ready=5.0, synced=6.0, end=6.5).idle_windows() == [(5.0, 6.5)]
+
+
+def test_a_wait_for_min_nodes_at_the_round_start_is_waiting_and_an_idle_window_not_compute():
+    clock = _clock(start=100.0, local_done=110.0, ready=111.0, synced=112.0, end=113.0)
+    clock.members_wait_s = 4.0  # begin_round held the node until enough sites were live
+    assert (clock.compute_s, clock.wait_s, clock.comm_s, clock.overhead_s) == (6.0, 5.0, 1.0, 1.0)
+    assert clock.idle_windows() == [(100.0, 104.0), (110.0, 113.0)]

@@ -6,9 +6,10 @@ from typing import Optional
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import RunConfig
 from geodiloco.runtime.sync.protocol import (CannotStart, OuterSync, OutOfSync, RoundSync, StartPoint, SyncHandles,
-                                              SyncOutcome)
+                                              SyncOutcome, TooFewToGoOn)
 
-__all__ = ["CannotStart", "OuterSync", "OutOfSync", "RoundSync", "StartPoint", "SyncHandles", "SyncOutcome", "build_outer_sync"]
+__all__ = ["CannotStart", "OuterSync", "OutOfSync", "RoundSync", "StartPoint", "SyncHandles", "SyncOutcome",
+           "TooFewToGoOn", "build_outer_sync"]
 
 
 def transfer_timeout_s(config: RunConfig, planned_sync_s: float) -> float:

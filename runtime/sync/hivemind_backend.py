@@ -44,7 +44,8 @@ from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import HivemindSection
 from geodiloco.runtime.diloco import group_average_scale, group_average_terms
 from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
-from geodiloco.runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
+from geodiloco.runtime.sync.protocol import (OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome,
+                                              TooFewToGoOn)
 
 POLL_S = 0.1
 STATE_DECLARE_PERIOD_S = 10.0
@@ -315,6 +316,7 @@ class HivemindOuterSync:
 
     logs_own_idle_only = True
     barrier_free = False
+    members_wait_s = 0.0
 
     def __init__(self, topology: Topology, options: HivemindSection, run_name: str, node_names: list[str],
                  num_params: int, diloco_compression: str = "none", init_timeout_s: float = 120.0,
@@ -455,19 +457,23 @@ class HivemindOuterSync:
             return value
         return broadcast_value(value, src=0)
 
+    def _taking_part(self, round_idx: int, members: dict[str, Member]) -> list[str]:
+        """This node, the live members that take part by round ``round_idx``, and in this node's first
+        round every node that founded the run with it, whose heartbeat may not be visible yet (each
+        founder then plans that round for the same nodes); config order."""
+        founders = self._founders if round_idx == self.joined_round else []
+        return [name for name in self.node_names
+                if name == self.topology.node_name or name in founders
+                or (name in members and members[name].joined is not None and members[name].joined <= round_idx)]
+
     def planning_nodes(self, round_idx: int) -> list[str]:
-        """Nodes to plan round ``round_idx`` for: live members that take part by then, and this node; in
-        the first round also every node that founded the run with it, whose heartbeat may not be visible
-        yet (each founder then plans that round for the same nodes). A member that joined after the
+        """Nodes to plan round ``round_idx`` for (``_taking_part``). A member that joined after the
         founding and whose GPU rows this node has not adopted yet has them adopted first, so its peers
         plan it from the rows it plans itself with."""
         chosen = None
         if self.topology.is_leader:
             members = self.members()
-            founders = self._founders if round_idx == self.joined_round else []
-            names = [name for name in self.node_names
-                     if name == self.topology.node_name or name in founders
-                     or (name in members and members[name].joined is not None and members[name].joined <= round_idx)]
+            names = self._taking_part(round_idx, members)
             adopted = {node for node, _ in adopted_rows()}
             joiners_rows = [(name, members[name].gpu_rows) for name in names
                             if name in members and name not in adopted and members[name].gpu_rows]
@@ -602,8 +608,46 @@ class HivemindOuterSync:
         return start_hivemind(self, resume)
 
     def begin_round(self, round_idx: int) -> Optional[list[str]]:
+        """Wait for ``comm.min_nodes`` live nodes (``await_min_nodes``), then announce the round."""
+        self.await_min_nodes(round_idx)
         self.set_round(round_idx)
         return self.planning_nodes(round_idx)
+
+    def await_min_nodes(self, round_idx: int) -> None:
+        """Between rounds, while fewer than ``min_nodes`` nodes would take part in round ``round_idx``,
+        wait up to ``init_timeout_s`` for sites to (re)join, then raise ``TooFewToGoOn``. The heartbeat
+        still names the round before, so a joiner announces this round as its first and is counted."""
+        self.members_wait_s = 0.0
+        if self.min_nodes <= 1:
+            return
+        started = time.monotonic()
+        outcome = self._min_nodes_wait(round_idx) if self.topology.is_leader else None
+        outcome = self.share_in_node(outcome)
+        self.members_wait_s = time.monotonic() - started
+        if outcome is not None:
+            raise TooFewToGoOn(outcome)
+
+    def _min_nodes_wait(self, round_idx: int) -> Optional[str]:
+        """None once enough nodes take part in ``round_idx``; why this node stops when none came in time."""
+        me, started, said = self.topology.node_name, time.monotonic(), False
+        while True:
+            live = self._taking_part(round_idx, self.members())
+            if len(live) >= self.min_nodes:
+                if said:
+                    print(f"[geodiloco] node {me}: {', '.join(live)} take part; going on with round {round_idx + 1}",
+                          flush=True)
+                return None
+            gone = ", ".join(name for name in self.node_names if name not in live)
+            if time.monotonic() - started > self.init_timeout_s:
+                return (f"node {me}: only {len(live)} node(s) live before round {round_idx + 1} ({', '.join(live)}) "
+                        f"for comm.init_timeout_s ({self.init_timeout_s:g} s); comm.min_nodes asks for "
+                        f"{self.min_nodes} to go on. Gone: {gone}")
+            if not said:
+                print(f"[geodiloco] node {me}: {len(live)} of the {self.min_nodes} nodes comm.min_nodes asks for are "
+                      f"live before round {round_idx + 1}; waiting up to {self.init_timeout_s:g} s "
+                      f"(comm.init_timeout_s) for {gone} to (re)join", flush=True)
+                said = True
+            time.sleep(POLL_S)
 
     def before_step(self, step_idx: int, local_steps: int, round_sync: RoundSync) -> None:
         """Blocking sync only: nothing happens during the local phase."""

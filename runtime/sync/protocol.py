@@ -29,6 +29,11 @@ class CannotStart(RuntimeError):
     ``comm.min_nodes`` sites came up; a checkpoint in the run directory without ``--resume``)."""
 
 
+class TooFewToGoOn(RuntimeError):
+    """Fewer than ``comm.min_nodes`` nodes stayed live and none (re)joined in time: this node stops
+    between rounds, its last complete checkpoint kept for ``--resume``."""
+
+
 @dataclass
 class SyncHandles:
     """What a backend may read and change on its node.
@@ -139,6 +144,10 @@ class OuterSync(Protocol):
     barrier_free: bool
     """True when nodes do not meet at a round barrier (``diloco.mode: async``): each node's outcome holds
     its own phase and whatever the others reported since, and each node decides its own last phase."""
+
+    members_wait_s: float
+    """Seconds the last ``begin_round`` waited for ``comm.min_nodes`` live nodes (hivemind; 0 elsewhere):
+    idle time of the round, not compute."""
 
     def start(self, resume: bool, handles: SyncHandles) -> StartPoint:
         """Found, join or resume the run; the model holds the starting state afterwards."""

@@ -60,6 +60,7 @@ class TorchOuterSync:
     global_withheld: Optional[str] = None  # every node applies the same complete average
     logs_own_idle_only = False
     barrier_free = False
+    members_wait_s = 0.0
 
     def __init__(self, topology: Topology, diloco: DilocoSection, elastic: Optional[ElasticSection] = None,
                  transfer_timeout_s: Optional[float] = None) -> None:
