@@ -19,26 +19,31 @@ from tests.runtime_helpers import read_jsonl, write_config
 from tests.test_hivemind_run import hivemind_config, node_rounds, start_node, stop_all, wait_for
 
 
+def sync_on_a_fake_clock(owner, monkeypatch, min_nodes: int, init_timeout_s: float) -> HivemindOuterSync:
+    """Node a of config nodes a, b, c, its clock ``owner.now_s``, advanced by its sleeps; no peer started."""
+    def sleep(seconds: float) -> None:
+        owner.now_s += seconds
+
+    monkeypatch.setattr(hivemind_backend, "time", types.SimpleNamespace(monotonic=lambda: owner.now_s, sleep=sleep))
+    sync = HivemindOuterSync.__new__(HivemindOuterSync)
+    sync.topology = types.SimpleNamespace(node_name="a", is_leader=True, local_world_size=1)
+    sync.node_names, sync.min_nodes, sync.init_timeout_s = ["a", "b", "c"], min_nodes, init_timeout_s
+    return sync
+
+
 class Founder:
     """The DHT as node a sees it: each other node's proposal appears at its time (s after a's start)."""
 
     def __init__(self, monkeypatch, arrivals_s: dict[str, float], min_nodes: int, wait_s: float,
                  init_timeout_s: float) -> None:
         self.now_s, self.arrivals_s, self.stored = 0.0, arrivals_s, {}
-        monkeypatch.setattr(hivemind_backend, "time", types.SimpleNamespace(
-            monotonic=lambda: self.now_s, sleep=self._sleep))
-        sync = HivemindOuterSync.__new__(HivemindOuterSync)
-        sync.topology = types.SimpleNamespace(node_name="a")
-        sync.node_names, sync.min_nodes, sync.init_timeout_s = ["a", "b", "c"], min_nodes, init_timeout_s
+        sync = sync_on_a_fake_clock(self, monkeypatch, min_nodes, init_timeout_s)
         sync._store = lambda key, subkey, value, ttl_s: self.stored.__setitem__(subkey, value)
         sync._read = lambda key: {**{name: {"node": name, "run_id": f"run-{name}"}
                                      for name, at_s in self.arrivals_s.items() if at_s <= self.now_s},
                                   **self.stored}
         sync.running_round = lambda: None
         self.sync, self.wait_s = sync, wait_s
-
-    def _sleep(self, seconds: float) -> None:
-        self.now_s += seconds
 
     def found(self):
         return self.sync.found({"node": "a", "run_id": "run-a"}, self.wait_s)
@@ -118,11 +123,7 @@ class BetweenRounds:
 
     def __init__(self, monkeypatch, live: dict[str, tuple[float, int]], min_nodes: int, init_timeout_s: float) -> None:
         self.now_s, self.reads = 0.0, 0
-        monkeypatch.setattr(hivemind_backend, "time", types.SimpleNamespace(
-            monotonic=lambda: self.now_s, sleep=self._sleep))
-        sync = HivemindOuterSync.__new__(HivemindOuterSync)
-        sync.topology = types.SimpleNamespace(node_name="a", is_leader=True, local_world_size=1)
-        sync.node_names, sync.min_nodes, sync.init_timeout_s = ["a", "b", "c"], min_nodes, init_timeout_s
+        sync = sync_on_a_fake_clock(self, monkeypatch, min_nodes, init_timeout_s)
         sync.joined_round, sync._founders = 0, ["a", "b", "c"]
         sync.members = self._members
         self.live, self.sync = live, sync
@@ -131,9 +132,6 @@ class BetweenRounds:
         self.reads += 1
         return {name: Member(name, joined, joined, {}) for name, (at_s, joined) in self.live.items()
                 if at_s <= self.now_s}
-
-    def _sleep(self, seconds: float) -> None:
-        self.now_s += seconds
 
 
 def test_without_min_nodes_a_lone_node_goes_on_without_looking(monkeypatch):
