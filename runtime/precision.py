@@ -3,8 +3,8 @@
 The planner predicts step times at ``model.precision`` (bf16 by default), so a GPU node must
 train at that precision too, or its first round runs at a different speed than planned.
 - ``bf16``: forward under ``torch.autocast(bfloat16)``; parameters, gradients and both
-  optimizers stay fp32. A GPU without bf16 (before Ampere: V100, T4, RTX 20xx) runs fp16
-  instead, as the predictor models it for such a GPU, with a notice. The GPUs of one node
+  optimizers stay fp32. A GPU without bf16 hardware (before Ampere: Pascal, V100, T4, RTX 20xx;
+  ``cuda_has_bf16``) runs fp16 instead, as the predictor models it for such a GPU, with a notice. The GPUs of one node
   agree first (``node_has_bf16``): a node with a 3090 and a V100 trains both in fp16, since
   DDP averages the ranks' gradients before any rank could unscale its own.
 - ``fp16``: forward under ``torch.autocast(float16)`` with a dynamic loss scale
@@ -90,7 +90,7 @@ def training_precision(requested: str, device: torch.device,
         return TrainingPrecision("fp32", "cuda")
     name, note = requested, ""
     if requested == "bf16":
-        has_bf16 = torch.cuda.is_bf16_supported() if bf16_supported is None else bf16_supported
+        has_bf16 = cuda_has_bf16() if bf16_supported is None else bf16_supported
         if not has_bf16:
             name = "fp16"
             note = ("model.precision bf16: a GPU of this node has no bf16, so the node trains fp16 with a dynamic "
@@ -104,7 +104,16 @@ def node_has_bf16(device: torch.device, node_group: Optional[object]) -> Optiona
     (the node's ranks; None: a node of one rank), so every rank of the node gets the same answer."""
     if device.type != "cuda":
         return None
-    return node_all(torch.cuda.is_bf16_supported(), node_group)
+    return node_all(cuda_has_bf16(), node_group)
+
+
+def cuda_has_bf16() -> bool:
+    """Whether this process's GPU computes in bf16 natively: any ROCm GPU, or compute capability 8.0 and
+    newer. ``torch.cuda.is_bf16_supported()`` also says yes where bf16 only works emulated (V100, T4,
+    RTX 20xx, Pascal), where it runs far slower than the fp16 the predictor plans such a GPU at."""
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability()[0] >= 8
 
 
 def node_all(flag: bool, node_group: Optional[object]) -> bool:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from geodiloco.runtime.batching import accumulate_gradients
+from geodiloco.runtime import precision
 from geodiloco.runtime.precision import TrainingPrecision, node_all, node_has_bf16, training_precision
 
 CPU = torch.device("cpu")
@@ -42,6 +43,27 @@ def test_a_gpu_without_bf16_trains_fp16_with_a_loss_scale_and_says_so():
     assert chosen.name == "fp16" and chosen.autocast_dtype == torch.float16
     assert isinstance(chosen.scaler, torch.amp.GradScaler)
     assert "no bf16" in chosen.note and "fp16" in chosen.note
+
+
+@pytest.mark.parametrize("capability, hip, has_bf16", [
+    ((6, 1), None, False),   # GTX 1080 Ti, P40: bf16 only emulated
+    ((7, 0), None, False),   # V100
+    ((7, 5), None, False),   # T4, RTX 2080 Ti
+    ((8, 0), None, True),    # A100
+    ((8, 6), None, True),    # RTX 3090, A40
+    ((9, 0), None, True),    # H100
+    ((9, 4), "6.2", True),   # any ROCm GPU (MI250X's gfx90a reports 9.x)
+])
+def test_bf16_counts_only_where_the_gpu_computes_it_not_where_torch_emulates_it(monkeypatch, capability, hip,
+                                                                                has_bf16):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # emulation works
+    monkeypatch.setattr(torch.version, "hip", hip)
+    assert precision.cuda_has_bf16() is has_bf16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        chosen = training_precision("bf16", CUDA)
+    assert chosen.name == ("bf16" if has_bf16 else "fp16")
 
 
 def test_fp16_always_has_a_loss_scale_and_fp32_has_nothing():

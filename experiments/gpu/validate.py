@@ -462,8 +462,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     from gpu_sweep import effective_precision
 
+    from geodiloco.runtime.precision import cuda_has_bf16
+
     gpu = detect_gpus(args.gpu)
-    precision, precision_note = effective_precision(args.precision, torch.cuda.is_bf16_supported())
+    precision, precision_note = effective_precision(args.precision, cuda_has_bf16())
     info = measured_with(args, gpu, precision, precision_note, argv)
     console = make_console()
     print_header(console, info, gpu)
