@@ -83,9 +83,15 @@ def predictor_tflops_lookup(flops_field: str) -> TflopsLookup:
     def lookup(gpu_name: str) -> float:
         from geodiloco.predictor.unknown_gpus import device_spec
         try:
-            return float(getattr(device_spec(gpu_name), flops_field))
+            spec = device_spec(gpu_name)
         except (KeyError, ValueError) as err:
             raise ConfigError(f"GPU {gpu_name!r}: {err}") from None
+        nominal = getattr(spec, flops_field)
+        if not nominal:
+            raise ConfigError(f"GPU {gpu_name!r} ({spec.name}) has no {flops_field} in its datasheet row (no such "
+                              "hardware rate); set balancing.flops_field to one every node's GPU has, such as "
+                              "fp32_tflops")
+        return float(nominal)
 
     return lookup
 

@@ -97,7 +97,7 @@ def test_every_table_row_has_a_source_and_training_rates():
     assert len(specs) >= 90
     for spec in specs:
         assert spec.source and spec.memory_gb > 0 and spec.memory_bandwidth_gbps > 0 and spec.fp32_tflops > 0
-        if spec.architecture not in ("volta", "turing") and not spec.name.startswith("GTX"):
+        if spec.architecture not in ("pascal", "volta", "turing") and not spec.name.startswith("GTX"):
             assert spec.bf16_tflops, spec.name
     geforce = [spec for spec in specs if spec.consumer and spec.fp16_tflops and spec.fp16_fp32acc_tflops
                and "TITAN" not in spec.name.upper()]
