@@ -11,9 +11,11 @@
 # 5. host_overhead.py: small-batch steps split into host and GPU time (profiler), beside the predictor;
 # 6. a DiLoCo run at fp16: the runtime's loss-scaled path on the GPU;
 # 7. nccl_one_rank.sh: the outer sync on CUDA tensors (cpu:gloo,cuda:nccl) in a world of one rank;
-# 8. the tests that behave differently with CUDA present (precision, GPU kit, NVML sampler, detection).
+# 8. hivemind_cuda.sh: two hivemind nodes training on this GPU (skipped when hivemind is not installed);
+# 9. the tests that behave differently with CUDA present (precision, GPU kit, NVML sampler, detection).
 # Writes OUT_DIR/{detect.txt,probe_row.yaml,probe_timing.{json,md},host_overhead.json,kernel_classes.{json,md},
-# loss_rate.{json,md},pytest.log}, OUT_DIR/{bf16,fp32,fp16-run}/<gpu-slug>.{txt,json} and OUT_DIR/nccl/.
+# loss_rate.{json,md},pytest.log}, OUT_DIR/{bf16,fp32,fp16-run}/<gpu-slug>.{txt,json}, OUT_DIR/nccl/ and
+# OUT_DIR/hivemind/.
 # Exit code: the number of steps that failed (0: all passed).
 set -u
 case "${1:-}" in
@@ -57,6 +59,13 @@ python3 experiments/gpu/validate.py --skip-sweep --run-precision fp16 --out "$ou
 echo "== the outer sync on CUDA tensors (nccl group, one rank)"
 experiments/gpu/nccl_one_rank.sh "$out_dir/nccl" cuda || failed=$((failed + 1))
 rm -rf "$out_dir/nccl/runs"
+
+echo "== the hivemind backend on this GPU"
+if python3 -c "import hivemind" 2>/dev/null; then
+    experiments/gpu/hivemind_cuda.sh "$out_dir/hivemind" cuda || failed=$((failed + 1))
+else
+    echo "skipped: hivemind is not installed (pip install 'geodiloco[hivemind]')"
+fi
 
 echo "== tests with CUDA present"
 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_precision.py tests/test_gpu_validate.py \
