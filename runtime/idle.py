@@ -88,8 +88,9 @@ class RoundClock:
 
     def idle_windows(self) -> list[tuple[float, float]]:
         """The round's contiguous idle stretches (unix seconds): the lost time before it, if any, the wait
-        for ``comm.min_nodes`` at its start, and everything after the local phase (waiting, the outer step, other). Stalls on a streaming sync
-        inside the local phase (``blocked_in_phase_s``) are scattered and not among them."""
+        for ``comm.min_nodes`` at its start, and everything after the local phase (waiting, the outer
+        step, other). Stalls on a streaming sync inside the local phase (``blocked_in_phase_s``) are
+        scattered and not among them."""
         windows = [(self.marks["lost_since"], self.marks["start"])] if "lost_since" in self.marks else []
         if self.members_wait_s > 0:
             windows.append((self.marks["start"], self.marks["start"] + self.members_wait_s))

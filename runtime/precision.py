@@ -4,9 +4,10 @@ The planner predicts step times at ``model.precision`` (bf16 by default), so a G
 train at that precision too, or its first round runs at a different speed than planned.
 - ``bf16``: forward under ``torch.autocast(bfloat16)``; parameters, gradients and both
   optimizers stay fp32. A GPU without bf16 hardware (before Ampere: Pascal, V100, T4, RTX 20xx;
-  ``cuda_has_bf16``) runs fp16 instead, as the predictor models it for such a GPU, with a notice. The GPUs of one node
-  agree first (``node_has_bf16``): a node with a 3090 and a V100 trains both in fp16, since
-  DDP averages the ranks' gradients before any rank could unscale its own.
+  ``cuda_has_bf16``) runs fp16 instead, as the predictor models it for such a GPU, with a
+  notice. The GPUs of one node agree first (``node_has_bf16``): a node with a 3090 and a V100
+  trains both in fp16, since DDP averages the ranks' gradients before any rank could unscale
+  its own.
 - ``fp16``: forward under ``torch.autocast(float16)`` with a dynamic loss scale
   (``torch.amp.GradScaler``): the loss is scaled before backward, the gradients unscaled
   before clipping, and a step whose gradients overflowed is skipped.
