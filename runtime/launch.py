@@ -326,6 +326,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
         raise KeyboardInterrupt
 
     announce_cpu_shares(config)
+    announce_cpu_training()
     previous = signal.signal(signal.SIGTERM, forward_term)
     try:
         with site_processes(config, mode, train_args, elastic) as (processes, launcher):
@@ -385,6 +386,19 @@ def elastic_exit_code(config: RunConfig, codes: list[int], outputs: Optional[dic
     if enough:
         return 0
     return next(iter(failed.values()), 1)
+
+
+def announce_cpu_training(gpu_count: Optional[int] = None) -> None:
+    """On a machine with GPUs, say that the sites this launcher starts train on the CPU (they stand in for
+    the config's GPUs, ``emulate:`` sets their speed), and how a site trains on its GPUs instead.
+    ``gpu_count``: the CUDA devices torch sees (default: ask torch)."""
+    if gpu_count is None:
+        import torch
+        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpu_count:
+        print(f"[geodiloco] this machine has {gpu_count} GPU(s), but the sites `geodiloco run` starts train on the "
+              "CPU: they emulate the config's GPUs on one machine. To train on GPUs, start each site with "
+              "scripts/launch_site.sh (torchrun, one process per GPU); see docs/sites.md", flush=True)
 
 
 def announce_cpu_shares(config: RunConfig) -> None:
