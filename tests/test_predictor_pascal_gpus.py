@@ -115,3 +115,18 @@ def test_the_published_1080_ti_rows_are_placed_as_lambda_printed_them_and_kept_o
     assert placed["lambda-v0-transformerxlbase-gtx-1080ti-fp32-s192-b4"]["measured_s"] == pytest.approx(4 * 192 / 2774)
     fitted = fit_efficiency.dev_rows(yaml.safe_load(bench_published.DATA_FILE.read_text())["measurements"], workloads)
     assert not {row["id"] for row in fitted} & set(placed)
+
+
+def test_the_example_pascal_lab_plans_every_node_from_its_own_row():
+    from geodiloco.balancer.cluster import load_cluster
+    from geodiloco.runtime.cli import main
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "clusters" / "pascal_lab.yaml"
+    nodes = load_cluster(path).nodes
+    planner = Planner(BalancingConfig(policy="time"), nodes, preset_dims("small"), 512, 50, 8, precision="fp16")
+    steps = {node.name: node.local_steps for node in planner.plan(0).nodes}
+    # a node of two 1080 Tis (DDP over the node's batch) steps faster than a node of one
+    assert steps["lab-1"] > steps["lab-2"]
+    # GP100 at 1303 MHz computes 9.3 TFLOPS against the 1080 Ti's 11.3, with no tensor cores on either
+    assert steps["cloud-p100"] < steps["lab-2"]
+    assert main(["plan", "--cluster", str(path), "--policy", "time", "--precision", "fp16"]) == 0
