@@ -288,11 +288,23 @@ def test_a_two_rank_site_under_torchrun_trains_with_a_one_rank_site(tmp_path):
         stop_all(processes)
 
     records = read_jsonl(run_dir / "idle.jsonl")
-    assert sorted((row["round"], row["node"], row["local_steps"]) for row in records) == sorted(
-        (round_idx, node["name"], node["local_steps"]) for round_idx in range(rounds) for node in nodes)
+    recorded = sorted((row["round"], row["node"], row["local_steps"]) for row in records)
+    planned = sorted((round_idx, node["name"], node["local_steps"]) for round_idx in range(rounds) for node in nodes)
+    recovered = any(marker in log for log in logs.values() for marker in RECOVERY_MARKERS)
+    if not recovered:
+        assert recorded == planned, (recorded, logs["a"][-1500:], logs["b"][-1500:])
+    else:
+        # a node that threw a round away and reloaded its peers' state (a failed all-reduce, on a loaded
+        # machine) counts that round's time in its previous record, which the run's end extends when the
+        # round was its last: a subset of the rounds, still tiling each node's time
+        assert set(recorded) <= set(planned) and {(0, "a", 3), (0, "b", 2)} <= set(recorded), recorded
+        for name in "ab":
+            own = sorted((row for row in records if row["node"] == name), key=lambda row: row["round"])
+            for earlier, later in zip(own, own[1:]):
+                assert 0.0 <= later["round_start"] - earlier["round_end"] < 0.5, (earlier, later)
     assert {row["num_gpus"] for row in records if row["node"] == "a"} == {2}
     metrics = read_jsonl(run_dir / "metrics.jsonl")
-    if not any(marker in log for log in logs.values() for marker in RECOVERY_MARKERS):
+    if not recovered:
         for round_idx in range(rounds):
             assert_same_parameters([row["start_checksum"] for row in metrics
                                     if row["round"] == round_idx and row["node"] != "global"])
