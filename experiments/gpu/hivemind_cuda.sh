@@ -19,7 +19,7 @@ esac
 out_dir=$1
 device=${2:-cuda}
 mkdir -p "$out_dir"
-rm -rf "$out_dir/run" "$out_dir/runs"
+rm -rf "$out_dir/run"
 config=$out_dir/config.yaml
 cat > "$config" <<YAML
 run: {name: hivemind-cuda, out_dir: $out_dir/runs, seed: 0}
@@ -88,5 +88,4 @@ energy=$(grep -o "Energy not available\|idle energy measured" "$out_dir/run.log"
     echo "NVML sampling: ${sampled:-no node said it is off}; idle records with power: ${sampled_rows:-none}; report: ${energy:-no energy line}"
     echo "hivemind, 2 nodes on $device: exit $rc, final checksums $checksums (same: $same), round losses $losses: $verdict"
 } | tee "$out_dir/summary.txt"
-rm -rf "$out_dir/runs"
 [[ $verdict == passed ]]

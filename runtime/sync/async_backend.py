@@ -41,7 +41,6 @@ class AsyncOuterSync(TorchOuterSync):
     """OuterSync without a round barrier (see the module docstring)."""
 
     barrier_free = True
-    members_wait_s = 0.0
 
     def __init__(self, topology: Topology, diloco: DilocoSection, outer_optim: OuterOptim, timeout_s: float,
                  checkpoint_keep: int, elastic: Optional[ElasticSection] = None) -> None:
