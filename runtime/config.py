@@ -285,8 +285,12 @@ class ElasticSection(StrictModel):
 class CommSection(StrictModel):
     """Outer-sync transport. Timeouts are seconds and always finite.
 
-    ``outer_device``: where the pseudo-gradient all-reduce runs: ``cpu`` (gloo, the usual
-    choice over a WAN) or ``cuda`` (nccl). Inner data parallel inside a node uses nccl on GPUs.
+    ``outer_device``: where the outer state (global parameters and outer momentum, fp32) lives
+    and, on the torch backend, where the pseudo-gradient all-reduce runs: ``cpu`` (gloo, the usual
+    choice over a WAN) or ``cuda`` (nccl). hivemind averages on the CPU either way; ``cuda`` keeps
+    its outer step on the GPU (8 bytes per parameter there), which spares nodes that share a host
+    the CPU contention of docs/hivemind.md "Several nodes on one host". Inner data parallel inside
+    a node uses nccl on GPUs.
     ``hivemind``: options of the hivemind backend (ignored by ``torch``).
     ``elastic``: the torch backend's membership (ignored by ``hivemind``, which is elastic by design).
     ``timeout_s``: the readiness wait, the longest a node waits for a live but late peer at the outer

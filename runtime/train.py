@@ -31,6 +31,7 @@ from geodiloco.runtime.comm import node_name_from_env
 from geodiloco.runtime.config import RunConfig, load_config
 from geodiloco.runtime.preflight import preflight, quiet_gpu_notices
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
+from geodiloco.runtime.host_threads import warn_if_oversubscribed
 from geodiloco.runtime.recovery import log_membership_event
 from geodiloco.runtime.idle import RoundClock
 from geodiloco.runtime.checkpoint import latest_round
@@ -117,6 +118,8 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     if config.run.deterministic:
         torch.use_deterministic_algorithms(True)
     device = torch.device(f"cuda:{cuda_device_index()}" if use_cuda else "cpu")
+    if topology.is_leader:
+        warn_if_oversubscribed(node_name, use_cuda, config.comm.outer_device == "cuda")
     trainer = NodeTrainer(config, topology, run_dir, device)
     try:
         return _train_rounds(trainer, resume)

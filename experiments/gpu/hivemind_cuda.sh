@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The hivemind backend training on a GPU:
-#   experiments/gpu/hivemind_cuda.sh OUT_DIR [cuda|cpu]
+#   experiments/gpu/hivemind_cuda.sh OUT_DIR [cuda|cpu] [--threads N|torch] [--outer-device cpu|cuda]
 # Two hivemind nodes share this machine's one GPU (hivemind averages over its own p2p daemons, not nccl,
 # so two processes on one GPU are allowed), each started as a site starts it (geodiloco.runtime.train with
 # GEODILOCO_DEVICE; `geodiloco run` pins its emulated sites to the CPU), then `geodiloco report` of the run:
@@ -9,15 +9,37 @@
 # as its own tensor plus a delta), that the loss falls, and on the GPU that every idle record carries NVML
 # power (the nodes trained there and sampled it); its first line says whether this GPU computes bf16
 # (runtime/precision.py trains fp16 where it does not). The second argument "cpu" runs the same on the CPU.
+# --threads: each node's OMP_NUM_THREADS (default: this host's cores / 2, the nodes' fair share; "torch"
+# leaves it unset, so each node takes one thread per core and the two oversubscribe the CPU when they take
+# their outer steps at the same moment; docs/hivemind.md "Several nodes on one host").
+# --outer-device: comm.outer_device, where the outer state lives (default cpu).
+# --rounds N: outer rounds (default 4).
 # Writes OUT_DIR/run.log (the idle report, then both nodes' output), OUT_DIR/{a,b}.log (each node's own),
-# OUT_DIR/run/ (the run directory) and OUT_DIR/summary.txt.
+# OUT_DIR/run/ (the run directory) and OUT_DIR/summary.txt, whose last line gives the exposed sync per
+# round (median and range over both nodes' rounds) and the run's wall clock.
 # Exit code: 0 when every check passed, 1 otherwise.
 set -u
 case "${1:-}" in
     -h|--help|"") awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; [[ -n "${1:-}" ]]; exit $? ;;
 esac
 out_dir=$1
-device=${2:-cuda}
+device=cuda
+[[ ${2:-} == cuda || ${2:-} == cpu ]] && { device=$2; shift; }
+shift
+threads=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 )) outer_device=cpu rounds=4
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --threads) threads=${2:?--threads needs a count or torch}; shift 2 ;;
+        --outer-device) outer_device=${2:?--outer-device needs cpu or cuda}; shift 2 ;;
+        --rounds) rounds=${2:?--rounds needs a count}; shift 2 ;;
+        *) echo "hivemind_cuda.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+[[ $threads == torch || $threads =~ ^[1-9][0-9]*$ ]] || { echo "hivemind_cuda.sh: --threads must be a count or torch" >&2; exit 2; }
+[[ $outer_device == cpu || $outer_device == cuda ]] || { echo "hivemind_cuda.sh: --outer-device must be cpu or cuda" >&2; exit 2; }
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "hivemind_cuda.sh: --rounds must be a positive count" >&2; exit 2; }
+omp=()
+[[ $threads == torch ]] || omp=(OMP_NUM_THREADS="$threads")
 mkdir -p "$out_dir"
 rm -rf "$out_dir/run"
 config=$out_dir/config.yaml
@@ -26,10 +48,11 @@ run: {name: hivemind-cuda, out_dir: $out_dir/runs, seed: 0}
 model: {preset: small, seq_len: 256, precision: bf16}
 data: {source: stdlib, max_bytes: 2000000, eval_batches: 2, eval_batch_size: 4}
 optim: {inner: {lr: 1.0e-3, warmup_steps: 2}}
-diloco: {rounds: 4, local_steps: 5, batch_size: 8}
+diloco: {rounds: $rounds, local_steps: 5, batch_size: 8}
 balancing: {policy: uniform}
 comm:
   backend: hivemind
+  outer_device: $outer_device
   timeout_s: 120
   init_timeout_s: 120
   min_nodes: 2
@@ -46,7 +69,7 @@ start_node() {  # NAME: one site as it would start by hand (`geodiloco run` pins
     if [[ $1 == a ]]; then peers=(GEODILOCO_MADDRS_FILE="$out_dir/peers.txt"); else
         for _ in $(seq 600); do [[ -s $out_dir/peers.txt ]] && break; sleep 0.1; done
         peers=(GEODILOCO_INITIAL_PEERS="$(paste -sd, "$out_dir/peers.txt")"); fi
-    env "${peers[@]}" GEODILOCO_NODE="$1" GEODILOCO_DEVICE="$device" GEODILOCO_SECRET="$secret" RANK=0 WORLD_SIZE=1 \
+    env "${peers[@]}" "${omp[@]}" GEODILOCO_NODE="$1" GEODILOCO_DEVICE="$device" GEODILOCO_SECRET="$secret" RANK=0 WORLD_SIZE=1 \
         PYTHONUNBUFFERED=1 timeout 300 python3 -m geodiloco.runtime.train --config "$config" --run-dir "$out_dir/run" \
         > "$out_dir/$1.log" 2>&1 &
 }
@@ -81,11 +104,18 @@ verdict=passed
 # on the GPU every idle record carries NVML power: the nodes trained there and sampled it
 [[ $device != cuda || ( -n $sampled_rows && ${sampled_rows%% *} -gt 0 && ${sampled_rows%% *} == "${sampled_rows##* }" ) ]] \
     || verdict=FAILED
+sync_line=$(python3 -c "import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+syncs = sorted(row['comm_s'] for row in rows)
+print(f'exposed sync per round {statistics.median(syncs):.2f} s (median; {syncs[0]:.2f}-{syncs[-1]:.2f} s over {len(rows)} node-rounds)')" \
+    "$out_dir/run/idle.jsonl" 2>/dev/null)
+sync_line="${sync_line:-no idle records}; $(grep -o 'wall clock [0-9.]* s' "$out_dir/run.log" | head -1)"
 sampled=$(grep -h -o "GPU sampling off: .*" "$out_dir"/a.log "$out_dir"/b.log 2>/dev/null | sort -u | paste -sd';')
 energy=$(grep -o "Energy not available\|idle energy measured" "$out_dir/run.log" | head -1)
 {
     head -1 "$out_dir/run.log"
     echo "NVML sampling: ${sampled:-no node said it is off}; idle records with power: ${sampled_rows:-none}; report: ${energy:-no energy line}"
     echo "hivemind, 2 nodes on $device: exit $rc, final checksums $checksums (same: $same), round losses $losses: $verdict"
+    echo "threads per node: $threads; comm.outer_device: $outer_device; $sync_line"
 } | tee "$out_dir/summary.txt"
 [[ $verdict == passed ]]
