@@ -520,11 +520,12 @@ class NodeTrainer:
             self.outer.load_state_dict({"global_params": tensors[:count], "optimizer": optimizer_state})
             self.outer.load_into(self.model)
         self.measurements = [RoundMeasurement(**item) for item in metadata["measurements"]]
+        # This node's own rows are not adopted here but with the other joiners of its round, from the
+        # heartbeats in config order (``planning_nodes``): adopting them first would plan a GPU name two
+        # joiners of one round share from this node's row here and from the earlier node's on the peers.
         peers_rows = [(node, rows) for node, rows in metadata.get("gpu_rows_by_node") or []]
         if peers_rows:
-            own = [] if any(node == self.node.name for node, _ in peers_rows) else [
-                (self.node.name, own_rows(list(self.node.gpus)))]
-            self._say_gpu_rows(adopt_rows(peers_rows + own))
+            self._say_gpu_rows(adopt_rows(peers_rows))
         self._replan()
 
 

@@ -264,3 +264,30 @@ def test_the_heartbeat_carries_the_nodes_own_rows_and_members_read_them_back(fre
     sync._beat()
     member = sync.members()["c"]
     assert (member.joined, member.gpu_rows) == (6, {SITE_CARD: site_row})
+
+
+def test_two_joiners_of_one_round_plan_their_shared_unknown_gpu_from_the_same_row_as_the_peers(
+        tmp_path, fresh_resolutions, one_rank_world):
+    """b and c join in round 6, each with the site card and its own probe of it. Every node adopts the
+    joiners' heartbeat rows in config order, so b's row wins on the founder a and on c alike; c used to
+    adopt its own row with the peers' state, before b's, and plan the card unlike its peers."""
+    row_b = {**unknown_gpus._plain_values(GpuRow(**site_card_row(0.02)).to_spec()), "source": "site b's probe"}
+    row_c = {**unknown_gpus._plain_values(GpuRow(**site_card_row(0.05)).to_spec()), "source": "site c's probe"}
+    members = {"a": (5, 0, unknown_gpus.own_rows(["L4"])), "b": (-1, 6, {SITE_CARD: row_b}),
+               "c": (-1, 6, {SITE_CARD: row_c})}
+
+    unknown_gpus.adopt_rows([("a", unknown_gpus.own_rows(["L4"]))])
+    hivemind_view("a", members, founders=["a"], joined_round=0, adopt=unknown_gpus.adopt_more_rows).planning_nodes(6)
+    assert unknown_gpus.device_spec(SITE_CARD).source == "site b's probe"
+
+    trainer = trainer_of("c", [("a", "L4"), ("b", SITE_CARD), ("c", SITE_CARD)], tmp_path)
+    unknown_gpus.forget_adopted_rows()
+    unknown_gpus.adopt_rows([("a", unknown_gpus.own_rows(["L4"]))])
+    metadata, tensors = trainer.shared_state(5, "run-x")  # the state c downloads from a
+    unknown_gpus.forget_adopted_rows()
+    unknown_gpus._resolved[SITE_CARD] = GpuRow(**{**site_card_row(0.05), "source": "site c's probe"}).to_spec()
+    trainer.load_shared_state(metadata, tensors)
+    sync = hivemind_view("c", members, founders=["a"], joined_round=6, adopt=trainer.adopt_joiners_gpu_rows)
+    assert sync.planning_nodes(6) == ["a", "b", "c"]
+    assert unknown_gpus.device_spec(SITE_CARD).source == "site b's probe"
+    assert [node for node, _ in unknown_gpus.adopted_rows()] == ["a", "b", "c"]
