@@ -68,6 +68,18 @@ def group_average_scale(mode: str, local_steps: Sequence[int], batch_sizes: Sequ
     return sum(batch * steps for batch, steps in zip(batch_sizes, local_steps)) / total_batch
 
 
+def outer_sgd(params: list[torch.Tensor], lr: float, momentum: float, nesterov: bool) -> torch.optim.SGD:
+    """torch's SGD (Nesterov momentum) for the outer step, with its fused kernel where this torch build
+    has one for the parameters' device: one pass over each tensor instead of four, which matters
+    because the outer step runs at every sync, after the all-reduce, often on one CPU thread
+    (experiments/runtime/bench_outer_step.py). Builds without it (CPU before torch 2.4) take the default."""
+    options = dict(lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
+    try:
+        return torch.optim.SGD(params, fused=True, **options)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.SGD(params, **options)
+
+
 class OuterState:
     """Global parameters and the outer optimizer, kept in fp32 on ``device``."""
 
@@ -75,17 +87,29 @@ class OuterState:
                  device: str | torch.device = "cpu") -> None:
         self.global_params = [param.detach().to(device=device, dtype=torch.float32).clone()
                               for param in model.parameters()]
-        self.optimizer = torch.optim.SGD(self.global_params, lr=lr, momentum=momentum,
-                                         nesterov=nesterov and momentum > 0)
+        self.optimizer = outer_sgd(self.global_params, lr, momentum, nesterov)
+        self.fused = bool(self.optimizer.defaults.get("fused"))
         self.numel = sum(param.numel() for param in self.global_params)
 
+    @torch.no_grad()
     def pseudo_gradient(self, model: nn.Module | Sequence[torch.Tensor], weight: float = 1.0) -> torch.Tensor:
         """Flat ``weight * (global - local)`` in fp32 on the global copy's device (``model``: a module
-        or its parameter list)."""
+        or its parameter list). Each difference is written in place into the flat tensor: an fp32 local
+        parameter is subtracted straight, any other is first copied (and widened) into its slot, which is
+        faster than torch's mixed-dtype subtraction."""
         params = model.parameters() if isinstance(model, nn.Module) else model
-        pieces = [(global_param - local.detach().to(global_param.device, torch.float32)).view(-1)
-                  for global_param, local in zip(self.global_params, params)]
-        flat = torch.cat(pieces)
+        device = self.global_params[0].device if self.global_params else torch.device("cpu")
+        flat = torch.empty(self.numel, dtype=torch.float32, device=device)
+        offset = 0
+        for global_param, local in zip(self.global_params, params):
+            count = global_param.numel()
+            slot, local = flat[offset:offset + count], local.detach().reshape(-1)
+            if local.dtype == torch.float32 and local.device == device:
+                torch.sub(global_param.reshape(-1), local, out=slot)
+            else:
+                slot.copy_(local)
+                torch.sub(global_param.reshape(-1), slot, out=slot)
+            offset += count
         if weight != 1.0:
             flat.mul_(weight)
         return flat
@@ -135,6 +159,10 @@ class OuterState:
         for param, saved in zip(self.global_params, state["global_params"]):
             param.copy_(saved)
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # a state saved without the fused kernel keeps its momentum
+            group["fused"] = self.fused
+            if self.fused:
+                group["foreach"] = False
 
 
 class DelayedNesterov:
