@@ -102,3 +102,78 @@ def test_a_state_saved_by_the_unfused_optimizer_resumes_with_its_momentum_on_the
     resumed.apply(steps[2])
     for got, want in zip(resumed.global_params, unfused.global_params):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def schedule_of(local: nn.Module, outer: OuterState):
+    from geodiloco.runtime.sync.overlap import OverlapSchedule
+    count = len(list(local.parameters()))
+    return OverlapSchedule("none", list(local.parameters()), outer, [list(range(count))],
+                           reducer=lambda contribution, feedback: contribution, run_in_background=False)
+
+
+def test_the_torch_backends_contribution_is_weight_times_anchor_minus_local_and_the_anchor_moves():
+    outer = OuterState(two_layer_model(), lr=0.7, momentum=0.9, nesterov=True)
+    local = two_layer_model(torch.bfloat16)
+    schedule = schedule_of(local, outer)
+    anchors_before = [anchor.clone() for anchor in schedule.anchors]
+    with torch.no_grad():
+        for param in local.parameters():
+            param.add_(0.25)
+    schedule.launch(0, 0.5)
+    sent = schedule.in_flight[0].contribution
+    expected = torch.cat([(anchor - param.float()).reshape(-1)
+                          for anchor, param in zip(anchors_before, local.parameters())]) * 0.5
+    assert torch.equal(sent, expected)
+    for anchor, param in zip(schedule.anchors, local.parameters()):
+        assert anchor.dtype == torch.float32 and torch.equal(anchor, param.float())
+
+
+@pytest.mark.parametrize("weight, poison", [(0.5, math.nan), (0.5, math.inf), (0.0, None)])
+def test_a_non_finite_model_or_a_zero_weight_sends_zeros(weight, poison):
+    outer = OuterState(two_layer_model(), lr=0.7, momentum=0.9, nesterov=True)
+    local = two_layer_model()
+    if poison is not None:
+        with torch.no_grad():
+            next(local.parameters())[0, 0] = poison
+    schedule = schedule_of(local, outer)
+    schedule.launch(0, weight)
+    sent = schedule.in_flight[0].contribution
+    assert sent.shape == (outer.numel,) and torch.equal(sent, torch.zeros_like(sent))
+
+
+def test_landing_a_sync_moves_the_local_model_to_global_plus_its_progress_since_the_launch():
+    outer = OuterState(two_layer_model(), lr=0.7, momentum=0.0, nesterov=False)
+    local = two_layer_model(torch.bfloat16)
+    schedule = schedule_of(local, outer)
+    with torch.no_grad():
+        for param in local.parameters():
+            param.add_(0.25)
+    schedule.launch(0, 1.0)
+    with torch.no_grad():  # progress made while the sync is on the wire (delayed / streaming)
+        for param in local.parameters():
+            param.add_(0.5)
+    anchors = [anchor.clone() for anchor in schedule.anchors]
+    locals_before = [param.detach().float().clone() for param in local.parameters()]
+    schedule.land(0)
+    for param, before, anchor, global_param in zip(local.parameters(), locals_before, anchors, outer.global_params):
+        assert torch.equal(param, (global_param + (before - anchor)).to(torch.bfloat16))
+    assert all(torch.equal(anchor, global_param) for anchor, global_param in zip(schedule.anchors, outer.global_params))
+
+
+def test_landing_without_progress_gives_every_node_exactly_the_global_model():
+    """Blocking sync: nodes that started from different local models end bitwise equal."""
+    landed = []
+    for shift in (0.25, -0.375):
+        outer = OuterState(two_layer_model(), lr=0.7, momentum=0.9, nesterov=True)
+        local = two_layer_model(torch.bfloat16)
+        with torch.no_grad():
+            for param in local.parameters():
+                param.add_(shift)
+        schedule = schedule_of(local, outer)
+        schedule.launch(0, 1.0)
+        schedule.in_flight[0].result = torch.full((outer.numel,), 0.125)  # the same sum on every node
+        schedule.land(0)
+        assert all(torch.equal(param, global_param.to(torch.bfloat16))
+                   for param, global_param in zip(local.parameters(), outer.global_params))
+        landed.append([param.clone() for param in local.parameters()])
+    assert all(torch.equal(first, second) for first, second in zip(*landed))

@@ -6,17 +6,22 @@ with several ranks per site it runs on one thread (``OMP_NUM_THREADS=1``). That 
 the GPUs wait for it. Four parts, each timed on the real runtime code (truth: wall-clock time on this
 machine; nothing predicted):
 
-- pseudo-gradient: ``OuterState.pseudo_gradient`` of a bf16 local model (what a GPU node sends);
-- outer step: ``OuterState.apply`` (SGD with Nesterov momentum);
+- pseudo-gradient: the torch backend's contribution (``OverlapSchedule.launch``: the difference to the
+  anchor, the anchor moved, the finite check of what is sent) of a bf16 local model, as a GPU node sends
+  it; or the hivemind backend's ``OuterState.pseudo_gradient`` (``--backends``);
+- outer step: ``OuterState.apply`` (SGD with Nesterov momentum); on the torch backend
+  ``OverlapSchedule.land``, which also moves the local model (its load column is then 0);
 - finite check: ``finite_guard.all_finite`` over the global parameters;
 - load: ``OuterState.load_into`` the local model.
 
-"plain" is the same work as first written: ``torch.cat`` of per-tensor differences, torch's default
-SGD (no fused kernel), and ``isfinite(...).all()`` per tensor. The two are interleaved repeat by repeat,
+"plain" is the same work as first written: ``torch.cat`` of per-tensor differences and a finite mask of
+what is sent, torch's default SGD (no fused kernel), the local model moved through temporaries, and
+``isfinite(...).all()`` per tensor. The two are interleaved repeat by repeat,
 so machine noise hits both alike; each figure is the best of the repeats, and the ratio is plain /
 shipped from the same run.
 
 Usage: python experiments/runtime/bench_outer_step.py [--params 25e6 100e6] [--threads 1 2] [--repeats 5]
+       [--backends torch hivemind]
 Writes experiments/results/runtime/outer_step.{md,json}.
 """
 from __future__ import annotations
@@ -32,6 +37,7 @@ from torch import nn
 
 from geodiloco.runtime.diloco import OuterState
 from geodiloco.runtime.finite_guard import all_finite
+from geodiloco.runtime.sync.overlap import OverlapSchedule, SyncJob
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results" / "runtime"
@@ -40,16 +46,44 @@ TENSORS = 8
 """Parameter tensors the model is split into (the count barely matters for tensors this large)."""
 
 
+def plain_launch(schedule: OverlapSchedule, fragment: int, weight: float) -> None:
+    """``OverlapSchedule.launch`` as first written."""
+    pieces = []
+    for index in schedule.fragments[fragment]:
+        local = schedule.params[index].detach().to(schedule.anchors[index].device, torch.float32)
+        pieces.append((schedule.anchors[index] - local).view(-1))
+        schedule.anchors[index].copy_(local)
+    contribution = torch.cat(pieces).mul_(weight)
+    if weight == 0.0 or not bool(torch.isfinite(contribution).all()):
+        contribution.zero_()
+    schedule._submit(SyncJob(fragment, contribution, schedule.feedback[fragment].copy()))
+
+
+@torch.no_grad()
+def plain_land(schedule: OverlapSchedule, fragment: int) -> None:
+    """``OverlapSchedule.land`` as first written (the outer step, then the local model moved)."""
+    job = schedule.in_flight.pop(fragment)
+    indices = schedule.fragments[fragment]
+    schedule.outer.apply(job.result, indices)
+    for index in indices:
+        global_param, local = schedule.outer.global_params[index], schedule.params[index]
+        moved = global_param + (local.detach().to(global_param.device, torch.float32) - schedule.anchors[index])
+        local.copy_(moved.to(local.device, local.dtype))
+        schedule.anchors[index].copy_(global_param)
+
+
 def plain_pseudo_gradient(outer: OuterState, local: nn.Module) -> torch.Tensor:
     return torch.cat([(global_param - param.detach().to(global_param.device, torch.float32)).view(-1)
                       for global_param, param in zip(outer.global_params, local.parameters())])
+
+
 
 
 def plain_all_finite(tensors: list[torch.Tensor]) -> bool:
     return bool(torch.stack([torch.isfinite(tensor).all() for tensor in tensors]).all())
 
 
-def build(params: int, plain: bool) -> tuple[OuterState, nn.Module]:
+def build(params: int, plain: bool) -> tuple[OuterState, nn.Module, OverlapSchedule]:
     local = nn.ParameterList([nn.Parameter(torch.randn(params // TENSORS)) for _ in range(TENSORS)])
     outer = OuterState(local, lr=0.7, momentum=0.9, nesterov=True)
     if plain:
@@ -58,31 +92,40 @@ def build(params: int, plain: bool) -> tuple[OuterState, nn.Module]:
     with torch.no_grad():
         for param in local.parameters():
             param.add_(0.01)
-    return outer, local
+    schedule = OverlapSchedule("none", list(local.parameters()), outer, [list(range(TENSORS))],
+                               reducer=lambda contribution, feedback: contribution, run_in_background=False)
+    return outer, local, schedule
 
 
-def time_once(outer: OuterState, local: nn.Module, plain: bool) -> dict[str, float]:
+def time_once(outer: OuterState, local: nn.Module, schedule: OverlapSchedule, plain: bool,
+              hivemind: bool) -> dict[str, float]:
     marks = [time.perf_counter()]
-    flat = plain_pseudo_gradient(outer, local) if plain else outer.pseudo_gradient(local)
-    marks.append(time.perf_counter())
-    outer.apply(flat)
+    if hivemind:
+        flat = plain_pseudo_gradient(outer, local) if plain else outer.pseudo_gradient(local)
+        marks.append(time.perf_counter())
+        outer.apply(flat)
+    else:  # the no-op reducer hands the contribution back as the sum; landing it steps and moves the model
+        (plain_launch if plain else OverlapSchedule.launch)(schedule, 0, 0.5)
+        marks.append(time.perf_counter())
+        plain_land(schedule, 0) if plain else schedule.land(0)
     marks.append(time.perf_counter())
     finite = plain_all_finite(outer.global_params) if plain else all_finite(outer.global_params)
     marks.append(time.perf_counter())
-    outer.load_into(local)
+    if hivemind:
+        outer.load_into(local)
     marks.append(time.perf_counter())
     assert finite
     return {part: end - start for part, start, end in zip(PARTS, marks, marks[1:])}
 
 
-def measure(params: int, threads: int, repeats: int) -> dict:
+def measure(params: int, threads: int, repeats: int, hivemind: bool) -> dict:
     torch.set_num_threads(threads)
     states = {plain: build(params, plain) for plain in (True, False)}
     runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     for _ in range(repeats + 1):  # the first of each is a warm-up
         for plain in (True, False):
-            runs[plain].append(time_once(*states[plain], plain))
-    row = {"params": params, "threads": threads, "repeats": repeats}
+            runs[plain].append(time_once(*states[plain], plain, hivemind))
+    row = {"params": params, "threads": threads, "repeats": repeats, "backend": "hivemind" if hivemind else "torch"}
     for plain, label in ((True, "plain"), (False, "shipped")):
         timed = runs[plain][1:]
         row[label] = {part: min(run[part] for run in timed) for part in PARTS}
@@ -98,16 +141,17 @@ def write(rows: list[dict]) -> None:
              "Truth: wall-clock time of the runtime's own functions on this machine "
              f"({machine()}); `python experiments/runtime/bench_outer_step.py`. A bf16 local model (a GPU node's), "
              "fp32 global copy on the CPU; best of the repeats, plain and shipped interleaved.", "",
-             "| parameters | threads | | pseudo-gradient s | outer step s | finite check s | load s | total s | plain / shipped |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| backend | parameters | threads | | pseudo-gradient s | outer step s | finite check s | load s | total s | plain / shipped |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for label in ("plain", "shipped"):
             timed = row[label]
             ratio = f"**{row['ratio']:.2f}x**" if label == "shipped" else ""
-            lines.append(f"| {row['params'] / 1e6:.0f} M | {row['threads']} | {label} | "
+            lines.append(f"| {row['backend']} | {row['params'] / 1e6:.0f} M | {row['threads']} | {label} | "
                          + " | ".join(f"{timed[part]:.3f}" for part in PARTS)
                          + f" | {timed['total_s']:.3f} | {ratio} |")
-    lines += ["", "The seconds grow linearly with the parameter count: a 1 B-parameter model takes about ten "
+    lines += ["", "On the torch backend the outer step column is `OverlapSchedule.land`, which also loads the "
+              "model (its load column is 0). The seconds grow linearly with the parameter count: a 1 B-parameter model takes about ten "
               "times the 100 M row at every sync."]
     (RESULTS / "outer_step.md").write_text("\n".join(lines) + "\n")
 
@@ -123,16 +167,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
                         help="torch intra-op threads (default: 1 2; torchrun with several ranks per site gives 1)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats of each, after a warm-up (default 5)")
+    parser.add_argument("--backends", nargs="+", choices=["torch", "hivemind"], default=["torch", "hivemind"],
+                        help="whose pseudo-gradient to time (default: both)")
     args = parser.parse_args()
     if args.repeats < 1 or any(count < 1 for count in args.threads) or any(count < TENSORS for count in args.params):
         parser.error(f"--repeats and --threads must be at least 1 and --params at least {TENSORS}")
     rows = []
-    for params in args.params:
-        for threads in args.threads:
-            row = measure(int(params), threads, args.repeats)
-            rows.append(row)
-            print(f"{row['params'] / 1e6:.0f} M parameters, {threads} thread(s): plain {row['plain']['total_s']:.3f} s, "
-                  f"shipped {row['shipped']['total_s']:.3f} s ({row['ratio']:.2f}x)", flush=True)
+    for backend in args.backends:
+        for params in args.params:
+            for threads in args.threads:
+                row = measure(int(params), threads, args.repeats, hivemind=backend == "hivemind")
+                rows.append(row)
+                print(f"{backend}, {row['params'] / 1e6:.0f} M parameters, {threads} thread(s): plain "
+                      f"{row['plain']['total_s']:.3f} s, shipped {row['shipped']['total_s']:.3f} s "
+                      f"({row['ratio']:.2f}x)", flush=True)
     write(rows)
     print(f"wrote {RESULTS / 'outer_step.md'}")
 

@@ -32,6 +32,7 @@ from typing import Callable, Optional
 
 import torch
 
+from geodiloco.runtime.finite_guard import all_finite
 from geodiloco.runtime.sync.wire import ErrorFeedback
 
 Reducer = Callable[[torch.Tensor, ErrorFeedback], torch.Tensor]
@@ -133,14 +134,24 @@ class OverlapSchedule:
     # ----- the two operations ------------------------------------------------------------
 
     def launch(self, fragment: int, weight: float) -> None:
-        """Send ``weight * (anchor - local)`` of ``fragment``; the anchor moves to the local values."""
-        pieces = []
-        for index in self.fragments[fragment]:
-            local = self.params[index].detach().to(self.anchors[index].device, torch.float32)
-            pieces.append((self.anchors[index] - local).view(-1))
-            self.anchors[index].copy_(local)
-        contribution = torch.cat(pieces).mul_(weight)
-        if weight == 0.0 or not bool(torch.isfinite(contribution).all()):
+        """Send ``weight * (anchor - local)`` of ``fragment``; the anchor moves to the local values.
+        Each difference is written in place into the flat contribution (no per-tensor temporaries),
+        the local values widened into the anchor first (experiments/runtime/bench_outer_step.py)."""
+        indices = self.fragments[fragment]
+        device = self.anchors[indices[0]].device if indices else torch.device("cpu")
+        contribution = torch.empty(sum(self.anchors[index].numel() for index in indices), dtype=torch.float32,
+                                   device=device)
+        offset = 0
+        for index in indices:
+            anchor = self.anchors[index]
+            slot = contribution[offset:offset + anchor.numel()].view_as(anchor)
+            slot.copy_(anchor)
+            anchor.copy_(self.params[index].detach())
+            slot.sub_(anchor)
+            offset += anchor.numel()
+        if weight != 1.0:
+            contribution.mul_(weight)
+        if weight == 0.0 or not all_finite([contribution]):
             contribution.zero_()  # a non-finite model is left out (runtime/finite_guard.py); 0 x inf is NaN
         self._submit(SyncJob(fragment, contribution, self.feedback[fragment].copy()))
 
@@ -172,11 +183,13 @@ class OverlapSchedule:
             self.outer.apply(job.result, indices)
         else:
             self.outer.subtract(job.result, indices)
-        for index in indices:
-            global_param, local = self.outer.global_params[index], self.params[index]
-            moved = global_param + (local.detach().to(global_param.device, torch.float32) - self.anchors[index])
-            local.copy_(moved.to(local.device, local.dtype))
-            self.anchors[index].copy_(global_param)
+        for index in indices:  # local = global + (local - anchor), in the anchor's buffer; then anchor = global
+            global_param, local, anchor = self.outer.global_params[index], self.params[index], self.anchors[index]
+            source = local.detach()
+            torch.sub(source if source.device == anchor.device else source.to(anchor.device), anchor, out=anchor)
+            anchor.add_(global_param)
+            local.copy_(anchor)
+            anchor.copy_(global_param)
         self.landed.append(job)
         return blocked_s
 
