@@ -856,8 +856,8 @@ class HivemindOuterSync:
             flat, weight = torch.zeros_like(flat), 0.0
         shared = {key: value for key, value in own_stats.items() if key != "previous_record"}
         gather = {"node": self.topology.node_name, "stats": shared}
-        averaged, group, missing_share = self._average_in_group(_on_wire(flat.mul(scale), self.compression),
-                                                                weight, gather)
+        scaled = flat if scale == 1.0 else flat.mul(scale)
+        averaged, group, missing_share = self._average_in_group(_on_wire(scaled, self.compression), weight, gather)
         group_stats = [own_stats if item["node"] == self.topology.node_name else item["stats"] for item in group]
         self.global_withheld = self._partial_average(missing_share, [item["node"] for item in group])
         if missing_share:
