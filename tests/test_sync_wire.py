@@ -84,3 +84,35 @@ def test_fragments_are_contiguous_cover_every_parameter_and_are_balanced():
 def test_streaming_launch_points_spread_through_the_round():
     assert launch_steps(20, 4) == [0, 5, 10, 15]
     assert launch_steps(3, 4) == [0, 0, 1, 2]
+
+
+def reference_codes(values: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The integer codec by its definition: per chunk, scale = largest magnitude / levels (at least the
+    smallest normal float), code = round(value / scale) clamped to +-levels, stored offset by levels."""
+    chunks = values.view(-1, CHUNK_ELEMENTS)
+    scales = chunks.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / levels
+    codes = torch.round(chunks / scales[:, None]).clamp(-levels, levels) + levels
+    return codes.to(torch.uint8).view(-1), scales
+
+
+@pytest.mark.parametrize("magnitude", [1e-6, 1.0, 1e20])
+def test_the_int8_codec_is_bitwise_its_definition_and_decodes_into_a_given_buffer(magnitude):
+    values = spread(6 * CHUNK_ELEMENTS, seed=3) * magnitude
+    values[:CHUNK_ELEMENTS] = 0.0  # an all-zero chunk takes the smallest scale
+    values[CHUNK_ELEMENTS:2 * CHUNK_ELEMENTS] *= -1e-30
+    codes, scales = reference_codes(values, 127)
+    encoded = encode("int8", values)
+    assert torch.equal(encoded.payload, codes) and torch.equal(encoded.scales, scales)
+    expected = ((codes.to(torch.float32) - 127).view(-1, CHUNK_ELEMENTS) * scales[:, None]).view(-1)
+    assert torch.equal(decode("int8", encoded), expected)
+    buffer = torch.full_like(values, float("nan"))
+    assert decode("int8", encoded, out=buffer) is buffer and torch.equal(buffer, expected)
+
+
+def test_error_feedback_keeps_what_the_codec_lost_and_leaves_the_caller_residual_alone():
+    from geodiloco.runtime.sync.wire import _encode_with_feedback
+    values, residual = spread(2 * CHUNK_ELEMENTS, seed=4), spread(2 * CHUNK_ELEMENTS, seed=5) * 1e-3
+    kept = residual.clone()
+    _, decoded, new_residual = _encode_with_feedback("int8", values, residual)
+    assert torch.equal(residual, kept), "a checkpoint may hold the old residual"
+    assert torch.equal(new_residual, (values + kept) - decoded)

@@ -58,25 +58,28 @@ def encode(codec: str, values: torch.Tensor) -> Encoded:
     bits = INTEGER_BITS[codec]
     levels = 2 ** (bits - 1) - 1
     chunks = values.view(-1, CHUNK_ELEMENTS)
-    scales = chunks.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / levels
-    codes = torch.round(chunks / scales[:, None]).clamp_(-levels, levels).to(torch.int16) + levels
+    low, high = torch.aminmax(chunks, dim=1)  # the largest magnitude in one read, without an abs() copy
+    scales = torch.maximum(low.neg_(), high).clamp_min_(torch.finfo(torch.float32).tiny).div_(levels)
+    codes = torch.div(chunks, scales[:, None]).round_().clamp_(-levels, levels).add_(levels)
     codes = codes.to(torch.uint8).view(-1)
     if bits == 4:
         codes = codes[0::2] | (codes[1::2] << 4)
     return Encoded(codes, scales.to(torch.float32))
 
 
-def decode(codec: str, encoded: Encoded) -> torch.Tensor:
-    """Wire form -> flat fp32."""
+def decode(codec: str, encoded: Encoded, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Wire form -> flat fp32, written into ``out`` (flat fp32 of the decoded length) when given.
+    The integer codecs decode in place, one buffer for the whole vector."""
     if codec in FLOAT_WIRE_DTYPES:
-        return encoded.payload.to(torch.float32)
+        return encoded.payload.to(torch.float32) if out is None else out.copy_(encoded.payload)
     bits = INTEGER_BITS[codec]
     levels = 2 ** (bits - 1) - 1
     codes = encoded.payload
     if bits == 4:
         codes = torch.stack([codes & 0x0F, codes >> 4], dim=1).view(-1)
-    values = codes.to(torch.float32) - levels
-    return (values.view(-1, CHUNK_ELEMENTS) * encoded.scales[:, None]).view(-1)
+    values = codes.to(torch.float32) if out is None else out.copy_(codes)
+    values.view(-1, CHUNK_ELEMENTS).sub_(levels).mul_(encoded.scales[:, None])
+    return values
 
 
 def padded_length(numel: int, num_nodes: int) -> int:
@@ -110,7 +113,8 @@ def _encode_with_feedback(codec: str, values: torch.Tensor, residual: Optional[t
     compensated = values if residual is None else values + residual
     encoded = encode(codec, compensated)
     decoded = decode(codec, encoded)
-    return encoded, decoded, compensated - decoded
+    new_residual = compensated - decoded if residual is None else compensated.sub_(decoded)  # a fresh sum: in place
+    return encoded, decoded, new_residual
 
 
 def _all_gather(output: torch.Tensor, shard: torch.Tensor, group) -> None:
@@ -146,8 +150,9 @@ def reduce_sum_compressed(values: torch.Tensor, codec: str, feedback: ErrorFeedb
     ``values``: this node's flat fp32 contribution (already weighted). ``feedback`` is updated in
     place. Every node returns the same fp32 vector (the decoded encoded sums)."""
     numel = values.numel()
-    padded = torch.zeros(padded_length(numel, num_nodes), dtype=torch.float32, device=values.device)
-    padded[:numel] = values
+    padded = torch.empty(padded_length(numel, num_nodes), dtype=torch.float32, device=values.device)
+    padded[:numel].copy_(values)
+    padded[numel:].zero_()
     sent, _, feedback.sent = _encode_with_feedback(codec, padded, feedback.sent)
     received = _exchange(sent, num_nodes, group, "all_to_all")
     shard_sum = torch.zeros(padded.numel() // num_nodes, dtype=torch.float32, device=values.device)
@@ -155,7 +160,9 @@ def reduce_sum_compressed(values: torch.Tensor, codec: str, feedback: ErrorFeedb
         shard_sum += decode(codec, piece)
     summed, _, feedback.summed = _encode_with_feedback(codec, shard_sum, feedback.summed)
     gathered = _exchange(summed, num_nodes, group, "all_gather")
-    total = torch.cat([decode(codec, piece) for piece in _split(gathered, num_nodes)])
+    total = torch.empty(padded.numel(), dtype=torch.float32, device=values.device)
+    for out, piece in zip(total.chunk(num_nodes), _split(gathered, num_nodes)):
+        decode(codec, piece, out=out)
     return total[:numel]
 
 
