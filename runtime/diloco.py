@@ -80,6 +80,48 @@ def outer_sgd(params: list[torch.Tensor], lr: float, momentum: float, nesterov: 
         return torch.optim.SGD(params, **options)
 
 
+@torch.no_grad()
+def portable_sgd_step(optimizer: torch.optim.SGD) -> None:
+    """torch's SGD step (momentum, optionally Nesterov; no dampening or weight decay, as ``outer_sgd``
+    builds it) written as separate multiplies and adds, so that it rounds the same on every machine.
+
+    Why: the fused and vectorized kernels compute ``a + alpha * b`` as one fused multiply-add where
+    the CPU has one (AVX2, AVX-512, NEON) and as a multiply then an add where it has not, so nodes
+    whose CPUs (or torch builds) differ would end a round with global copies that differ in their
+    last bits, and drift further every round. One multiply or one add is rounded by IEEE 754 alone,
+    whatever the kernel. The update is ``m = momentum m + g``, then ``p -= (lr momentum) m + lr g``
+    (Nesterov) or ``p -= lr m``, through one scratch buffer. The momentum buffers stay in
+    ``optimizer.state`` under torch's key, so checkpoints of either step load into the other."""
+    largest = max((param.numel() for group in optimizer.param_groups for param in group["params"]
+                   if param.grad is not None), default=0)
+    scratch_by_device: dict[torch.device, torch.Tensor] = {}
+    for group in optimizer.param_groups:
+        if group.get("dampening", 0) or group.get("weight_decay", 0):
+            raise ValueError("portable_sgd_step takes no dampening or weight decay (outer_sgd sets neither)")
+        lr, momentum, nesterov = group["lr"], group["momentum"], group["nesterov"]
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            grad = param.grad
+            if param.device not in scratch_by_device:
+                scratch_by_device[param.device] = torch.empty(largest, dtype=param.dtype, device=param.device)
+            scratch = scratch_by_device[param.device][:param.numel()].view_as(param)
+            if momentum == 0:
+                param.sub_(torch.mul(grad, lr, out=scratch))
+                continue
+            state = optimizer.state[param]
+            buffer = state.get("momentum_buffer")
+            if buffer is None:
+                buffer = state["momentum_buffer"] = grad.detach().clone()
+            else:
+                buffer.mul_(momentum).add_(grad)
+            if nesterov:
+                param.sub_(torch.mul(buffer, lr * momentum, out=scratch))
+                param.sub_(torch.mul(grad, lr, out=scratch))
+            else:
+                param.sub_(torch.mul(buffer, lr, out=scratch))
+
+
 class OuterState:
     """Global parameters and the outer optimizer, kept in fp32 on ``device``."""
 
@@ -89,6 +131,9 @@ class OuterState:
                               for param in model.parameters()]
         self.optimizer = outer_sgd(self.global_params, lr, momentum, nesterov)
         self.fused = bool(self.optimizer.defaults.get("fused"))
+        self.portable = False
+        """Take ``portable_sgd_step`` instead of torch's kernels: set when the nodes' kernels round differently
+        (runtime/sync/start_model.py)."""
         self.numel = sum(param.numel() for param in self.global_params)
 
     @torch.no_grad()
@@ -127,7 +172,10 @@ class OuterState:
             global_param.grad = averaged[offset:offset + count].view_as(global_param).to(
                 global_param.device, torch.float32)
             offset += count
-        self.optimizer.step()
+        if self.portable:
+            portable_sgd_step(self.optimizer)
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     @torch.no_grad()

@@ -41,6 +41,7 @@ class AsyncOuterSync(TorchOuterSync):
     """OuterSync without a round barrier (see the module docstring)."""
 
     barrier_free = True
+    global_copy_per_node = False  # one global model, on the first node: no rounding to agree on
 
     def __init__(self, topology: Topology, diloco: DilocoSection, outer_optim: OuterOptim, timeout_s: float,
                  checkpoint_keep: int, elastic: Optional[ElasticSection] = None) -> None:

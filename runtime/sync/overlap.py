@@ -131,6 +131,13 @@ class OverlapSchedule:
         self.worker = SyncWorker(reducer, device) if run_in_background else None
         self.landed: list[SyncJob] = []
 
+    @torch.no_grad()
+    def rebase(self) -> None:
+        """Anchors at the global copy again, nothing sent yet: after the global copy was replaced before the
+        first round (runtime/sync/start_model.py)."""
+        for anchor, global_param in zip(self.anchors, self.outer.global_params):
+            anchor.copy_(global_param)
+
     # ----- the two operations ------------------------------------------------------------
 
     def launch(self, fragment: int, weight: float) -> None:

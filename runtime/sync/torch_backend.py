@@ -29,6 +29,7 @@ from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
 from geodiloco.runtime.sync.overlap import OverlapSchedule, launch_steps, split_fragments
 from geodiloco.runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
+from geodiloco.runtime.sync import start_model
 from geodiloco.runtime.sync.wire import ErrorFeedback, reduce_sum, sent_bytes
 
 
@@ -61,6 +62,7 @@ class TorchOuterSync:
     logs_own_idle_only = False
     barrier_free = False
     members_wait_s = 0.0
+    global_copy_per_node = True  # every node takes the outer step on its own copy (runtime/sync/start_model.py)
 
     def __init__(self, topology: Topology, diloco: DilocoSection, elastic: Optional[ElasticSection] = None,
                  transfer_timeout_s: Optional[float] = None) -> None:
@@ -97,9 +99,14 @@ class TorchOuterSync:
             self.schedule = OverlapSchedule(self.mode, handles.params, handles.outer, self.fragments,
                                             self._reduce, run_in_background=self.mode != "none")
         run_dir, topology = handles.run_dir, self.topology
+        saved_here = saved_rounds(run_dir, topology.node_name) if topology.is_leader else None
+        start = None
+        if topology.is_leader:  # a digest of the initial model only where no saved round will replace it
+            start = asdict(start_model.own_report(topology.node_name, handles.outer.global_params,
+                                                  handles.outer.optimizer, fresh=not saved_here.global_members))
         gathered = self.exchange({
             "resume": resume, "run_id": handles.new_run_id(), "generation": uuid.uuid4().hex,
-            "saved": asdict(saved_rounds(run_dir, topology.node_name)) if topology.is_leader else None})
+            "saved": asdict(saved_here) if saved_here is not None else None, "start": start})
         self._start_heartbeat(gathered[0]["generation"])
         saved = [SavedRounds(**item["saved"]) for item in gathered if item["saved"] is not None]
         held = sorted({round_idx for report in saved for round_idx in report.global_members})
@@ -113,10 +120,31 @@ class TorchOuterSync:
         if held and point is None:
             raise RuntimeError(f"no saved round can restart the present nodes ({', '.join(topology.present_names)}): "
                                f"rounds {held} lack a present member's node file; start from a fresh --run-dir")
+        self._agree_on_start(start_model.reports_of([item["start"] for item in gathered]), fresh=point is None)
         if point is None:
             return StartPoint(gathered[0]["run_id"], 0)
-        own_report = next((report for report in saved if report.node == topology.node_name), None)
-        return self._resume(point, own_report, restarted)
+        own_saved = next((report for report in saved if report.node == topology.node_name), None)
+        return self._resume(point, own_saved, restarted)
+
+    def _agree_on_start(self, reports: list[start_model.StartReport], fresh: bool) -> None:
+        """One initial model on every node, and one way of rounding the outer step
+        (runtime/sync/start_model.py)."""
+        agreement = start_model.agree(reports, fresh, rounding_matters=self.global_copy_per_node)
+        topology, outer = self.topology, self.handles.outer
+        if topology.is_leader:
+            outer.portable = agreement.portable
+            if topology.node_name in (agreement.source, *agreement.receivers):
+                for notice in agreement.notices:
+                    print(f"[geodiloco] node {topology.node_name}: {notice}", flush=True)
+        if not agreement.receivers:
+            return
+        if topology.is_leader:
+            source = topology.leader_ranks[topology.present_names.index(agreement.source)]
+            for global_param in outer.global_params:
+                dist.broadcast(global_param, src=source, group=self.sync_group)
+            outer.load_into(self.handles.params)
+            self.schedule.rebase()
+        self.broadcast_in_node([param.data for param in self.handles.params])
 
     def _resume(self, point: ResumePoint, own_report: Optional[SavedRounds], restarted: bool) -> StartPoint:
         topology, handles = self.topology, self.handles
