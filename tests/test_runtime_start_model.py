@@ -18,6 +18,7 @@ from geodiloco.runtime.launch import free_port
 from geodiloco.runtime.sync.start_model import StartReport, agree, tensors_digest
 from tests.runtime_helpers import REPO_ROOT, read_jsonl, small_config, write_config
 from tests.test_runtime_outer_step import reference_nesterov, two_layer_model
+from tests.test_runtime_torchrun import torchrun_site
 
 SIMD = torch.backends.cpu.get_cpu_capability() != "DEFAULT"
 
@@ -143,18 +144,6 @@ def test_scalar_and_vectorized_kernels_differ_in_init_and_fused_step_but_not_in_
     assert scalar["portable"] == vectorized["portable"]
 
 
-def torchrun_site(config_path, run_dir, node, port, is_host, capability=None):
-    env = dict(os.environ, OMP_NUM_THREADS="1", GEODILOCO_DEVICE="cpu")
-    env.pop("ATEN_CPU_CAPABILITY", None)
-    if capability:
-        env["ATEN_CPU_CAPABILITY"] = capability
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-               f"--rdzv-conf=is_host={'true' if is_host else 'false'}", "--max-restarts=0",
-               "-m", "geodiloco.runtime.train", "--config", str(config_path), "--node-name", node, "--run-dir", str(run_dir)]
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not SIMD, reason="this CPU has no vectorized kernels to compare with the scalar ones")
 @pytest.mark.parametrize("overlap,compression", [("none", "none"), ("streaming", "int8")])
@@ -164,9 +153,9 @@ def test_a_site_with_scalar_kernels_trains_on_bitwise_the_same_global_model(tmp_
     config = small_config(nodes)
     config["diloco"].update(rounds=3, overlap=overlap, compression=compression)
     config_path, run_dir, port = write_config(tmp_path, config), tmp_path / "run", free_port()
-    sites = [torchrun_site(config_path, run_dir, "a", port, True),
-             torchrun_site(config_path, run_dir, "b", port, False, capability="default")]
-    outputs = [site.communicate(timeout=150)[0] for site in sites]
+    sites = [torchrun_site(config_path, run_dir, "a", 1, port, True),
+             torchrun_site(config_path, run_dir, "b", 1, port, False, env_extra={"ATEN_CPU_CAPABILITY": "default"})]
+    outputs = ["".join(site.communicate(timeout=150)) for site in sites]
     assert [site.returncode for site in sites] == [0, 0], "\n".join(output[-2000:] for output in outputs)
 
     for output in outputs:

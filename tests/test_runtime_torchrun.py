@@ -12,8 +12,8 @@ from tests.runtime_helpers import REPO_ROOT, read_jsonl, small_config, write_con
 pytestmark = pytest.mark.slow
 
 
-def torchrun_site(config_path, run_dir, node, nproc, port, is_host):
-    env = dict(os.environ, OMP_NUM_THREADS="1", GEODILOCO_DEVICE="cpu")
+def torchrun_site(config_path, run_dir, node, nproc, port, is_host, env_extra=None):
+    env = dict(os.environ, OMP_NUM_THREADS="1", GEODILOCO_DEVICE="cpu", **(env_extra or {}))
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={nproc}",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                f"--rdzv-conf=is_host={'true' if is_host else 'false'}", "--max-restarts=0",
