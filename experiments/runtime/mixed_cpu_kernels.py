@@ -96,7 +96,7 @@ def run_once(label: str, checkout: Path, setting_name: str, work: Path, rounds: 
     largest = max(abs(by_node["a"] - by_node["b"]) / abs(by_node["a"]) for by_node in checksums.values())
     row = {"checkout": label, "setting": setting_name, "rounds": len(checksums), "rounds_equal": rounds_equal,
            "largest_relative_difference": largest, "final_line": final.replace(str(run_dir), "RUN_DIR"),
-           "notices": [line for line in outputs[0].splitlines() if "drew other initial" in line or "round differently" in line]}
+           "notices": [line for line in outputs[0].splitlines() if "other initial parameters" in line or "round differently" in line]}
     print(f"  {label:9s} {setting_name}: {rounds_equal}/{len(checksums)} rounds start equal; final: {final[:90]}",
           flush=True)
     return row

@@ -108,9 +108,9 @@ def agree(reports: Sequence[StartReport], fresh: bool, rounding_matters: bool = 
     notices = []
     if receivers:
         notices.append(
-            f"node(s) {', '.join(receivers)} drew other initial parameters than node {source.node} from the same "
-            f"seed ({_platforms(reports, receivers, source)}): every node starts from node {source.node}'s, sent "
-            "once over the leaders' group")
+            f"node(s) {', '.join(receivers)} start from other initial parameters than node {source.node} "
+            f"({_platforms(reports, receivers, source)}; one seed draws other weights on other CPU kernels or torch "
+            f"releases): every node starts from node {source.node}'s, sent once over the leaders' group")
     if portable:
         groups = _rounding_groups(reports)
         notices.append(

@@ -133,9 +133,8 @@ class TorchOuterSync:
         topology, outer = self.topology, self.handles.outer
         if topology.is_leader:
             outer.portable = agreement.portable
-            if topology.node_name in (agreement.source, *agreement.receivers):
-                for notice in agreement.notices:
-                    print(f"[geodiloco] node {topology.node_name}: {notice}", flush=True)
+            for notice in agreement.notices:
+                print(f"[geodiloco] node {topology.node_name}: {notice}", flush=True)
         if not agreement.receivers:
             return
         if topology.is_leader:
