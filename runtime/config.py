@@ -287,7 +287,7 @@ class CommSection(StrictModel):
 
     ``outer_device``: where the outer state (global parameters and outer momentum, fp32) lives
     and, on the torch backend, where the pseudo-gradient all-reduce runs: ``cpu`` (gloo, the usual
-    choice over a WAN) or ``cuda`` (nccl). hivemind averages on the CPU either way; ``cuda`` keeps
+    choice over a WAN) or ``cuda`` (nccl), the same at every site. hivemind averages on the CPU either way; ``cuda`` keeps
     its outer step on the GPU (8 bytes per parameter there), which spares nodes that share a host
     the CPU contention of docs/hivemind.md "Several nodes on one host". Inner data parallel inside
     a node uses nccl on GPUs.

@@ -5,8 +5,8 @@ in the first all-reduce, or plans that differ between sites.
 
 ``shared_view`` is what must agree: the model's shape and precision, the data's split, the outer
 optimizer (every node applies the outer step to its own global copy), DiLoCo's settings, the balancing
-policy and its options, the node list, the seed and wall-clock budget, the backend and
-``comm.min_nodes``. Settings of one site alone may differ: paths (run directory, data source, GPU
+policy and its options, the node list, the seed and wall-clock budget, the backend,
+``comm.min_nodes`` and, on the torch backend, ``comm.outer_device``. Settings of one site alone may differ: paths (run directory, data source, GPU
 files), logging, checkpoint writing, timeouts and addresses, and the inner optimizer (each node's own
 local steps; the non-finite guard's tests poison one site that way).
 """
@@ -34,9 +34,17 @@ def shared_view(config) -> dict:
         "optim": {"outer": config.optim.outer.model_dump(mode="json")},
         "diloco": config.diloco.model_dump(mode="json"),
         "balancing": config.balancing.model_dump(mode="json"),
-        "comm": {"backend": config.comm.backend, "min_nodes": config.comm.min_nodes},
+        "comm": {"backend": config.comm.backend, "min_nodes": config.comm.min_nodes,
+                 **outer_device_view(config.comm)},
         "nodes": [node.model_dump(mode="json") for node in config.nodes],
     }
+
+
+def outer_device_view(comm) -> dict:
+    """On the torch backend the outer all-reduce runs where the outer state lives (gloo for ``cpu``, nccl for
+    ``cuda``), and every node must take part with the same backend or the first sync hangs; a hivemind node
+    averages on its CPU either way, so there it is the site's own choice."""
+    return {"outer_device": comm.outer_device} if comm.backend == "torch" else {}
 
 
 def differences(mine: dict, theirs: dict) -> list[tuple[str, Any, Any]]:

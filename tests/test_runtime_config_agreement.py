@@ -49,6 +49,14 @@ def test_the_error_names_the_nodes_and_each_setting_with_both_values():
     check_all_same([("a", base), ("b", view())])  # the same settings: no error
 
 
+def test_the_outer_device_must_agree_on_the_torch_backend_but_not_under_hivemind():
+    # torch: the outer all-reduce runs over gloo for cpu and nccl for cuda; mixed, the first sync would hang
+    on_gpu = view(comm={"outer_device": "cuda", "elastic": {"enabled": False}})
+    assert differences(on_gpu, view()) == [("comm.outer_device", "cuda", "cpu")]
+    hivemind = {"backend": "hivemind", "hivemind": {"initial_peers": []}}
+    assert differences(view(comm={**hivemind, "outer_device": "cuda"}), view(comm=hivemind)) == []
+
+
 def start_worker(config_path, run_dir, name, rank, port):
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                GEODILOCO_NODE=name, GEODILOCO_DEVICE="cpu", OMP_NUM_THREADS="1", GEODILOCO_SECRET=SECRET)
