@@ -50,7 +50,7 @@ def test_the_error_names_the_nodes_and_each_setting_with_both_values():
 
 
 def test_the_outer_device_must_agree_on_the_torch_backend_but_not_under_hivemind():
-    # torch: the outer all-reduce runs over gloo for cpu and nccl for cuda; mixed, the first sync would hang
+    # torch: the outer all-reduce runs over gloo for cpu and nccl for cuda; mixed, the nodes could not meet in it
     on_gpu = view(comm={"outer_device": "cuda", "elastic": {"enabled": False}})
     assert differences(on_gpu, view()) == [("comm.outer_device", "cuda", "cpu")]
     hivemind = {"backend": "hivemind", "hivemind": {"initial_peers": []}}
