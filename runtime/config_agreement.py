@@ -42,8 +42,8 @@ def shared_view(config) -> dict:
 
 def outer_device_view(comm) -> dict:
     """On the torch backend the outer all-reduce runs where the outer state lives (gloo for ``cpu``, nccl for
-    ``cuda``), and every node must take part with the same backend: a gloo rank and an nccl rank cannot meet in one collective; a hivemind node
-    averages on its CPU either way, so there it is the site's own choice."""
+    ``cuda``), and a gloo rank and an nccl rank cannot meet in one collective: every site must choose alike.
+    A hivemind node averages on its CPU either way, so there it is the site's own choice."""
     return {"outer_device": comm.outer_device} if comm.backend == "torch" else {}
 
 
