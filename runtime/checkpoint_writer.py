@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from geodiloco.runtime.host_threads import with_creators_threads
+
 
 class CheckpointWriteError(RuntimeError):
     """A background checkpoint write failed (disk full, permissions); raised where training waits for it."""
@@ -48,7 +50,8 @@ class CheckpointWriter:
             self._raise_if_failed()
             return
         # not a daemon: a normal exit lets the write finish rather than leave a half-written temp file
-        self._thread = threading.Thread(target=self._run, args=(write,), name="geodiloco-checkpoint")
+        self._thread = threading.Thread(target=with_creators_threads(self._run), args=(write,),
+                                        name="geodiloco-checkpoint")
         self._thread.start()
 
     def wait(self) -> float:

@@ -291,6 +291,11 @@ class CommSection(StrictModel):
     its outer step on the GPU (8 bytes per parameter there), which spares nodes that share a host
     the CPU contention of docs/hivemind.md "Several nodes on one host". Inner data parallel inside
     a node uses nccl on GPUs.
+    ``sync_threads``: CPU threads a node's leader uses on the torch backend for the host work of an outer
+    sync while the node's other ranks wait for it (landing a sync: the outer step and moving the model; with
+    ``diloco.overlap: none`` the whole sync, codec included). None: its ranks' threads (torchrun gives each
+    rank one), at most the node's share of the host's cores, less one per other rank on a GPU node
+    (``runtime/host_threads.py``); 1 keeps the leader's own.
     ``hivemind``: options of the hivemind backend (ignored by ``torch``).
     ``elastic``: the torch backend's membership (ignored by ``hivemind``, which is elastic by design).
     ``timeout_s``: the readiness wait, the longest a node waits for a live but late peer at the outer
@@ -307,6 +312,7 @@ class CommSection(StrictModel):
 
     backend: Literal["torch", "hivemind"] = "torch"
     outer_device: Literal["cpu", "cuda"] = "cpu"
+    sync_threads: Optional[int] = Field(default=None, ge=1, le=4096)
     timeout_s: float = Field(default=300.0, gt=0)
     transfer_timeout_factor: float = Field(default=10.0, ge=1.0, le=1000.0)
     transfer_min_timeout_s: float = Field(default=60.0, gt=0)

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from geodiloco.runtime.host_threads import with_creators_threads
 from geodiloco.runtime.models import build_configured_model
 
 
@@ -41,7 +42,8 @@ class BackgroundEvaluator:
         for target, source in zip(self.model.parameters(), params):
             target.copy_(source.to(target.device, target.dtype))
         self._pending_row = dict(row)
-        self._thread = threading.Thread(target=self._evaluate, name="geodiloco-eval", daemon=True)
+        self._thread = threading.Thread(target=with_creators_threads(self._evaluate), name="geodiloco-eval",
+                                        daemon=True)
         self._thread.start()
 
     @torch.no_grad()

@@ -14,9 +14,10 @@ This module finds the other trainers on the host (``/proc``, Linux) and says wha
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 TRAINER_MODULE = "geodiloco.runtime.train"
 
@@ -89,3 +90,57 @@ def warn_if_oversubscribed(node: str, on_cuda: bool, outer_on_cuda: bool) -> Opt
     if notice is not None:
         print(f"[geodiloco] {notice}", flush=True)
     return notice
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, else the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def leader_sync_threads(local_ranks: int, own_threads: int, cores: int, trainers_on_host: int,
+                        on_cuda: bool) -> int:
+    """Intra-op threads for a node leader's share of the outer sync while the node's other ranks wait
+    for it (``comm.sync_threads`` unset).
+
+    torchrun gives each of a node's ranks one thread (``OMP_NUM_THREADS=1``), so the leader's outer step,
+    codec and moving of the model would run on one core while the others idle. It takes its ranks'
+    threads (``local_ranks`` x ``own_threads``), at most the node's share of the host's cores (its ranks
+    among ``trainers_on_host``), less one core per other rank on a GPU node, whose waiting ranks may spin
+    in CUDA synchronization. Never fewer than its own."""
+    if local_ranks <= 1:
+        return own_threads
+    share = cores * local_ranks // max(trainers_on_host, local_ranks)
+    spinning = local_ranks - 1 if on_cuda else 0
+    return max(own_threads, min(local_ranks * own_threads, share - spinning))
+
+
+@contextlib.contextmanager
+def intra_op_threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` intra-op threads in this thread, then go back to the count before.
+    A no-op when ``count`` is what the thread has."""
+    import torch
+    before = torch.get_num_threads()
+    if count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def with_creators_threads(target: Callable[..., None]) -> Callable[..., None]:
+    """``target`` for a background thread, run with the intra-op thread count of the thread that creates it.
+    torch gives a new thread the process-wide count at its first parallel op; this pins it at creation, so a
+    thread that first computes while a node leader runs ``intra_op_threads`` with more does not keep them."""
+    import torch
+    count = torch.get_num_threads()
+
+    def run(*args, **kwargs) -> None:
+        torch.set_num_threads(count)
+        target(*args, **kwargs)
+    return run

@@ -33,6 +33,7 @@ def test_count_shorthand_expands_gpus(tmp_path):
     (lambda c: c["nodes"].append({"name": "a"}), "names must be unique; repeated: a"),
     (lambda c: c["diloco"].update(weighting="median"), "diloco.weighting: Input should be 'uniform', 'tokens', 'normalized' or 'auto'"),
     (lambda c: c["comm"].update(timeout_s=0), "comm.timeout_s: Input should be greater than 0"),
+    (lambda c: c["comm"].update(sync_threads=0), "comm.sync_threads: Input should be greater than or equal to 1"),
     (lambda c: c["model"].update(preset="gpt5"), "model.preset: unknown model preset 'gpt5'; known presets: llama-150m, small, tiny"),
     (lambda c: c["model"].update(seq_len=4096), "model.seq_len: 4096 exceeds the model's max_seq_len 256"),
     (lambda c: c.update(nodes=[]), "nodes: List should have at least 1 item"),

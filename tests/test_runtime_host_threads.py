@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from geodiloco.runtime.host_threads import (_parent_pid, other_trainers_on_host, oversubscription_notice,
-                                            runs_module, warn_if_oversubscribed)
+import threading
+
+import torch
+
+from geodiloco.runtime.host_threads import (_parent_pid, intra_op_threads, leader_sync_threads, other_trainers_on_host,
+                                            oversubscription_notice, runs_module, usable_cores, warn_if_oversubscribed,
+                                            with_creators_threads)
+from geodiloco.runtime.launch import free_port
+from tests.runtime_helpers import REPO_ROOT, small_config, write_config
 
 MODULE = "fake_site_trainer_for_tests"
 
@@ -113,3 +120,77 @@ def test_a_co_located_trainer_without_omp_is_warned_on_stdout(monkeypatch, capsy
     notice = warn_if_oversubscribed("b", on_cuda=False, outer_on_cuda=False)
     assert notice is not None
     assert capsys.readouterr().out == f"[geodiloco] {notice}\n"
+
+
+@pytest.mark.parametrize("ranks, own, cores, trainers, on_cuda, expected", [
+    (1, 4, 16, 1, False, 4),   # a one-rank node keeps torch's own count
+    (2, 1, 2, 2, False, 2),    # torchrun's one thread per rank: the leader takes both while the other waits
+    (2, 1, 2, 3, False, 1),    # another site's trainer on this host: the node's share is one core
+    (4, 2, 16, 4, False, 8),   # four ranks of two threads each
+    (8, 1, 64, 8, True, 8),    # a GPU node: its ranks' threads, well within the cores
+    (8, 1, 8, 8, True, 1),     # a GPU node on 8 cores: 7 waiting ranks may spin, one core left
+    (4, 4, 4, 4, True, 4),     # never fewer than its own
+])
+def test_the_leader_borrows_its_waiting_ranks_threads_within_its_share_of_the_cores(ranks, own, cores, trainers,
+                                                                                  on_cuda, expected):
+    assert leader_sync_threads(ranks, own, cores, trainers, on_cuda) == expected
+
+
+def test_intra_op_threads_go_back_after_the_block_even_on_an_error():
+    before = torch.get_num_threads()
+    with intra_op_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="inside"):
+        with intra_op_threads(before + 1):
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
+
+
+def test_a_thread_started_while_the_leader_borrows_keeps_its_creators_count():
+    seen = {}
+
+    def record(name):
+        seen[name] = torch.get_num_threads()
+
+    def started_in_window(target, name):
+        thread = threading.Thread(target=target, args=(name,))
+        with intra_op_threads(torch.get_num_threads() + 2):
+            thread.start()
+            thread.join()
+
+    own = torch.get_num_threads()
+    started_in_window(with_creators_threads(record), "pinned")  # wrapped before the window, as the runtime does
+    started_in_window(record, "plain")
+    assert seen["pinned"] == own
+    assert seen["plain"] == own + 2  # what the pinning prevents: torch hands a new thread the count of that moment
+
+
+def one_node_run(tmp_path, name, sync_threads):
+    nodes = [{"name": "a", "gpus": ["2 x A30"], "local_steps": 2, "batch_size": 4, "emulate": {"step_time_s": 0.02}}]
+    config = small_config(nodes)
+    config["diloco"].update(rounds=2, overlap="none", compression="int8")
+    if sync_threads is not None:
+        config["comm"]["sync_threads"] = sync_threads
+    config_path, run_dir = write_config(tmp_path, config, f"{name}.yaml"), tmp_path / name
+    env = dict(os.environ, GEODILOCO_DEVICE="cpu", GEODILOCO_SECRET="the-runs-shared-secret-123456")
+    env.pop("OMP_NUM_THREADS", None)  # torchrun's own: one thread per rank
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           f"--master-port={free_port()}", "-m", "geodiloco.runtime.train", "--config",
+                           str(config_path), "--node-name", "a", "--run-dir", str(run_dir)],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(usable_cores() < 2, reason="one core: there is no other rank's thread to borrow")
+def test_a_two_rank_nodes_leader_syncs_on_both_threads_and_trains_the_same_bits(tmp_path):
+    # set, not left to the default: tests running beside this one put other trainers on the host, and the
+    # default then rightly keeps the leader's share of the cores (the rule has its own test above)
+    borrowed, own = one_node_run(tmp_path, "borrowed", 2), one_node_run(tmp_path, "own", 1)
+    assert ("node a: its leader takes the outer sync's host work on 2 CPU threads while the node's 2 rank(s) wait "
+            "for it (comm.sync_threads)") in borrowed
+    assert "host work on" not in own
+    final = [line for output in (borrowed, own) for line in output.splitlines() if "final parameter checksum" in line]
+    assert len(final) == 2 and final[0] == final[1] and final[0].endswith("on every rank: a (2 ranks)")

@@ -29,7 +29,7 @@ def build_outer_sync(config: RunConfig, topology: Topology, num_params: int, pla
     if config.comm.backend != "hivemind":
         from geodiloco.runtime.sync.torch_backend import TorchOuterSync
         return TorchOuterSync(topology, config.diloco, config.comm.elastic,
-                              transfer_timeout_s(config, planned_sync_s))
+                              transfer_timeout_s(config, planned_sync_s), sync_threads=config.comm.sync_threads)
     from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync
     return HivemindOuterSync(topology, config.comm.hivemind, config.run.name, [node.name for node in config.nodes],
                              num_params, config.diloco.compression, config.comm.init_timeout_s,

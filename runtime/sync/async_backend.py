@@ -42,6 +42,7 @@ class AsyncOuterSync(TorchOuterSync):
 
     barrier_free = True
     global_copy_per_node = False  # one global model, on the first node: no rounding to agree on
+    leader_borrows_threads = False  # a node's push and pull run while its ranks train
 
     def __init__(self, topology: Topology, diloco: DilocoSection, outer_optim: OuterOptim, timeout_s: float,
                  checkpoint_keep: int, elastic: Optional[ElasticSection] = None) -> None:

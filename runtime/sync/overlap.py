@@ -33,6 +33,7 @@ from typing import Callable, Optional
 import torch
 
 from geodiloco.runtime.finite_guard import all_finite
+from geodiloco.runtime.host_threads import with_creators_threads
 from geodiloco.runtime.sync.wire import ErrorFeedback
 
 Reducer = Callable[[torch.Tensor, ErrorFeedback], torch.Tensor]
@@ -79,7 +80,7 @@ class SyncWorker:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.jobs: "queue.Queue[Optional[tuple[SyncJob, ErrorFeedback, object]]]" = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="geodiloco-sync", daemon=True)
+        self.thread = threading.Thread(target=with_creators_threads(self._run), name="geodiloco-sync", daemon=True)
         self.thread.start()
 
     def submit(self, job: SyncJob, feedback: ErrorFeedback) -> None:

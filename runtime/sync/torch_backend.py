@@ -23,6 +23,7 @@ from geodiloco.runtime.config import DilocoSection, ElasticSection
 from geodiloco.runtime.finite_guard import non_finite_nodes
 from geodiloco.runtime.diloco import outer_weights
 from geodiloco.runtime.heartbeat import Heartbeat, exit_on_peer_failure, open_store
+from geodiloco.runtime.host_threads import intra_op_threads, leader_sync_threads, other_trainers_on_host, usable_cores
 from geodiloco.runtime.recovery import (ResumePoint, SavedRounds, choose_resume_point, elastic_job, log_membership_event,
                               newest_node_round, saved_rounds)
 from geodiloco.runtime.runlog import RunLog
@@ -63,10 +64,14 @@ class TorchOuterSync:
     barrier_free = False
     members_wait_s = 0.0
     global_copy_per_node = True  # every node takes the outer step on its own copy (runtime/sync/start_model.py)
+    leader_borrows_threads = True  # the leader lands syncs while its node's ranks wait (``sync_threads``)
 
     def __init__(self, topology: Topology, diloco: DilocoSection, elastic: Optional[ElasticSection] = None,
-                 transfer_timeout_s: Optional[float] = None) -> None:
+                 transfer_timeout_s: Optional[float] = None, sync_threads: Optional[int] = None) -> None:
         self.topology = topology
+        self.sync_threads_setting = sync_threads
+        self.sync_threads = torch.get_num_threads()
+        """Intra-op threads of this rank's sync work while the node's other ranks wait (leader: see ``start``)."""
         self.elastic = elastic
         self.heartbeat: Optional[Heartbeat] = None
         self.mode = diloco.overlap
@@ -95,6 +100,8 @@ class TorchOuterSync:
         from recorded as lost."""
         self.handles = handles
         self.fragments = split_fragments([param.numel() for param in handles.params], self.fragment_count)
+        if self.topology.is_leader and self.leader_borrows_threads:
+            self.sync_threads = self._leader_threads(handles.params[0].is_cuda if handles.params else False)
         if self.topology.is_leader:
             self.schedule = OverlapSchedule(self.mode, handles.params, handles.outer, self.fragments,
                                             self._reduce, run_in_background=self.mode != "none")
@@ -248,25 +255,38 @@ class TorchOuterSync:
 
     def outer_step(self, round_sync: RoundSync) -> SyncOutcome:
         if self.mode == "none":
-            self._launch(0, measured_weights(round_sync))
+            with intra_op_threads(self.sync_threads):  # the node's other ranks wait in the broadcast
+                self._launch(0, measured_weights(round_sync))
             self._land(0)
         elif self.mode == "delayed":
             self._land(0)
-            self._launch(0, measured_weights(round_sync))
+            self._launch(0, measured_weights(round_sync))  # the other ranks train meanwhile
             if round_sync.last_round:
                 self._land(0)
         else:
             weights = planned_weights(round_sync)
-            for fragment in range(len(self.fragments)):
-                if fragment not in self._launched:
-                    self._launch(fragment, weights)
-                self._land(fragment)
-            if round_sync.last_round:  # what moved since each launch, averaged in (no momentum kick)
+            with intra_op_threads(self.sync_threads):  # the round's end: the other ranks wait
                 for fragment in range(len(self.fragments)):
-                    self._launch(fragment, weights)
-                    self._land(fragment, outer_step=False)
+                    if fragment not in self._launched:
+                        self._launch(fragment, weights)
+                    self._land(fragment)
+                if round_sync.last_round:  # what moved since each launch, averaged in (no momentum kick)
+                    for fragment in range(len(self.fragments)):
+                        self._launch(fragment, weights)
+                        self._land(fragment, outer_step=False)
         self._reload_if_left_out(round_sync)
         return self._outcome(round_sync)
+
+    def _leader_threads(self, on_cuda: bool) -> int:
+        """``comm.sync_threads``, or the threads of the node's waiting ranks (runtime/host_threads.py); said once."""
+        own, ranks = torch.get_num_threads(), self.topology.local_world_size
+        chosen = self.sync_threads_setting
+        if chosen is None:
+            chosen = leader_sync_threads(ranks, own, usable_cores(), len(other_trainers_on_host()) + 1, on_cuda)
+        if chosen != own:
+            print(f"[geodiloco] node {self.topology.node_name}: its leader takes the outer sync's host work on "
+                  f"{chosen} CPU threads while the node's {ranks} rank(s) wait for it (comm.sync_threads)", flush=True)
+        return chosen
 
     def _reload_if_left_out(self, round_sync: RoundSync) -> None:
         """This node's model was non-finite: take the global parameters back (its zero contribution
@@ -296,8 +316,12 @@ class TorchOuterSync:
         self._sent_bytes += sent_bytes(self.codec, numel, self.topology.num_nodes)
 
     def _land(self, fragment: int, outer_step: bool = True) -> float:
-        """Land ``fragment`` on the leader and share its parameters in the node; seconds waited."""
-        blocked_s = self.schedule.land(fragment, outer_step) if self.schedule is not None else 0.0
+        """Land ``fragment`` on the leader and share its parameters in the node; seconds waited. The node's other
+        ranks wait for it in the broadcast, so the leader lands on their threads too (``sync_threads``)."""
+        blocked_s = 0.0
+        if self.schedule is not None:
+            with intra_op_threads(self.sync_threads):
+                blocked_s = self.schedule.land(fragment, outer_step)
         self.broadcast_in_node([self.handles.params[index].data for index in self.fragments[fragment]])
         return blocked_s
 
