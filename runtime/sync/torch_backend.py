@@ -281,6 +281,8 @@ class TorchOuterSync:
         """``comm.sync_threads``, or the threads of the node's waiting ranks (runtime/host_threads.py); said once."""
         own, ranks = torch.get_num_threads(), self.topology.local_world_size
         chosen = self.sync_threads_setting
+        if chosen is None and ranks == 1:
+            return own
         if chosen is None:
             chosen = leader_sync_threads(ranks, own, usable_cores(), len(other_trainers_on_host()) + 1, on_cuda)
         if chosen != own:
