@@ -291,9 +291,9 @@ class CommSection(StrictModel):
     its outer step on the GPU (8 bytes per parameter there), which spares nodes that share a host
     the CPU contention of docs/hivemind.md "Several nodes on one host". Inner data parallel inside
     a node uses nccl on GPUs.
-    ``sync_threads``: CPU threads a node's leader uses on the torch backend for the host work of an outer
-    sync while the node's other ranks wait for it (landing a sync: the outer step and moving the model; with
-    ``diloco.overlap: none`` the whole sync, codec included). None: its ranks' threads (torchrun gives each
+    ``sync_threads``: CPU threads a node's leader uses for the host work of an outer sync while the node's
+    other ranks wait for it (torch backend: landing a sync, the outer step and moving the model, and with
+    ``diloco.overlap: none`` the whole sync, codec included; hivemind: the pseudo-gradient and outer step). None: its ranks' threads (torchrun gives each
     rank one), at most the node's share of the host's cores, less one per other rank on a GPU node
     (``runtime/host_threads.py``); 1 keeps the leader's own.
     ``hivemind``: options of the hivemind backend (ignored by ``torch``).

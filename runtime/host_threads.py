@@ -117,6 +117,23 @@ def leader_sync_threads(local_ranks: int, own_threads: int, cores: int, trainers
     return max(own_threads, min(local_ranks * own_threads, share - spinning))
 
 
+def choose_leader_threads(node: str, local_ranks: int, setting: Optional[int], on_cuda: bool) -> int:
+    """A node leader's threads for sync work while its ranks wait: ``comm.sync_threads`` when set, else
+    ``leader_sync_threads`` for this host (reading ``/proc`` only for a multi-rank node); said once when it
+    differs from the leader's own count."""
+    import torch
+    own = torch.get_num_threads()
+    if setting is None and local_ranks == 1:
+        return own
+    chosen = setting
+    if chosen is None:
+        chosen = leader_sync_threads(local_ranks, own, usable_cores(), len(other_trainers_on_host()) + 1, on_cuda)
+    if chosen != own:
+        print(f"[geodiloco] node {node}: its leader takes the outer sync's host work on {chosen} CPU threads while "
+              f"the node's {local_ranks} rank(s) wait for it (comm.sync_threads)", flush=True)
+    return chosen
+
+
 @contextlib.contextmanager
 def intra_op_threads(count: int) -> Iterator[None]:
     """Run the block with ``count`` intra-op threads in this thread, then go back to the count before.

@@ -43,6 +43,7 @@ from geodiloco.runtime.auth import SECRET_ENV, AuthError
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import HivemindSection
 from geodiloco.runtime.diloco import group_average_scale, group_average_terms
+from geodiloco.runtime.host_threads import choose_leader_threads, intra_op_threads
 from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
 from geodiloco.runtime.sync.protocol import (OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome,
                                               TooFewToGoOn)
@@ -320,8 +321,11 @@ class HivemindOuterSync:
 
     def __init__(self, topology: Topology, options: HivemindSection, run_name: str, node_names: list[str],
                  num_params: int, diloco_compression: str = "none", init_timeout_s: float = 120.0,
-                 min_nodes: int = 1) -> None:
+                 min_nodes: int = 1, sync_threads: Optional[int] = None) -> None:
         self.topology = topology
+        self.sync_threads_setting = sync_threads
+        self.sync_threads = torch.get_num_threads()
+        """Intra-op threads of the leader's outer step while the node's other ranks wait (``start``)."""
         self.options = options
         self.compression = diloco_compression
         self.init_timeout_s = init_timeout_s
@@ -605,6 +609,10 @@ class HivemindOuterSync:
     def start(self, resume: bool, handles: SyncHandles) -> StartPoint:
         from geodiloco.runtime.sync.hivemind_session import start_hivemind
         self.handles = handles
+        if self.topology.is_leader:
+            self.sync_threads = choose_leader_threads(self.topology.node_name, self.topology.local_world_size,
+                                                      self.sync_threads_setting,
+                                                      handles.params[0].is_cuda if handles.params else False)
         return start_hivemind(self, resume)
 
     def begin_round(self, round_idx: int) -> Optional[list[str]]:
@@ -663,11 +671,12 @@ class HivemindOuterSync:
         started = time.time()
         if outer is not None:
             try:
-                averaged, group = self.average_round(outer.pseudo_gradient(self.handles.params),
-                                                     round_sync.weighting, round_sync.stats_by_node[me])
-                if averaged is not None:  # an incomplete average: keep the round's starting global state
-                    outer.apply(averaged)
-                outer.load_into(self.handles.params)
+                with intra_op_threads(self.sync_threads):  # the node's other ranks wait for the outcome
+                    averaged, group = self.average_round(outer.pseudo_gradient(self.handles.params),
+                                                         round_sync.weighting, round_sync.stats_by_node[me])
+                    if averaged is not None:  # an incomplete average: keep the round's starting global state
+                        outer.apply(averaged)
+                    outer.load_into(self.handles.params)
                 outcome = {item["node"]: item for item in group}
             except OutOfSync as err:
                 outcome = str(err)

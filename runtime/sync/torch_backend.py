@@ -23,7 +23,7 @@ from geodiloco.runtime.config import DilocoSection, ElasticSection
 from geodiloco.runtime.finite_guard import non_finite_nodes
 from geodiloco.runtime.diloco import outer_weights
 from geodiloco.runtime.heartbeat import Heartbeat, exit_on_peer_failure, open_store
-from geodiloco.runtime.host_threads import intra_op_threads, leader_sync_threads, other_trainers_on_host, usable_cores
+from geodiloco.runtime.host_threads import choose_leader_threads, intra_op_threads
 from geodiloco.runtime.recovery import (ResumePoint, SavedRounds, choose_resume_point, elastic_job, log_membership_event,
                               newest_node_round, saved_rounds)
 from geodiloco.runtime.runlog import RunLog
@@ -101,7 +101,9 @@ class TorchOuterSync:
         self.handles = handles
         self.fragments = split_fragments([param.numel() for param in handles.params], self.fragment_count)
         if self.topology.is_leader and self.leader_borrows_threads:
-            self.sync_threads = self._leader_threads(handles.params[0].is_cuda if handles.params else False)
+            self.sync_threads = choose_leader_threads(self.topology.node_name, self.topology.local_world_size,
+                                                      self.sync_threads_setting,
+                                                      handles.params[0].is_cuda if handles.params else False)
         if self.topology.is_leader:
             self.schedule = OverlapSchedule(self.mode, handles.params, handles.outer, self.fragments,
                                             self._reduce, run_in_background=self.mode != "none")
@@ -276,19 +278,6 @@ class TorchOuterSync:
                         self._land(fragment, outer_step=False)
         self._reload_if_left_out(round_sync)
         return self._outcome(round_sync)
-
-    def _leader_threads(self, on_cuda: bool) -> int:
-        """``comm.sync_threads``, or the threads of the node's waiting ranks (runtime/host_threads.py); said once."""
-        own, ranks = torch.get_num_threads(), self.topology.local_world_size
-        chosen = self.sync_threads_setting
-        if chosen is None and ranks == 1:
-            return own
-        if chosen is None:
-            chosen = leader_sync_threads(ranks, own, usable_cores(), len(other_trainers_on_host()) + 1, on_cuda)
-        if chosen != own:
-            print(f"[geodiloco] node {self.topology.node_name}: its leader takes the outer sync's host work on "
-                  f"{chosen} CPU threads while the node's {ranks} rank(s) wait for it (comm.sync_threads)", flush=True)
-        return chosen
 
     def _reload_if_left_out(self, round_sync: RoundSync) -> None:
         """This node's model was non-finite: take the global parameters back (its zero contribution
