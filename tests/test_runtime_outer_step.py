@@ -59,8 +59,10 @@ def test_a_non_contiguous_local_parameter_is_read_in_its_logical_order():
     assert torch.equal(flat, (outer.global_params[0] - local).reshape(-1))
 
 
-def reference_nesterov(params: list[torch.Tensor], steps: list[torch.Tensor], lr: float, momentum: float):
-    """SGD with Nesterov momentum by its formula: m = momentum m + g; p -= lr (g + momentum m)."""
+def reference_nesterov(params: list[torch.Tensor], steps: list[torch.Tensor], lr: float, momentum: float,
+                       nesterov: bool = True):
+    """SGD with momentum by its formula: m = momentum m + g; p -= lr (g + momentum m) with Nesterov,
+    p -= lr m without."""
     params = [param.clone() for param in params]
     buffers = [None] * len(params)
     offset_steps = []
@@ -70,7 +72,7 @@ def reference_nesterov(params: list[torch.Tensor], steps: list[torch.Tensor], lr
             grad = flat[offset:offset + param.numel()].view_as(param)
             offset += param.numel()
             buffers[index] = grad.clone() if buffers[index] is None else buffers[index] * momentum + grad
-            param -= lr * (grad + momentum * buffers[index])
+            param -= lr * (grad + momentum * buffers[index]) if nesterov else lr * buffers[index]
         offset_steps.append([param.clone() for param in params])
     return offset_steps
 

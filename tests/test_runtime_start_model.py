@@ -64,18 +64,7 @@ def test_the_portable_step_follows_sgds_formula(nesterov):
     start = [param.clone() for param in outer.global_params]
     torch.manual_seed(3)
     steps = [torch.randn(outer.numel) * 0.1 for _ in range(3)]
-    if nesterov:
-        expected = reference_nesterov(start, steps, lr=0.7, momentum=0.9)
-    else:  # heavy ball: m = momentum m + g; p -= lr m
-        expected, params, buffers = [], [p.clone() for p in start], [None] * len(start)
-        for flat in steps:
-            offset = 0
-            for index, param in enumerate(params):
-                grad = flat[offset:offset + param.numel()].view_as(param)
-                offset += param.numel()
-                buffers[index] = grad.clone() if buffers[index] is None else buffers[index] * 0.9 + grad
-                param -= 0.7 * buffers[index]
-            expected.append([param.clone() for param in params])
+    expected = reference_nesterov(start, steps, lr=0.7, momentum=0.9, nesterov=nesterov)
     for flat, after in zip(steps, expected):
         outer.apply(flat)
         for got, want in zip(outer.global_params, after):
