@@ -77,17 +77,22 @@ def reference_nesterov(params: list[torch.Tensor], steps: list[torch.Tensor], lr
     return offset_steps
 
 
-def test_the_outer_step_takes_torchs_fused_kernel_here_and_follows_nesterovs_formula():
-    outer = OuterState(two_layer_model(), lr=0.7, momentum=0.9, nesterov=True)
-    assert outer.fused, "torch 2.4+ has a fused SGD kernel on the CPU; the outer step should use it"
+def assert_outer_steps_follow_the_formula(outer: OuterState, count: int, seed: int, nesterov: bool = True) -> None:
+    """``count`` random outer steps (lr 0.7, momentum 0.9) land where SGD's formula puts them."""
     start = [param.clone() for param in outer.global_params]
-    torch.manual_seed(1)
-    steps = [torch.randn(outer.numel) * 0.1 for _ in range(4)]
-    expected = reference_nesterov(start, steps, lr=0.7, momentum=0.9)
+    torch.manual_seed(seed)
+    steps = [torch.randn(outer.numel) * 0.1 for _ in range(count)]
+    expected = reference_nesterov(start, steps, lr=0.7, momentum=0.9, nesterov=nesterov)
     for flat, after in zip(steps, expected):
         outer.apply(flat)
         for got, want in zip(outer.global_params, after):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_outer_step_takes_torchs_fused_kernel_here_and_follows_nesterovs_formula():
+    outer = OuterState(two_layer_model(), lr=0.7, momentum=0.9, nesterov=True)
+    assert outer.fused, "torch 2.4+ has a fused SGD kernel on the CPU; the outer step should use it"
+    assert_outer_steps_follow_the_formula(outer, count=4, seed=1)
 
 
 def test_a_state_saved_by_the_unfused_optimizer_resumes_with_its_momentum_on_the_fused_one():

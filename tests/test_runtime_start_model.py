@@ -17,7 +17,7 @@ from geodiloco.runtime.diloco import OuterState, portable_sgd_step
 from geodiloco.runtime.launch import free_port
 from geodiloco.runtime.sync.start_model import StartReport, agree, tensors_digest
 from tests.runtime_helpers import REPO_ROOT, read_jsonl, small_config, write_config
-from tests.test_runtime_outer_step import reference_nesterov, two_layer_model
+from tests.test_runtime_outer_step import assert_outer_steps_follow_the_formula, two_layer_model
 from tests.test_runtime_torchrun import torchrun_site
 
 SIMD = torch.backends.cpu.get_cpu_capability() != "DEFAULT"
@@ -61,14 +61,7 @@ def test_no_report_is_an_error():
 def test_the_portable_step_follows_sgds_formula(nesterov):
     outer = OuterState(two_layer_model(), lr=0.7, momentum=0.9, nesterov=nesterov)
     outer.portable = True
-    start = [param.clone() for param in outer.global_params]
-    torch.manual_seed(3)
-    steps = [torch.randn(outer.numel) * 0.1 for _ in range(3)]
-    expected = reference_nesterov(start, steps, lr=0.7, momentum=0.9, nesterov=nesterov)
-    for flat, after in zip(steps, expected):
-        outer.apply(flat)
-        for got, want in zip(outer.global_params, after):
-            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert_outer_steps_follow_the_formula(outer, count=3, seed=3, nesterov=nesterov)
 
 
 def test_the_portable_steps_momentum_resumes_on_torchs_fused_step():
