@@ -12,14 +12,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-import yaml
 
 from geodiloco.balancer.cluster import ClusterSpec, load_cluster
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.network import CODEC_BITS, RUN_DEFAULT_COMPRESSION, RUN_DEFAULT_OVERLAP, SYNC_DTYPE_CODEC, SyncSettings
 from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.simulate import Slowdown
-from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, validate, with_options
+from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, parse_set_value, validate, with_options
 from geodiloco.predictor.workload import ModelDims, hf_config_json, resolve_dims
 
 log = logging.getLogger("geodiloco.balancer")
@@ -66,7 +65,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. --set hysteresis=0.05")
     key, value = text.split("=", 1)
-    return key.strip(), yaml.safe_load(value)
+    return key.strip(), parse_set_value(key.strip(), value)
 
 
 def hf_config_file(model_section: dict) -> Optional[str]:

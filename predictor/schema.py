@@ -72,6 +72,17 @@ def load_yaml_mapping(path: str | Path, what: str = "a YAML config") -> dict[str
     return data
 
 
+def parse_set_value(key_path: str, raw_value: str) -> Any:
+    """The YAML value of a ``--set KEY=VALUE`` override; a value that is not YAML names the key and the fix."""
+    try:
+        return yaml.safe_load(raw_value)
+    except yaml.YAMLError as err:
+        problem = str(getattr(err, "problem", None) or "not valid YAML")
+        raise ConfigError(f"--set {key_path}: the value {raw_value!r} is not valid YAML ({problem}); quote it as "
+                          f"a string (--set '{key_path}=\"...\"') or write a YAML list/mapping in full, "
+                          f"e.g. [1, 2] or {{key: value}}") from None
+
+
 def validate(model: type[BaseModel], data: Any, source: str, prefix: str = "") -> Any:
     """``model.model_validate(data)`` with errors turned into a ConfigError."""
     try:

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names, load_gpu_files
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.network import RUN_DEFAULT_COMPRESSION, RUN_DEFAULT_OVERLAP
-from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate, with_options
+from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, parse_set_value, validate, with_options
 from geodiloco.predictor.workload import ModelDims, dims_from_mapping, hf_config_json, preset_dims, resolve_dims
 
 DEFAULT_CONFIG_NAME = "default.yaml"
@@ -473,7 +473,7 @@ def apply_override(data: dict, override: str) -> None:
         elif not isinstance(target, dict):
             raise ConfigError(f"--set {key_path}: {'.'.join(keys[:depth])} is a value, not a section")
         if last:
-            target[key] = yaml.safe_load(raw_value)
+            target[key] = parse_set_value(key_path.strip(), raw_value)
         elif isinstance(target, dict):
             target = target.setdefault(key, {})
         else:

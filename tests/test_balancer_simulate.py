@@ -156,6 +156,7 @@ def test_cli_plan_table_is_not_folded_when_piped(capsys, monkeypatch):
     (["--slowdown", "zz:1:2"], "unknown node 'zz'"),
     (["--set", "hysteresis=2"], "balancing.hysteresis"),
     (["--set", "reference_node=q"], "no node named 'q'"),
+    (["--set", "hysteresis=[1"], "--set hysteresis: the value '[1' is not valid YAML"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message):
     cluster = tmp_path / "cluster.yaml"

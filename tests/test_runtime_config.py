@@ -72,6 +72,9 @@ def test_overrides_apply_and_bad_overrides_fail(tmp_path):
     assert config.diloco.rounds == 7 and config.nodes[1].emulate.step_time_s == 0.5
     with pytest.raises(ConfigError, match="expected KEY.PATH=VALUE"):
         load_config(path, ["diloco.rounds"])
+    for bad_yaml in ("[1", "{a: "):
+        with pytest.raises(ConfigError, match=r"--set diloco.rounds: the value .* is not valid YAML .*quote it"):
+            load_config(path, [f"diloco.rounds={bad_yaml}"])
 
 
 def test_cli_reports_config_errors_in_one_line_and_exits_2(tmp_path):
