@@ -7,12 +7,14 @@ sends SIGSTOP (a hung machine that keeps its sockets open), ``thaw`` SIGCONT. Ea
 written to ``RUN_DIR/drill.jsonl`` with its unix time, so the report and the benchmarks can
 measure detection, recovery and rejoin from the logs.
 
-Rounds count from 1 as the progress lines do; "halfway" is half the duration of the last
-round the run logged (the round starts when the previous one is in plan.jsonl). Both are read
-from the times plan.jsonl was written, not from when the drill noticed, so an event lands in
-the middle of its round even when rounds last only a second. When the last round was long (it
-held a failure and the restart), an event whose round ends before that halfway mark fires as
-soon as that round is logged.
+Rounds count from 1 as the progress lines do, from round 2 on: "halfway" is timed from the
+round before. It is half the duration of the last round the run logged (the round starts when the
+previous one is in plan.jsonl), read from the times plan.jsonl was written, not from when the
+drill noticed, so an event lands in the middle of its round even when rounds last only a second.
+Round 1's start is not logged, so an event in round 2 takes half of round 1's longest local phase
+(its nodes' compute_s in metrics.jsonl) instead. When the last round was long (it held a failure
+and the restart), an event whose round ends before that halfway mark fires as soon as that round
+is logged.
 """
 from __future__ import annotations
 
@@ -52,9 +54,10 @@ def parse_drill(text: str, config) -> list[DrillEvent]:
         if node not in names:
             raise ConfigError(f"--drill {item!r}: node {node!r} is not in the config ({', '.join(names)})")
         round_idx = int(round_text)
-        if not 1 <= round_idx <= config.diloco.rounds:
-            raise ConfigError(f"--drill {item!r}: round {round_idx} is outside 1..{config.diloco.rounds} "
-                              "(diloco.rounds)")
+        if not 2 <= round_idx <= config.diloco.rounds:
+            raise ConfigError(f"--drill {item!r}: round {round_idx} is outside 2..{config.diloco.rounds} "
+                              "(diloco.rounds; an event fires halfway through its round, timed from the round "
+                              "before, so round 1 cannot hold one)")
         events.append(DrillEvent(action, node, round_idx))
     return sorted(events, key=lambda event: event.round)
 
@@ -70,6 +73,18 @@ def rounds_logged(run_dir: Path) -> tuple[int, float]:
         return 0, 0.0
     rounds = [json.loads(line)["round"] for line in lines if line.strip()]
     return (max(rounds) + 1 if rounds else 0), written_at
+
+
+def longest_local_phase_s(run_dir: Path, round_idx: int) -> float | None:
+    """The longest node compute_s of a round in metrics.jsonl (seconds), None before the round is there."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    rows = [json.loads(line) for line in lines if line.strip()]
+    phases_s = [row["compute_s"] for row in rows
+                if row.get("round") == round_idx and row.get("node") != "global" and row.get("compute_s") is not None]
+    return max(phases_s) if phases_s else None
 
 
 class DrillRunner:
@@ -107,10 +122,14 @@ class DrillRunner:
             if now_logged > logged:
                 round_s = written_at - logged_at if logged else None
                 logged, logged_at = now_logged, written_at
+            if round_s is None and logged:
+                round_s = longest_local_phase_s(self.run_dir, logged - 1)
             wait_s = self.poll_s
             while self.events and logged >= self.events[0].round - 1:
-                until_halfway_s = logged_at + (round_s or 0.0) / 2 - time.time()
                 overdue = logged >= self.events[0].round  # its round ended first: the last one was long (a failure)
+                if round_s is None and not overdue:
+                    break  # round 1's metrics are not written yet
+                until_halfway_s = logged_at + (round_s or 0.0) / 2 - time.time()
                 if until_halfway_s > 0 and not overdue:
                     wait_s = min(wait_s, until_halfway_s)
                     break

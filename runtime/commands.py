@@ -39,7 +39,7 @@ def register(subparsers) -> None:
                             help="fixed membership: one failed node stops the run")
     run.add_argument("--drill", metavar="ACTION:NODE@ROUND,...",
                      help="inject site failures, e.g. 'kill:c@3,restart:c@5' (actions: kill, freeze, thaw, "
-                          "restart; halfway through the round; elastic runs only)")
+                          "restart; halfway through the round, from round 2 on; elastic runs only)")
     run.set_defaults(func=run_command)
 
     evaluate = subparsers.add_parser(

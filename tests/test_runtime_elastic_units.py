@@ -172,7 +172,8 @@ def test_drill_items_parse_in_round_order():
 @pytest.mark.parametrize("text, message", [
     ("explode:c@3", "ACTION one of kill, freeze, thaw, restart"),
     ("kill:z@3", "node 'z' is not in the config"),
-    ("kill:c@9", "round 9 is outside 1..8"),
+    ("kill:c@9", "round 9 is outside 2..8"),
+    ("kill:c@1", r"round 1 is outside 2..8 \(diloco.rounds; an event fires halfway through its round, timed from"),
     ("kill:c", "expected ACTION:NODE@ROUND"),
 ])
 def test_bad_drill_items_say_what_is_wrong(text, message):
@@ -193,8 +194,18 @@ def test_a_drill_after_a_long_round_fires_by_the_end_of_its_own(tmp_path):
     assert ends_at[2] <= fired_s < ends_at[2] + 0.5, (fired_s, ends_at)
 
 
-def run_drill_against_rounds(tmp_path, drill: str, rounds_s: list[float], poll_s: float) -> tuple[float, list[float]]:
-    """A coordinator thread appends plan.jsonl rows after rounds of the given lengths while a
+def test_a_drill_in_round_2_fires_halfway_through_it_timed_by_round_1s_local_phase(tmp_path):
+    """Round 1's start is not logged: its longest local phase (0.8 s here, in metrics.jsonl, written
+    just after plan.jsonl as the coordinator does) times round 2's middle, not the instant round 1 ends."""
+    fired_s, ends_at = run_drill_against_rounds(tmp_path, "kill:c@2", [1.0, 1.0, 1.0], poll_s=0.1,
+                                                compute_share=0.8, metrics_delay_s=0.15)
+    assert 0.3 < fired_s - ends_at[0] < 0.6, (fired_s, ends_at)
+
+
+def run_drill_against_rounds(tmp_path, drill: str, rounds_s: list[float], poll_s: float, compute_share: float = 0.8,
+                             metrics_delay_s: float = 0.0) -> tuple[float, list[float]]:
+    """A coordinator thread appends plan.jsonl rows after rounds of the given lengths, then (after
+    ``metrics_delay_s``) metrics.jsonl rows whose nodes computed ``compute_share`` of the round, while a
     DrillRunner acts on a real process for node c; returns when the event fired and the rounds' ends."""
     import subprocess
     import sys
@@ -212,6 +223,11 @@ def run_drill_against_rounds(tmp_path, drill: str, rounds_s: list[float], poll_s
             with open(tmp_path / "plan.jsonl", "a", encoding="utf-8") as handle:
                 handle.write(f'{{"round": {round_idx}}}\n')
             ends_at.append(time.time())
+            time.sleep(metrics_delay_s)
+            with open(tmp_path / "metrics.jsonl", "a", encoding="utf-8") as handle:
+                for node, share in (("a", compute_share), ("b", compute_share / 2)):
+                    handle.write(f'{{"round": {round_idx}, "node": "{node}", "compute_s": {round_s * share}}}\n')
+                handle.write(f'{{"round": {round_idx}, "node": "global", "wall_s": 0}}\n')
 
     writer = threading.Thread(target=coordinator)
     try:
