@@ -26,7 +26,7 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory holding idle.jsonl")
+    parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directory holding idle.jsonl (one or more)")
     parser.add_argument("--compare", action="store_true",
                         help="runs side by side, each relative to the first (idle per round, tokens per hour)")
     parser.add_argument("--rounds", action="store_true", help="add the per-round view")
@@ -63,6 +63,7 @@ def _report(args: argparse.Namespace) -> int:
     from geodiloco.report.export import write_html, write_json
     from geodiloco.report.runs import summarize_runs
 
+    check_run_dirs(args)
     check_output_paths(args)
     summaries = summarize_runs(args.run_dirs, args.price, args.skip_rounds)
     for summary in summaries:
@@ -90,6 +91,25 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_run_dirs(args: argparse.Namespace) -> None:
+    """At least one RUN_DIR; ``--json RUN_DIR`` (the directory taken as --json's FILE) says how to write it."""
+    if args.run_dirs:
+        return
+    if args.json not in (None, "-") and Path(args.json).is_dir():
+        raise ReportError(f"no RUN_DIR: --json took {args.json} as the file to write; put --json after the run "
+                          f"directories (geodiloco report {args.json} --json) or give it a file name "
+                          f"(--json report.json {args.json})")
+    raise ReportError("no RUN_DIR: name at least one run directory (it holds idle.jsonl), e.g. "
+                      "geodiloco report runs/demo")
+
+
+def run_owned_file(path: Path, run_dirs: list[str]) -> bool:
+    """An existing log or config a run wrote into one of ``run_dirs`` (overwriting it would lose the run's records)."""
+    if not path.is_file() or not (path.suffix == ".jsonl" or path.name == "config.yaml"):
+        return False
+    return any(path.resolve().parent == Path(run_dir).resolve() for run_dir in run_dirs)
+
+
 def check_output_paths(args: argparse.Namespace) -> None:
     """Fail before the report is printed when a file it was asked to write cannot be written there."""
     for option, value in (("--json", args.json), ("--html", args.html), ("--plot", args.plot)):
@@ -98,6 +118,9 @@ def check_output_paths(args: argparse.Namespace) -> None:
         path = Path(value)
         if path.is_dir():
             raise ReportError(f"{option} {path}: a folder; give a file name")
+        if run_owned_file(path, args.run_dirs):
+            raise ReportError(f"{option} {path}: a file of the run itself; writing the report there would lose "
+                              "the run's records; choose another name (e.g. report.json)")
         if not path.parent.is_dir():
             raise ReportError(f"{option} {path}: its folder {path.parent} does not exist; create it or choose "
                               "another path")

@@ -91,6 +91,8 @@ class RunSummary:
     total: NodeSummary
     per_round: list[RoundSummary]
     run_wall_s: float
+    """Seconds some node was in a round: from the first round's start to the last round's end, less
+    ``stopped_s``."""
     tokens: int
     tokens_per_hour: Optional[float]
     energy_note: str
@@ -98,6 +100,9 @@ class RunSummary:
     final_eval_loss: Optional[float] = None
     warnings: list[str] = field(default_factory=list)
     records: list[NodeRound] = field(default_factory=list, repr=False)
+    stopped_s: float = 0.0
+    """Seconds between the run's sessions when no node was in a round (a stop, then ``--resume``): the
+    run was not running, so they count neither as run time nor as idle GPU time."""
 
     @property
     def energy_available(self) -> bool:
@@ -236,6 +241,29 @@ def summarize_total(nodes: list[NodeSummary], records: list[NodeRound], rounds: 
     )
 
 
+STOPPED_MIN_S = 1.0
+"""A gap between records shorter than this is the runtime's own bookkeeping between rounds (well
+under a millisecond in a run), not a stop."""
+
+
+def running_and_stopped_s(records: list[NodeRound]) -> tuple[float, float]:
+    """(seconds some node was in a round, seconds of the gaps of at least STOPPED_MIN_S in which none was).
+
+    A run stopped and resumed later has such a gap; counting it would make the run look slower than
+    it trained. A failure inside an elastic run is not a gap: the survivors' records hold the time
+    lost to it."""
+    spans = sorted((record.round_start, record.round_end) for record in records)
+    running_s = stopped_s = 0.0
+    first_start, last_end = spans[0]
+    for start, end in spans[1:]:
+        if start - last_end >= STOPPED_MIN_S:
+            running_s += last_end - first_start
+            stopped_s += start - last_end
+            first_start = start
+        last_end = max(last_end, end)
+    return running_s + last_end - first_start, stopped_s
+
+
 def summarize_rounds(records: list[NodeRound], planned: dict[tuple[int, str], float]) -> list[RoundSummary]:
     by_round: dict[int, list[NodeRound]] = {}
     for record in records:
@@ -254,9 +282,13 @@ def summarize_rounds(records: list[NodeRound], planned: dict[tuple[int, str], fl
     return rows
 
 
-def _final_losses(logs: RunLogs) -> tuple[Optional[float], Optional[float]]:
-    with_loss = [row for row in logs.metrics if row.loss is not None]
-    with_eval = [row for row in logs.metrics if row.eval_loss is not None]
+def _final_losses(logs: RunLogs, last_round: int) -> tuple[Optional[float], Optional[float]]:
+    """The mean train loss of the last reported round and the latest eval loss up to it. A run stopped
+    after logging a round's metrics but before its idle records has a later round in metrics.jsonl
+    than the report covers; its loss would belong to no reported round."""
+    reported = [row for row in logs.metrics if row.round <= last_round]
+    with_loss = [row for row in reported if row.loss is not None]
+    with_eval = [row for row in reported if row.eval_loss is not None]
     final_loss = None
     if with_loss:
         last_round = max(row.round for row in with_loss)
@@ -292,9 +324,9 @@ def summarize(logs: RunLogs, skip_rounds: int = 0, prices: Optional[PriceTable] 
         nodes.append(summarize_node(node, site, node_gpu_names(logs, node),
                                     node_records, planned, prices))
     total = summarize_total(nodes, records, len(kept))
-    run_wall_s = max(record.round_end for record in records) - min(record.round_start for record in records)
+    run_wall_s, stopped_s = running_and_stopped_s(records)
     tokens = sum(record.tokens for record in records)
-    final_loss, final_eval = _final_losses(logs)
+    final_loss, final_eval = _final_losses(logs, max(kept))
     return RunSummary(
         label=label or logs.name, run_dir=str(logs.run_dir), run_id=logs.run_id, policy=logs.policy,
         sources=sorted({record.source for record in records}),
@@ -304,4 +336,4 @@ def summarize(logs: RunLogs, skip_rounds: int = 0, prices: Optional[PriceTable] 
         tokens_per_hour=tokens / run_wall_s * SECONDS_PER_HOUR if run_wall_s > 0 else None,
         energy_note=_energy_note(total.energy, len(records)),
         final_loss=final_loss, final_eval_loss=final_eval,
-        warnings=list(logs.warnings), records=records)
+        warnings=list(logs.warnings), records=records, stopped_s=stopped_s)

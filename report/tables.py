@@ -36,8 +36,10 @@ def run_header(summary: RunSummary) -> Text:
     if summary.skipped_rounds:
         text.append(f"; warm-up rounds {_round_span(summary.skipped_rounds)} excluded "
                     f"(--skip-rounds {len(summary.skipped_rounds)})", style="yellow")
-    text.append(f"\nwall clock {fmt.seconds(summary.run_wall_s)} s  ·  {fmt.count(summary.tokens)} tokens  ·  "
-                f"{fmt.count(summary.tokens_per_hour)} tokens/h")
+    text.append(f"\nwall clock {fmt.seconds(summary.run_wall_s)} s")
+    if summary.stopped_s:
+        text.append(f" (+{fmt.seconds(summary.stopped_s)} s stopped between sessions, not counted)", style="dim")
+    text.append(f"  ·  {fmt.count(summary.tokens)} tokens  ·  {fmt.count(summary.tokens_per_hour)} tokens/h")
     if summary.final_loss is not None or summary.final_eval_loss is not None:
         text.append(f"  ·  final loss {fmt.number(summary.final_loss, 3)}")
         if summary.final_eval_loss is not None:

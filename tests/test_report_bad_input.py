@@ -148,6 +148,22 @@ def test_plot_destination_checked(tmp_path, capsys):
     _fails(capsys, [str(run), "--plot", str(tmp_path / "no" / "out.png")], "does not exist")
 
 
+def test_json_before_the_run_directory_says_where_it_goes(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    _fails(capsys, ["--json", str(run)], f"put --json after the run directories (geodiloco report {run} --json)")
+    _fails(capsys, [], "no RUN_DIR: name at least one run directory")
+
+
+def test_the_report_never_overwrites_the_runs_own_logs(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    before = (run / "idle.jsonl").read_bytes()
+    for name in ("idle.jsonl", "config.yaml"):
+        _fails(capsys, [str(run), "--json", str(run / name)], "a file of the run itself")
+    assert (run / "idle.jsonl").read_bytes() == before
+    assert main([str(run), "--json", str(run / "report.json")]) == 0
+    assert json.loads((run / "report.json").read_text())["runs"][0]["stopped_s"] == 0.0
+
+
 def test_plan_log_with_a_bad_line(tmp_path, capsys):
     run = write_run(tmp_path / "run", default_records(), plans=[{"round": 0}])
     _fails(capsys, [str(run)], "plan.jsonl line 1: nodes: Field required")

@@ -38,6 +38,24 @@ def test_idle_sums_shares_and_gpu_hours(tmp_path):
     assert summary.label == "demo" and summary.policy == "uniform"
 
 
+def test_a_stop_between_sessions_is_neither_run_time_nor_idle(tmp_path):
+    # rounds 0-1 run 1000-1020; the run is stopped and resumed 40 s later: round 2 runs 1060-1070
+    records = default_records()
+    for record in records:
+        if record["round"] == 2:
+            record["round_start"], record["round_end"] = 1060.0, 1070.0
+    summary = summarize(load_run(write_run(tmp_path / "run", records)))
+    assert summary.run_wall_s == pytest.approx(30)
+    assert summary.stopped_s == pytest.approx(40)
+    assert summary.tokens_per_hour == pytest.approx(9000 / 30 * 3600)
+    assert summary.total.idle_gpu_s == pytest.approx(42)
+    # the runtime's sub-millisecond gaps between rounds are no stop
+    records = default_records()
+    for record in records:
+        record["round_end"] -= 0.0002
+    assert summarize(load_run(write_run(tmp_path / "contiguous", records))).stopped_s == 0.0
+
+
 def test_skip_rounds_drops_warm_up(tmp_path):
     summary = summarize(load_run(default_run(tmp_path / "run")), skip_rounds=1)
     assert summary.rounds == [1, 2] and summary.skipped_rounds == [0]
@@ -124,6 +142,12 @@ def test_predicted_idle_and_losses_from_plan_and_metrics(tmp_path):
     assert summary.total.predicted_idle_s == pytest.approx(13.5)
     assert summary.per_round[0].predicted_idle_s == pytest.approx(4.5)
     assert summary.final_loss == pytest.approx(3.5) and summary.final_eval_loss == pytest.approx(3.9)
+    # stopped after round 3's metrics were logged but before its idle records: the report ends at round 2
+    metrics += [{"round": 3, "node": "a", "loss": 1.0}, {"round": 3, "node": "b", "loss": 1.0},
+                {"round": 3, "eval_loss": 0.5}]
+    stopped = summarize(load_run(write_run(tmp_path / "stopped", default_records(), plans, metrics)))
+    assert stopped.rounds == [0, 1, 2]
+    assert stopped.final_loss == pytest.approx(3.5) and stopped.final_eval_loss == pytest.approx(3.9)
 
 
 def test_per_round_view(tmp_path):
