@@ -131,7 +131,9 @@ class NodeLauncher:
         if index == 0 and self.store_socket is not None:
             inherited = (self.store_socket.fileno(),)
             env[STORE_FD_ENV] = str(self.store_socket.fileno())
-        process = subprocess.Popen(command, env=env, start_new_session=self.hivemind, stdout=subprocess.PIPE,
+        # its own session: a terminal's Ctrl+C reaches the launcher alone, which stops the sites in order
+        # (torchrun agents hit by SIGINT directly print a traceback each and report a failed run)
+        process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, errors="replace", pass_fds=inherited)
         name = config.nodes[index].name
         self.outputs[name] = NodeOutput(process, log_path(self.peers_file.parent, name))
@@ -327,32 +329,49 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
 
     announce_cpu_shares(config)
     announce_cpu_training()
-    previous = signal.signal(signal.SIGTERM, forward_term)
+    # the sites run in sessions of their own: a closed terminal's SIGHUP must stop them too
+    previous = {signum: signal.signal(signum, forward_term) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    announced = False
     try:
         with site_processes(config, mode, train_args, elastic) as (processes, launcher):
-            if not elastic:
-                code = watch(processes, stop_on_failure=config.comm.backend != "hivemind",
-                             names=[node.name for node in config.nodes], outputs=launcher.outputs)
-                if code not in (0, 2):
-                    say_how_to_resume(run_dir)
-                return code
-            with DrillRunner(drill_events, processes, launcher, run_dir):
-                codes = watch_all(processes, launcher.fatal_file, launcher.outputs.values())
-            fatal = read_fatal(launcher.fatal_file)
-            if fatal:
-                print(f"geodiloco run: error: {fatal}", file=sys.stderr, flush=True)
-                print("[geodiloco] stopped every site: bad input fails the same way on every restart",
-                      file=sys.stderr, flush=True)
-                return 2
-            return elastic_exit_code(config, codes, launcher.outputs)
+            try:
+                return watch_sites(config, run_dir, processes, launcher, elastic, drill_events)
+            except KeyboardInterrupt:
+                for output in launcher.outputs.values():
+                    output.log_only()  # the sites' shutdown messages go to their logs, not over this line
+                print("[geodiloco] stopping all nodes (interrupted)", file=sys.stderr, flush=True)
+                announced = True
+                raise
     except KeyboardInterrupt:
-        print(f"[geodiloco] stopping all nodes; the last complete checkpoint stays in {run_dir} "
-              "(continue with --resume)", file=sys.stderr, flush=True)
+        if not announced:
+            print("[geodiloco] stopping all nodes (interrupted)", file=sys.stderr, flush=True)
+        say_how_to_resume(run_dir)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         from geodiloco.lab.cpu_share import cleanup_stale
         cleanup_stale(owner_pid=os.getpid())
+
+
+def watch_sites(config: RunConfig, run_dir: Path, processes: list[subprocess.Popen], launcher: NodeLauncher,
+                elastic: bool, drill_events: list) -> int:
+    """Wait for the started sites (fixed or elastic membership, drills fired on the way); the run's exit code."""
+    if not elastic:
+        code = watch(processes, stop_on_failure=config.comm.backend != "hivemind",
+                     names=[node.name for node in config.nodes], outputs=launcher.outputs)
+        if code not in (0, 2):
+            say_how_to_resume(run_dir)
+        return code
+    with DrillRunner(drill_events, processes, launcher, run_dir):
+        codes = watch_all(processes, launcher.fatal_file, launcher.outputs.values())
+    fatal = read_fatal(launcher.fatal_file)
+    if fatal:
+        print(f"geodiloco run: error: {fatal}", file=sys.stderr, flush=True)
+        print("[geodiloco] stopped every site: bad input fails the same way on every restart",
+              file=sys.stderr, flush=True)
+        return 2
+    return elastic_exit_code(config, codes, launcher.outputs)
 
 
 def watch_all(processes: list[subprocess.Popen], fatal_file: Optional[Path] = None,

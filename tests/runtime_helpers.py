@@ -41,11 +41,12 @@ def geodiloco(*args: str, timeout: float = 120, cwd: Path | None = None) -> subp
                           timeout=timeout, env=env, cwd=cwd or REPO_ROOT)
 
 
-def start_run(config_path: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
-    """`geodiloco run` in the background (for tests that signal or watch it)."""
+def start_run(config_path: Path, run_dir: Path, *extra: str, new_session: bool = False) -> subprocess.Popen:
+    """`geodiloco run` in the background (for tests that signal or watch it); ``new_session``: as the
+    foreground job of a terminal of its own, whose Ctrl+C is ``os.killpg(pid, SIGINT)``."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.cli", "run", "--no-report", "--config", str(config_path),
-                             "--run-dir", str(run_dir), *extra],
+                             "--run-dir", str(run_dir), *extra], start_new_session=new_session,
                             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

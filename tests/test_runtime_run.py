@@ -248,6 +248,28 @@ def test_sigterm_on_one_node_stops_the_whole_job_and_keeps_the_checkpoint(tmp_pa
         assert checkpoint.load_node(run_dir, saved_round, name)["round"] == saved_round
 
 
+def test_ctrl_c_stops_every_elastic_site_quietly_and_says_how_to_resume(tmp_path):
+    from geodiloco.runtime.launch import descendants
+
+    nodes = [{"name": name, "local_steps": 3, "batch_size": 2, "emulate": {"step_time_s": 0.1}} for name in "ab"]
+    config = small_config(nodes, comm={"timeout_s": 60, "elastic": {"enabled": True}})
+    config["diloco"]["rounds"] = 50
+    run_dir = tmp_path / "run"
+    launcher = start_run(write_config(tmp_path, config), run_dir, "--sites", "local", new_session=True)
+    _wait_for_checkpoint(run_dir, 0, launcher)
+    site_processes = descendants(launcher.pid)  # torchrun agents and their workers
+    assert len(site_processes) >= 4
+    os.killpg(launcher.pid, signal.SIGINT)  # what a terminal's Ctrl+C sends to its foreground job
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130
+    assert "Traceback" not in stderr and "failed" not in stderr, stderr[-3000:]
+    assert "[geodiloco] stopping all nodes (interrupted)" in stderr
+    assert f"continue with: geodiloco run --resume --run-dir {run_dir}" in stderr
+    time.sleep(0.5)
+    _assert_all_gone(site_processes)
+    assert checkpoint.latest_round(run_dir) is not None
+
+
 def test_resuming_a_finished_run_leaves_its_last_records_as_they_were(four_node_run, tmp_path):
     # nothing is left to train: the saved last records are logged again unchanged, not stretched to now
     run_dir = tmp_path / "run"
