@@ -118,11 +118,14 @@ class BalancingConfig(StrictModel):
         return self
 
     def unread_options(self) -> list[str]:
-        """One notice per option the config sets that its policy never reads (a setting meant for
-        another policy has no effect, which a user tuning it would not otherwise learn)."""
+        """One notice per option the config sets away from its default that its policy never reads (a
+        setting meant for another policy has no effect, which a user tuning it would not otherwise learn).
+        A value equal to the default is no tuning: a run's own config.yaml spells out every default."""
         rule = self.adaptive_base if self.policy in REPLANNING_POLICIES else self.policy
+        changed = {name for name in self.model_fields_set
+                   if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)}
         notices = []
-        for option in sorted(self.model_fields_set & (RULE_OPTIONS.keys() | PLANNER_OPTIONS.keys())):
+        for option in sorted(changed & (RULE_OPTIONS.keys() | PLANNER_OPTIONS.keys())):
             if option in RULE_OPTIONS:
                 readers = RULE_OPTIONS[option]
                 if rule in readers:

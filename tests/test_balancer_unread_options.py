@@ -73,6 +73,9 @@ def test_the_notices_name_the_option_the_policy_and_who_reads_it():
     ]
     # defaults the user did not write are not theirs to hear about
     assert BalancingConfig(policy="uniform").unread_options() == []
+    # nor are defaults written out, as a run's own config.yaml does (what --resume reads back)
+    spelled_out = BalancingConfig(policy="time").model_dump(mode="json")
+    assert BalancingConfig.model_validate(spelled_out).unread_options() == []
 
 
 def test_plan_prints_the_notice_and_still_plans(tmp_path, capsys, caplog):
