@@ -147,6 +147,27 @@ def check_gpu_names(config: RunConfig) -> None:
             device_spec(gpu)
 
 
+def check_emulated_gpus(config: RunConfig) -> None:
+    """Every GPU a virtual GPU emulates (``emulate.gpu``, or the node's own with ``from_gpus``) is a row of
+    the table: its datasheet sets the emulated speed, the run's ground truth, so a misspelt name must not
+    quietly become the unknown-GPU stand-in as it may for a node's real GPUs."""
+    from geodiloco.predictor.specs import lookup_gpu
+    for index, node in enumerate(config.nodes):
+        emulate = node.emulate
+        if emulate is None or emulate.gpu is None or emulate.cpu_share is not None:
+            continue
+        for gpu in emulate.gpu_names(node.gpus):
+            try:
+                lookup_gpu(gpu)
+            except ConfigError as err:
+                source = "nodes[%d].gpus (emulate.gpu: from_gpus)" % index if emulate.gpu == "from_gpus" else \
+                    f"nodes[{index}].emulate.gpu"
+                detail = str(err).split(";")[1].strip() if str(err).count(";") >= 2 else str(err)
+                raise ConfigError(f"{source}: unknown GPU {gpu!r} ({detail}); a virtual GPU runs at its table "
+                                  "row's speed, so name a known GPU or add a row in a GPU YAML file listed "
+                                  "under the config's gpu_files (docs/predictor.md)") from None
+
+
 def check_balancing_options(config: RunConfig) -> None:
     """A notice for each ``balancing:`` option the chosen policy never reads (not an error: a config
     may keep another policy's settings for later)."""
@@ -201,6 +222,7 @@ def preflight(config: RunConfig, data: bool = True) -> None:
     check_extras(config)
     config.model.dims()
     check_gpu_names(config)
+    check_emulated_gpus(config)
     check_balancing_options(config)
     check_model_fits(config)
     check_model_files(config)

@@ -93,3 +93,22 @@ def test_sync_defaults_follow_the_backend(tmp_path):
     hivemind_config = load(tmp_path, hivemind)
     assert (hivemind_config.diloco.overlap, hivemind_config.diloco.compression) == ("none", "none")
     assert "overlap: none" in hivemind_config.to_yaml()
+
+
+@pytest.mark.parametrize("emulate, gpus, source", [
+    ({"gpu": "RTX 3900"}, ["RTX 3090"], "nodes[1].emulate.gpu: unknown GPU 'RTX 3900' (closest known"),
+    ({"gpu": "from_gpus"}, ["Zorg 1"], "nodes[1].gpus (emulate.gpu: from_gpus): unknown GPU 'Zorg 1'"),
+])
+def test_an_emulated_gpu_must_be_a_known_row_while_a_real_one_need_not(tmp_path, emulate, gpus, source):
+    from geodiloco.runtime.preflight import check_emulated_gpus
+
+    nodes = [NODES[0], {"name": "b", "gpus": gpus, "emulate": emulate}]
+    with pytest.raises(ConfigError) as caught:
+        check_emulated_gpus(load(tmp_path, small_config(nodes)))
+    assert str(caught.value).startswith(source)
+    assert "a virtual GPU runs at its table row's speed" in str(caught.value)
+    # the same unknown name as a node's real GPU (not emulated) plans from a stand-in: no error
+    real = [NODES[0], {"name": "b", "gpus": ["Zorg 1"], "emulate": {"step_time_s": 0.1}}]
+    check_emulated_gpus(load(tmp_path, small_config(real)))
+    known = [NODES[0], {"name": "b", "gpus": ["RTX 3090"], "emulate": {"gpu": "A30"}}]
+    check_emulated_gpus(load(tmp_path, small_config(known)))
