@@ -161,14 +161,18 @@ class NodeStepModel:
         return self._device_step(self.devices[device_index], samples)
 
     def split_batch(self, batch_size: int) -> list[int]:
-        """Samples per device for a node batch of ``batch_size``."""
+        """Samples per device for a node batch of ``batch_size``. Every device trains at least one sample,
+        as the runtime's ranks must (runtime/batching.py): a batch smaller than the device count runs as
+        one sample on each, and their sum is the batch the node really trains."""
         count = len(self.devices)
+        if batch_size <= count:
+            return [1] * count
         if self.split == "equal" or count == 1:
             return [batch_size // count + (1 if index < batch_size % count else 0) for index in range(count)]
-        shares = [0] * count
-        heap = [(self.device_step(index, 1).step_s, index) for index in range(count)]
+        shares = [1] * count
+        heap = [(self.device_step(index, 2).step_s, index) for index in range(count)]
         heapq.heapify(heap)
-        for _ in range(batch_size):
+        for _ in range(batch_size - count):
             _, index = heapq.heappop(heap)
             shares[index] += 1
             heapq.heappush(heap, (self.device_step(index, shares[index] + 1).step_s, index))
@@ -238,10 +242,16 @@ class NodeStepModel:
         if step.micro_batches > 1:
             notes.append(f"{step.micro_batches} micro-batches of {step.micro_batch_size} per GPU "
                          "(gradient accumulation)")
+        trained = sum(shares)
+        if trained > batch_size:
+            notes.append(f"batch {batch_size} < {len(self.devices)} GPUs: every GPU trains at least one sample, so "
+                         f"the node trains {trained} per step (as the runtime does); give a batch of at least "
+                         f"{len(self.devices)}")
         return {
             "step_time_s": step_time_s,
-            "tokens_per_s": batch_size * self.seq_len / step_time_s,
+            "tokens_per_s": trained * self.seq_len / step_time_s,
             "batch_size": batch_size,
+            "trained_batch_size": trained,
             "seq_len": self.seq_len,
             "precision": self.precision,
             "bound": bound,

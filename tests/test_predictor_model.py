@@ -67,6 +67,22 @@ def test_split_by_speed_gives_the_fast_gpu_more_and_is_not_slower():
     assert by_speed.predict(16) < equal.predict(16)
 
 
+def test_every_gpu_trains_at_least_one_sample_as_the_runtimes_ranks_do():
+    eight = node_step_model(["A30"] * 8, LLAMA, 1024, "bf16")
+    assert eight.split_batch(4) == [1] * 8
+    assert eight.predict(4) == eight.predict(8)
+    info = eight.explain(4)
+    assert info["trained_batch_size"] == 8
+    assert info["tokens_per_s"] == pytest.approx(8 * 1024 / info["step_time_s"])
+    assert any("batch 4 < 8 GPUs: every GPU trains at least one sample, so the node trains 8" in note
+               for note in info["notes"])
+    assert eight.explain(8)["trained_batch_size"] == 8
+    # by speed: a GPU far slower than its peer still gets its one sample
+    by_speed = node_step_model(["T4", "H100-SXM5-80GB"], LLAMA, 512, "bf16", split="by_speed")
+    shares = by_speed.split_batch(3)
+    assert shares[0] >= 1 and sum(shares) == 3
+
+
 def test_max_batch_size_fits_and_one_more_does_not():
     model = node_step_model(["RTX 2080 Ti"], LLAMA, 1024, "bf16")
     usable = (11 - GPU_RESERVED_GB) * 2**30 * ALLOCATOR_HEADROOM
