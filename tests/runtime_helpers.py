@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,10 +44,13 @@ def geodiloco(*args: str, timeout: float = 120, cwd: Path | None = None) -> subp
 
 def start_run(config_path: Path, run_dir: Path, *extra: str, new_session: bool = False) -> subprocess.Popen:
     """`geodiloco run` in the background (for tests that signal or watch it); ``new_session``: as the
-    foreground job of a terminal of its own, whose Ctrl+C is ``os.killpg(pid, SIGINT)``."""
+    foreground job of a terminal of its own, whose Ctrl+C is ``os.killpg(pid, SIGINT)`` (SIGINT is
+    reset to its default: a pytest-xdist worker ignores it, and a child would inherit that)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    as_foreground_job = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if new_session else None
     return subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.cli", "run", "--no-report", "--config", str(config_path),
                              "--run-dir", str(run_dir), *extra], start_new_session=new_session,
+                            preexec_fn=as_foreground_job,
                             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
