@@ -37,7 +37,7 @@ from typing import Iterable, Iterator, Optional
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.auth import launch_env, load_secret, rendezvous_id
 from geodiloco.runtime.node_output import NodeOutput, log_path
-from geodiloco.runtime.preflight import GPU_NOTICES_ENV, preflight
+from geodiloco.runtime.preflight import GPU_NOTICES_ENV, check_host_memory, preflight
 from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
 from geodiloco.runtime.store_socket import STORE_FD_ENV, reserve_port
@@ -305,6 +305,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
     """Run every node here; ``elastic`` None = ``comm.elastic.enabled`` (torch backend only);
     ``drill``: failures to inject (runtime/drill.py)."""
     preflight(config)
+    check_host_memory(config)
     check_run_dir(run_dir, resume)
     mode, reason = choose_sites(sites)
     elastic = config.comm.backend == "torch" and (config.comm.elastic.enabled if elastic is None else elastic)

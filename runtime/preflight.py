@@ -216,6 +216,46 @@ def check_model_fits(config: RunConfig) -> None:
                 "smaller model or model.seq_len")
 
 
+def available_host_memory_gib(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """MemAvailable of this host (GiB), None where the kernel does not say."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_host_memory(config: RunConfig, available_gib: float | None = None) -> None:
+    """Every node ``geodiloco run`` starts on this machine trains on its CPU: their steps together must fit
+    its memory. A node's largest pass is its batch, or the micro-batch its GPUs' memory caps it at (the
+    plan's); without this a too-large batch is OOM-killed by the kernel and restarted by its agent, with
+    nothing naming the setting."""
+    from geodiloco.predictor.model import node_step_model
+    from geodiloco.predictor.workload import training_memory_bytes
+
+    available_gib = available_host_memory_gib() if available_gib is None else available_gib
+    if available_gib is None:
+        return
+    dims, model = config.model.dims(), config.model
+    need_gib, largest = 0.0, (0, "")
+    for node in config.nodes:
+        batch = node.batch_size or config.diloco.batch_size
+        samples = batch
+        if node.gpus:
+            samples = min(batch, node_step_model(list(node.gpus), dims, model.seq_len,
+                                                 precision=model.precision).max_batch_size())
+        need_gib += training_memory_bytes(dims, samples, model.seq_len, model.precision).total / 2**30
+        largest = max(largest, (samples, node.name))
+    if need_gib > available_gib:
+        raise ConfigError(
+            f"diloco.batch_size: the {len(config.nodes)} nodes this machine runs need about {need_gib:.1f} GiB for "
+            f"their steps (node {largest[1]}: passes of {largest[0]} samples x seq_len {model.seq_len}), more than "
+            f"the {available_gib:.1f} GiB it has available; lower diloco.batch_size (or a node's batch_size), "
+            "model.seq_len, or run fewer nodes here")
+
+
 def preflight(config: RunConfig, data: bool = True) -> None:
     """Every check above; the first problem raises ConfigError. ``data`` False skips reading the byte
     corpus (a training process reads it next anyway, and reports the same errors)."""

@@ -112,3 +112,22 @@ def test_an_emulated_gpu_must_be_a_known_row_while_a_real_one_need_not(tmp_path,
     check_emulated_gpus(load(tmp_path, small_config(real)))
     known = [NODES[0], {"name": "b", "gpus": ["RTX 3090"], "emulate": {"gpu": "A30"}}]
     check_emulated_gpus(load(tmp_path, small_config(known)))
+
+
+def test_nodes_run_here_must_fit_this_hosts_memory(tmp_path):
+    from geodiloco.runtime.preflight import available_host_memory_gib, check_host_memory
+    from geodiloco.predictor.workload import training_memory_bytes
+
+    config = load(tmp_path, small_config(NODES, diloco={"batch_size": 100_000}))
+    dims = config.model.dims()
+    # the two nodes list no GPUs: each pass is the whole batch
+    one_node_gib = training_memory_bytes(dims, 100_000, config.model.seq_len, config.model.precision).total / 2**30
+    with pytest.raises(ConfigError, match=r"^diloco.batch_size: the 2 nodes this machine runs need about "
+                                          rf"{2 * one_node_gib:.1f} GiB .*passes of 100000 samples"):
+        check_host_memory(config, available_gib=2 * one_node_gib * 0.99)
+    check_host_memory(config, available_gib=2 * one_node_gib * 1.01)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:   20971520 kB\n")
+    assert available_host_memory_gib(meminfo) == pytest.approx(20.0)
+    meminfo.write_text("MemTotal:       32000000 kB\n")
+    assert available_host_memory_gib(meminfo) is None
