@@ -363,6 +363,11 @@ def expand_gpu_counts(names: list[str]) -> list[str]:
         if malformed:
             raise ConfigError(f"{name!r}: a GPU count is a whole number of 1 or more followed by the GPU's name "
                               f"(e.g. \"4 x {malformed.group(2) or 'A30'}\")")
+        if isinstance(name, str) and not name.strip():
+            raise ConfigError(f"{name!r}: a GPU name is empty; name a GPU (e.g. \"A30\" or \"4 x A30\")")
+        if isinstance(name, str) and re.match(r"^\s*[xX×*]\s+\S", name):
+            raise ConfigError(f"{name!r}: the GPU count is missing before the 'x' (e.g. \"4 x "
+                              f"{name.strip()[1:].strip()}\"), or drop the 'x' for one GPU")
         if match and int(match.group(1)) < 1:
             raise ConfigError(f"{name!r}: a GPU count must be at least 1 (write \"1 x {match.group(2)}\", or "
                              "leave the node's gpus empty for a CPU node)")

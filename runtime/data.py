@@ -102,21 +102,26 @@ def window_tokens(seq_len: int) -> int:
     return seq_len + 1
 
 
-def eval_window_starts(num_tokens: int, seq_len: int, num_windows: int, seed: int) -> np.ndarray:
+def eval_window_starts(num_tokens: int, seq_len: int, num_windows: int, seed: int,
+                       max_bytes: Optional[int] = None) -> np.ndarray:
     """Token offsets of the held-out windows, sorted: a seeded uniform sample without
     replacement of the corpus cut into back-to-back ``seq_len + 1`` windows.
 
     Sampled from the whole corpus, so the eval loss measures the same distribution
     every node trains on (the corpus tail is one file, not a representative sample).
+    ``max_bytes``: the cap the corpus was read under, to tell a short source from a low cap.
     """
     if num_windows == 0:
         return np.zeros(0, dtype=np.int64)
     length = window_tokens(seq_len)
     grid_windows = num_tokens // length
     if num_windows >= grid_windows:
+        more = ("give data.source more text (it holds only "
+                f"{num_tokens} bytes, under data.max_bytes {max_bytes})" if max_bytes is not None and
+                num_tokens < max_bytes else "raise data.max_bytes")
         raise ConfigError(f"data.eval_batches x data.eval_batch_size = {num_windows} eval windows of "
                           f"{length} tokens leave no training data in a corpus of {grid_windows} such windows; "
-                          "lower them or raise data.max_bytes")
+                          f"lower them or {more}")
     rng = np.random.default_rng([seed, EVAL_SAMPLE_STREAM])
     return np.sort(rng.choice(grid_windows, size=num_windows, replace=False)).astype(np.int64) * length
 

@@ -66,7 +66,8 @@ def node_data(config: RunConfig, node_index: int, num_nodes: int) -> tuple[Batch
         shard = StreamShard(data.hf_dataset, load_tokenizer(data.tokenizer), layout, seq_len)
         return _streamed_eval_batches(eval_tokens, seq_len, data.eval_batch_size), shard
     corpus = load_tokens(config)
-    held_out = eval_window_starts(len(corpus), seq_len, num_windows, config.run.seed)
+    byte_cap = data.max_bytes if data.hf_dataset is None else None  # the corpus is bytes: its cap is comparable
+    held_out = eval_window_starts(len(corpus), seq_len, num_windows, config.run.seed, max_bytes=byte_cap)
     batches = eval_batches(corpus, held_out, seq_len, data.eval_batch_size) if len(held_out) else []
     shard = NodeShard(corpus, node_index, num_nodes, seq_len, config.run.seed, shards=data.shards,
                       held_out_starts=held_out)

@@ -184,7 +184,7 @@ def check_byte_corpus(config: RunConfig) -> None:
     try:
         corpus = load_corpus(data.source, data.max_bytes)
         held_out = eval_window_starts(len(corpus), config.model.seq_len, data.eval_batches * data.eval_batch_size,
-                                      config.run.seed)
+                                      config.run.seed, max_bytes=data.max_bytes)
         for index in range(len(config.nodes)):
             NodeShard(corpus, index, len(config.nodes), config.model.seq_len, config.run.seed, shards=data.shards,
                       held_out_starts=held_out)

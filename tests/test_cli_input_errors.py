@@ -37,6 +37,17 @@ def test_a_gpu_count_written_wrongly_is_an_error_not_a_gpu_name(written):
         expand_gpu_counts([written])
 
 
+@pytest.mark.parametrize("written, message", [
+    ("", "'': a GPU name is empty"),
+    ("   ", "'   ': a GPU name is empty"),
+    ("x A30", "'x A30': the GPU count is missing before the 'x' (e.g. \"4 x A30\")"),
+])
+def test_an_empty_gpu_name_or_a_count_left_out_is_an_error_not_an_unknown_gpu(written, message):
+    with pytest.raises(ConfigError) as caught:
+        expand_gpu_counts([written])
+    assert str(caught.value).startswith(message)
+
+
 def test_gpu_counts_written_as_people_do_expand():
     assert expand_gpu_counts(["2 * A30", "3x RTX 3090", "V100"]) == ["A30", "A30"] + ["RTX 3090"] * 3 + ["V100"]
 

@@ -102,7 +102,9 @@ BAD_INPUTS = [
     (["--set", "nodes.9.name=x"], "--set nodes.9.name: nodes is a list of 4 entries; use an index from 0 to 3"),
     (["--set", "diloco.rounds.x=1"], "--set diloco.rounds.x: diloco.rounds is a value, not a section"),
     (["--set", "data.source=DIR/missing"], "data.source: DIR/missing is neither 'stdlib' nor an existing file"),
-    (["--set", "data.source=DIR/five.txt"], "eval windows of 129 tokens leave no training data"),
+    (["--set", "data.source=DIR/five.txt"], "eval windows of 129 tokens leave no training data in a corpus of 0 "
+                                            "such windows; lower them or give data.source more text (it holds "
+                                            "only 5 bytes, under data.max_bytes"),
     (["--set", "nodes.0.gpus=['0 x A30']"], "'0 x A30': a GPU count must be at least 1"),
     (["--set", "diloco.batch_size=1000000000"], "diloco.batch_size: Input should be less than or equal to 1000000"),
     (["--config", "DIR/binary.yaml"], "binary.yaml: not a text file (not UTF-8); pass a YAML config"),
