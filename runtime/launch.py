@@ -408,13 +408,21 @@ def elastic_exit_code(config: RunConfig, codes: list[int], outputs: Optional[dic
     return next(iter(failed.values()), 1)
 
 
+def machine_gpu_count() -> int:
+    """GPUs this machine's drivers report: NVML (NVIDIA), else rocm-smi (AMD). Asked of the drivers rather
+    than torch, which the launcher does not otherwise import: importing it costs every launch about two
+    seconds of CPU that its sites need."""
+    from geodiloco.predictor.detect import nvml_gpus, rocm_smi_gpus
+    nvidia, _ = nvml_gpus()
+    return len(nvidia) or len(rocm_smi_gpus()[0])
+
+
 def announce_cpu_training(gpu_count: Optional[int] = None) -> None:
     """On a machine with GPUs, say that the sites this launcher starts train on the CPU (they stand in for
     the config's GPUs, ``emulate:`` sets their speed), and how a site trains on its GPUs instead.
-    ``gpu_count``: the CUDA devices torch sees (default: ask torch)."""
+    ``gpu_count``: the GPUs this machine has (default: ask the drivers, see ``machine_gpu_count``)."""
     if gpu_count is None:
-        import torch
-        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpu_count = machine_gpu_count()
     if gpu_count:
         print(f"[geodiloco] this machine has {gpu_count} GPU(s), but the sites `geodiloco run` starts train on the "
               "CPU: they emulate the config's GPUs on one machine. To train on GPUs, start each site with "
