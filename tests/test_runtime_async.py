@@ -173,6 +173,14 @@ def test_async_run_logs_every_phase_with_its_staleness(async_run):
     assert any(row.get("final") and row["eval_loss"] is not None for row in metrics)
 
 
+def test_async_int8_run_ends_with_every_rank_on_the_final_global_model(async_run):
+    # pulls are int8 differences from each node's shadow; the final model must come whole
+    _, _, done = async_run
+    output = done.stdout + done.stderr
+    assert "final parameter checksum" in output and "on every rank" in output, output[-2000:]
+    assert "ended on different parameters" not in output
+
+
 def test_async_run_gives_the_fast_node_more_steps_per_phase(async_run):
     _, run_dir, _ = async_run
     last = {row["node"]: row for row in read_jsonl(run_dir / "idle.jsonl") if row["round"] == 4}

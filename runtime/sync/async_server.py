@@ -172,8 +172,9 @@ def serve_node(host: GlobalModelHost, node: str, peer_rank: int, group, shadows:
                 host.mark_done(node)
                 host.wait_all_done(message.body["timeout_s"])
                 version, flat = host.global_flat()
-                sent_bytes(send_message(Message(REPLY, {"version": version}, shadows.encode(node, flat)),
-                                        peer_rank, group))
+                # the final model goes whole (once per run): an encoded difference would leave the node on
+                # its codec-rounded shadow, not on the global model every rank must end on
+                sent_bytes(send_message(Message(REPLY, {"version": version}, [flat]), peer_rank, group))
                 continue
             body = message.body
             numel = host.optimizer.numel
