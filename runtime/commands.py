@@ -100,6 +100,15 @@ def print_report(run_dir: Path) -> int:
     return report_main([str(run_dir)])
 
 
+def check_run_extras(run_dir: Path) -> None:
+    """The optional extras a run's model and data need (a transformers run needs ``hf``), before they are
+    imported: one line naming the pip command instead of a ModuleNotFoundError."""
+    from geodiloco.runtime.config import load_config
+    from geodiloco.runtime.preflight import check_extras
+    if (run_dir / "config.yaml").is_file():
+        check_extras(load_config(run_dir / "config.yaml"))
+
+
 def evaluate_command(args: argparse.Namespace) -> int:
     import json
 
@@ -120,6 +129,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
                   f"({row['sequences']} sequences)", flush=True)
 
     try:
+        check_run_extras(run_dir)
         rows = evaluate_checkpoints(run_dir, progress)
     except ValueError as err:
         print(f"geodiloco evaluate: error: {err}", file=sys.stderr)
@@ -132,6 +142,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
 def export_command(args: argparse.Namespace) -> int:
     from geodiloco.runtime.export import export_global_model
+    check_run_extras(Path(args.run_dir))
     print(f"[geodiloco] exported {export_global_model(Path(args.run_dir), Path(args.out), args.round)}")
     return 0
 

@@ -108,6 +108,25 @@ def test_a_missing_extra_is_named_before_anything_starts(tmp_path, monkeypatch):
         preflight.preflight(config)
 
 
+def test_export_and_evaluate_of_a_transformers_run_name_the_missing_extra(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from geodiloco.runtime.cli import main
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({
+        "model": {"hf": {"config": str(llama_config(tmp_path / "config.json"))}},
+        "nodes": [{"name": "a", "gpus": ["A30"]}]}))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "transformers" else real_find_spec(name, *args))
+    for command in (["export", str(run_dir), "--out", str(tmp_path / "out")], ["evaluate", str(run_dir)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert "model.hf needs the hf extra (transformers not installed): pip install 'geodiloco[hf]'" in err, err
+        assert "Traceback" not in err
+
+
 def test_plan_reads_the_transformers_config_of_a_run_config(tmp_path):
     """`geodiloco plan --cluster run.yaml` plans the run's transformers model, not a default preset."""
     import yaml
