@@ -93,7 +93,8 @@ elif [[ -z "$local_addr" ]]; then
     local_addr="$(addr_of_ifname "$ifname")"
 fi
 [[ -n "$local_addr" ]] || die "cannot find this site's address; pass --local-addr ADDR (the address other sites reach)"
-[[ -n "$ifname" && "$ifname" != "lo" ]] || die "cannot find the WAN interface for $local_addr; pass --ifname IFACE"
+[[ "$ifname" != "lo" ]] || die "--ifname lo: the loopback interface cannot reach other sites; pass the interface that carries $local_addr to them (--ifname IFACE, see: ip -brief addr)"
+[[ -n "$ifname" ]] || die "cannot find the WAN interface for $local_addr; pass --ifname IFACE"
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -z "${PYTHON:-}" && -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; fi
@@ -154,4 +155,10 @@ if $dry_run; then
     exit 0
 fi
 export GEODILOCO_NODE="$node" GLOO_SOCKET_IFNAME="$ifname" TP_SOCKET_IFNAME="$ifname" TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+# torchrun prints nothing while it waits for the other sites: say what this site waits for, and how long
+if $fixed; then
+    echo "[geodiloco] site $node: joining the rendezvous at $endpoint; training starts when all $nnodes sites have joined" >&2
+else
+    echo "[geodiloco] site $node: joining the rendezvous at $endpoint; training starts once at least $min_nodes of $nnodes sites have joined (waits up to 600 s: join_timeout)" >&2
+fi
 exec "${command[@]}"

@@ -225,11 +225,24 @@ def test_launch_site_needs_a_secret(tmp_path):
     (["--config", "r.yaml", "--node", "a", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", "h"],
      "--rdzv-endpoint must be HOST:PORT"),
     (["--config", "r.yaml", "--bogus"], "unknown option '--bogus'"),
+    (["--config", "r.yaml", "--node", "a", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", "h:1",
+      "--local-addr", "127.0.0.1", "--ifname", "lo"], "--ifname lo: the loopback interface cannot reach other sites"),
 ])
 def test_launch_site_rejects_bad_arguments(args, message):
     result = run_launch(*args)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_launch_site_says_what_it_waits_for_before_torchrun_goes_quiet():
+    common = ["--config", "run.yaml", "--node", "seoul", "--nproc-per-node", "1", "--rdzv-endpoint", "10.1.0.1:29400",
+              "--local-addr", "10.1.0.2", "--ifname", "eth1"]
+    env = {"PATH": "/usr/bin:/bin", "TORCHRUN": "true", "PYTHON": sys.executable, "GEODILOCO_SECRET": SITE_SECRET}
+    elastic = subprocess.run(["bash", str(LAUNCH), *common, "--nnodes", "3", "--min-nodes", "2"], capture_output=True,
+                             text=True, timeout=30, env=env, cwd=SITES_CONFIG_DIR)
+    assert elastic.returncode == 0, elastic.stderr
+    assert ("[geodiloco] site seoul: joining the rendezvous at 10.1.0.1:29400; training starts once at least 2 of 3 "
+            "sites have joined (waits up to 600 s: join_timeout)") in elastic.stderr
 
 
 @pytest.mark.parametrize("config, node, message", [
