@@ -33,7 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
@@ -263,6 +263,7 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, include_manual: bool = False) ->
             continue
         if (owner == MANUAL_OWNER and include_manual) or not owner_alive(owner):
             stale.append(namespace)
+    stop_detached_delay_lines(stale)
     delete_namespaces(stale)
     return stale
 
@@ -478,8 +479,8 @@ def describe(prefix: str) -> list[dict]:
     return rows
 
 
-def delay_lines_of(namespace: str) -> list[str]:
-    """``pid: N ms`` for each running delay line with an end in ``namespace`` (read from /proc)."""
+def delay_line_processes(namespace: str) -> list[tuple[int, str]]:
+    """(pid, delay in ms as written) of each running delay line with an end in ``namespace`` (from /proc)."""
     found = []
     for cmdline_path in glob.glob("/proc/[0-9]*/cmdline"):
         try:
@@ -489,8 +490,22 @@ def delay_lines_of(namespace: str) -> list[str]:
             continue
         if "geodiloco.lab.delayline" in argv and any(arg.startswith(f"{namespace}:") for arg in argv):
             delay_ms = argv[argv.index("--delay-ms") + 1] if "--delay-ms" in argv else "?"
-            found.append(f"pid {cmdline_path.split('/')[2]}: {delay_ms} ms")
+            found.append((int(cmdline_path.split("/")[2]), delay_ms))
     return found
+
+
+def delay_lines_of(namespace: str) -> list[str]:
+    """``pid: N ms`` for each running delay line with an end in ``namespace``."""
+    return [f"pid {pid}: {delay_ms} ms" for pid, delay_ms in delay_line_processes(namespace)]
+
+
+def stop_detached_delay_lines(namespaces: Sequence[str]) -> None:
+    """SIGTERM the delay lines serving ``namespaces``: ``wan_emulate.sh up`` starts them detached, so no
+    process holds their stdin to stop them, and they would outlive the namespaces they shaped."""
+    for namespace in namespaces:
+        for pid, _ in delay_line_processes(namespace):
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
 
 
 def _cmd_up(args) -> int:
