@@ -259,11 +259,31 @@ class GpuRegistry:
 
     def suggestion(self, key: str) -> str:
         keys = list(self.names.exact)
-        close_keys = difflib.get_close_matches(key, keys, n=6, cutoff=0.5)
+        close_keys = [candidate for candidate in difflib.get_close_matches(key, keys, n=12, cutoff=0.5)
+                      if _same_model_number(key, candidate)]
         close = list(dict.fromkeys(self.names.exact[k] for k in close_keys))[:3]
         if close:
             return "closest known: " + ", ".join(close)
         return f"{len(self.by_name)} GPUs known (list them: geodiloco predict --list-gpus)"
+
+
+MODEL_NUMBER_SIMILARITY = 0.7
+"""How alike two names' model numbers must be for one to be suggested for the other: "3900" and "3090"
+(a typo, 0.75) are; "K80" and "H800" (another GPU that shares characters, 0.57) are not."""
+
+
+def _model_number(key: str) -> str:
+    """The first part of a normalized name that holds a digit ("2080" of "rtx 2080 ti", "k80" of "tesla k80")."""
+    return next((part for part in re.split(r"[\s\-_]+", key) if any(char.isdigit() for char in part)), "")
+
+
+def _same_model_number(key: str, candidate: str) -> bool:
+    """Whether ``candidate`` may be what a user meant by ``key``: their model numbers are alike, or
+    neither has one."""
+    mine, theirs = _model_number(key), _model_number(candidate)
+    if not mine or not theirs:
+        return not mine and not theirs
+    return difflib.SequenceMatcher(None, mine, theirs).ratio() >= MODEL_NUMBER_SIMILARITY
 
 
 DETECTED_MEMORY_TOLERANCE = 0.12

@@ -34,6 +34,15 @@ def test_unknown_gpu_names_closest_rows():
     assert "RTX 2080 Ti" in str(err.value) and "closest known" in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["Tesla K80", "Tesla M60", "Radeon VII"])
+def test_a_gpu_unlike_every_row_gets_no_lookalike_suggestion(name):
+    # "K80" shares characters with "H800" but is another GPU: naming it would mislead
+    with pytest.raises(ConfigError) as err:
+        lookup_gpu(name)
+    assert "closest known" not in str(err.value) and "GPUs known (list them: geodiloco predict --list-gpus)" in str(
+        err.value)
+
+
 def test_geforce_mixed_precision_runs_at_half_the_headline():
     spec = lookup_gpu("RTX 3090")
     rate, column, _ = spec.matmul_rate("fp16")
