@@ -41,7 +41,12 @@ def print_plan(plan: Plan, setup, console: Console | None = None, advice=None) -
                       str(node.micro_batch_size), f"{node.predicted_step_s:.3f}", f"{node.step_uncertainty:.0%}", f"{node.predicted_compute_s:.2f}",
                       f"{node.predicted_wait_s:.2f}", f"{node.predicted_comm_s:.2f}",
                       "-" if node.deadline_s is None else f"{node.deadline_s:.2f}")
-    console.print(table)
+    if len(plan.nodes) > MAX_TABLE_NODES:
+        console.print(f"plan, policy {plan.policy}, round {plan.round}: {len(plan.nodes)} nodes; per-node rows left out "
+                      f"(use --json); {_spread('local steps H', [node.local_steps for node in plan.nodes])}; "
+                      f"{_spread('batch B', [node.batch_size for node in plan.nodes])}")
+    else:
+        console.print(table)
     wait_s = sum(node.predicted_wait_s for node in plan.nodes)
     console.print(f"predicted round {plan.predicted_round_s:.2f} s; waiting {wait_s:.2f} s and GPU idle "
                   f"(waiting + exposed outer sync; logging, evaluation and checkpoints come on top) "
@@ -56,6 +61,16 @@ def print_plan(plan: Plan, setup, console: Console | None = None, advice=None) -
         console.print(f"[bold yellow]advice:[/] {plan.sync_advice}")
     if advice is not None:
         console.print(f"[bold]mode:[/] expect diloco.mode: {advice.recommended} to be faster: {advice.reason}")
+
+
+MAX_TABLE_NODES = 40
+"""Above this many nodes a table of one row per node is a wall of text: plan and simulate print a summary
+(the rows stay in --json / --out)."""
+
+
+def _spread(what: str, values: list[int]) -> str:
+    ordered = sorted(values)
+    return f"{what} {ordered[0]}..{ordered[-1]} (median {ordered[len(ordered) // 2]})"
 
 
 def _gpu_text(gpus: list) -> str:
@@ -79,7 +94,7 @@ def print_simulation(result, console: Console | None = None) -> None:
     table.add_row("total", "", "", f"{summary['tokens']:,}", f"{summary['compute_s']:.2f}", f"{summary['wait_s']:.2f}",
                   f"{summary['comm_s']:.2f}", f"{summary['idle_s']:.2f}", f"{summary['predicted_idle_s']:.2f}",
                   style="bold")
-    if len(summary["nodes"]) > 40:
+    if len(summary["nodes"]) > MAX_TABLE_NODES:
         console.print(f"{len(summary['nodes'])} nodes; per-node rows left out (use --json or --out)")
     else:
         console.print(table)

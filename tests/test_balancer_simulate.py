@@ -151,6 +151,19 @@ def test_cli_plan_table_is_not_folded_when_piped(capsys, monkeypatch):
     assert 80 < max(len(line) for line in lines) <= 160
 
 
+def test_cli_plan_of_many_nodes_prints_a_summary_not_a_row_each(tmp_path, capsys):
+    cluster = tmp_path / "many.yaml"
+    nodes = "".join(f"  - {{name: n{index}, gpus: [{'A30' if index % 2 else 'RTX 2080 Ti'}]}}\n" for index in range(41))
+    cluster.write_text("nodes:\n" + nodes)
+    assert main(["plan", "--cluster", str(cluster), "--model", "llama-150m", "--policy", "time"]) == 0
+    out = capsys.readouterr().out
+    assert "41 nodes; per-node rows left out (use --json)" in out
+    assert not any(line.lstrip("│ ").startswith("n40") for line in out.splitlines())
+    assert main(["plan", "--cluster", str(cluster), "--model", "llama-150m", "--policy", "time", "--json"]) == 0
+    steps = [node["local_steps"] for node in json.loads(capsys.readouterr().out)["nodes"]]
+    assert f"local steps H {min(steps)}..{max(steps)}" in out and min(steps) < max(steps)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--slowdown", "a:five:2"], "ROUND must be an integer"),
     (["--slowdown", "zz:1:2"], "unknown node 'zz'"),
