@@ -199,6 +199,7 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     if trainer.pacer.slow_steps:
         print(f"[geodiloco] node {topology.node_name}: {trainer.pacer.slow_steps} steps were slower than the "
               "emulated GPU's target on this CPU; their real time was kept", file=sys.stderr, flush=True)
+    sync.leave()
     return 0
 
 

@@ -985,6 +985,9 @@ class HivemindOuterSync:
         for tensor in tensors:
             dist.broadcast(tensor, src=0)
 
+    def leave(self) -> None:
+        """Peers leave the DHT in close(); there is no shared store to outlive."""
+
     def barrier(self) -> None:
         """Only this node's ranks: peers never wait for each other outside the round barrier."""
         if self._in_node():

@@ -212,5 +212,10 @@ class OuterSync(Protocol):
     def barrier(self) -> None:
         ...
 
+    def leave(self) -> None:
+        """The run ended normally on this node: stop what talks to the peers (heartbeats) so that no
+        site's last message meets a store that has already gone away."""
+        ...
+
     def close(self) -> None:
         ...

@@ -365,6 +365,16 @@ class TorchOuterSync:
     def barrier(self) -> None:
         dist.barrier()
 
+    def leave(self) -> None:
+        """Stop this node's heartbeat (saying it left on purpose), then wait for every node to have done so
+        (lockstep modes): the TCP store lives in rank 0's process, and a heartbeat that reached it after
+        that process exited made torch print a C++ stack trace on a run that had succeeded."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop(leaving=True)
+            self.heartbeat = None
+        if not self.barrier_free and dist.is_initialized():
+            dist.barrier()
+
     def close(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stop(leaving=True)
