@@ -44,7 +44,7 @@ def print_plan(plan: Plan, setup, console: Console | None = None, advice=None) -
     if len(plan.nodes) > MAX_TABLE_NODES:
         console.print(f"plan, policy {plan.policy}, round {plan.round}: {len(plan.nodes)} nodes; per-node rows left out "
                       f"(use --json); {_spread('local steps H', [node.local_steps for node in plan.nodes])}; "
-                      f"{_spread('batch B', [node.batch_size for node in plan.nodes])}")
+                      f"{_spread('batch B', [node.batch_size for node in plan.nodes])}", soft_wrap=True)
     else:
         console.print(table)
     wait_s = sum(node.predicted_wait_s for node in plan.nodes)

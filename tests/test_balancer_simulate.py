@@ -157,7 +157,7 @@ def test_cli_plan_of_many_nodes_prints_a_summary_not_a_row_each(tmp_path, capsys
     cluster.write_text("nodes:\n" + nodes)
     assert main(["plan", "--cluster", str(cluster), "--model", "llama-150m", "--policy", "time"]) == 0
     out = capsys.readouterr().out
-    assert "41 nodes; per-node rows left out (use --json)" in out
+    assert "41 nodes; per-node rows left out (use --json); local steps H" in out  # one line, never folded
     assert not any(line.lstrip("│ ").startswith("n40") for line in out.splitlines())
     assert main(["plan", "--cluster", str(cluster), "--model", "llama-150m", "--policy", "time", "--json"]) == 0
     steps = [node["local_steps"] for node in json.loads(capsys.readouterr().out)["nodes"]]
