@@ -46,13 +46,13 @@ def _own_spec(name: str) -> GpuSpec:
     try:
         return lookup_gpu(name)
     except ConfigError as err:
-        reason = _why_unresolved(name, str(err))
+        reason = why_unresolved(name, str(err))
     if name not in _resolved:
         _resolved[name] = _probe_or_stand_in(name, reason)
     return _resolved[name]
 
 
-def _why_unresolved(name: str, message: str) -> str:
+def why_unresolved(name: str, message: str) -> str:
     """The useful part of a lookup error: what was close for an unknown name ("closest known: ..."), the
     whole message for a name that resolved but cannot be (a MIG profile the GPU does not have)."""
     if message.startswith("unknown GPU") and ";" in message:

@@ -152,20 +152,20 @@ def check_emulated_gpus(config: RunConfig) -> None:
     the table: its datasheet sets the emulated speed, the run's ground truth, so a misspelt name must not
     quietly become the unknown-GPU stand-in as it may for a node's real GPUs."""
     from geodiloco.predictor.specs import lookup_gpu
+    from geodiloco.predictor.unknown_gpus import why_unresolved
     for index, node in enumerate(config.nodes):
         emulate = node.emulate
         if emulate is None or emulate.gpu is None or emulate.cpu_share is not None:
             continue
+        source = (f"nodes[{index}].gpus (emulate.gpu: from_gpus)" if emulate.gpu == "from_gpus"
+                  else f"nodes[{index}].emulate.gpu")
         for gpu in emulate.gpu_names(node.gpus):
             try:
                 lookup_gpu(gpu)
             except ConfigError as err:
-                source = "nodes[%d].gpus (emulate.gpu: from_gpus)" % index if emulate.gpu == "from_gpus" else \
-                    f"nodes[{index}].emulate.gpu"
-                detail = str(err).split(";")[1].strip() if str(err).count(";") >= 2 else str(err)
-                raise ConfigError(f"{source}: unknown GPU {gpu!r} ({detail}); a virtual GPU runs at its table "
-                                  "row's speed, so name a known GPU or add a row in a GPU YAML file listed "
-                                  "under the config's gpu_files (docs/predictor.md)") from None
+                raise ConfigError(f"{source}: unknown GPU {gpu!r} ({why_unresolved(gpu, str(err))}); a virtual GPU "
+                                  "runs at its table row's speed, so name a known GPU or add a row in a GPU YAML "
+                                  "file listed under the config's gpu_files (docs/predictor.md)") from None
 
 
 def check_balancing_options(config: RunConfig) -> None:
