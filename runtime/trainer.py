@@ -305,7 +305,8 @@ class NodeTrainer:
                            checksum=self.param_checksum,
                            new_run_id=lambda: fresh_run_id(self.config), run_dir=self.run_dir,
                            gpu_rows=own_rows(list(self.node.gpus)), config_view=self.config_view,
-                           adopt_gpu_rows=self.adopt_joiners_gpu_rows)
+                           adopt_gpu_rows=self.adopt_joiners_gpu_rows,
+                           save_final_global=self.save_final_global)
 
     def warm_up(self, batch_size: int) -> None:
         """One forward/backward without an update, so one-time initialisation (allocator,
@@ -397,13 +398,7 @@ class NodeTrainer:
             self._snapshots["node"] = node_snapshot
         writes_global = self._writes_global(round_idx)
         if writes_global and not checkpoint.has_global(self.run_dir, round_idx):
-            with self.sync.state_lock():
-                global_snapshot = encode_state({"round": round_idx, "run_id": run_id,
-                                                "outer": self.outer.state_dict(copy=False),
-                                                "measurements": [asdict(item) for item in self.measurements],
-                                                "sync": self.sync.global_state_dict()},
-                                               reuse=self._snapshots.get("global"))
-            self._snapshots["global"] = global_snapshot
+            global_snapshot = self._global_snapshot(round_idx, run_id)
         run_dir, node_name = self.run_dir, self.node.name
 
         def write() -> None:
@@ -416,6 +411,27 @@ class NodeTrainer:
             self.commits_saved_round = writes_global
 
         self.checkpoint_writer.submit(write, f"round {round_idx + 1} of node {node_name}")
+
+    def _global_snapshot(self, round_idx: int, run_id: str) -> EncodedState:
+        with self.sync.state_lock():
+            snapshot = encode_state({"round": round_idx, "run_id": run_id,
+                                     "outer": self.outer.state_dict(copy=False),
+                                     "measurements": [asdict(item) for item in self.measurements],
+                                     "sync": self.sync.global_state_dict()},
+                                    reuse=self._snapshots.get("global"))
+        self._snapshots["global"] = snapshot
+        return snapshot
+
+    def save_final_global(self, round_idx: int, run_id: str, members: list[str]) -> None:
+        """Write the global model as it is now as round ``round_idx``'s global checkpoint, replacing the
+        one saved at that round's end, and wait until it is on disk. Async mode: the other nodes' last
+        pushes land after the host saved its own last round, so without this the run's final model
+        (the one every node ends on and the final evaluation scores) would be in no checkpoint, and
+        ``export`` would give an older one."""
+        self.checkpoint_writer.wait()
+        snapshot = self._global_snapshot(round_idx, run_id)
+        write_members(self.run_dir, round_idx, members)
+        checkpoint.save_global(self.run_dir, round_idx, snapshot)
 
     def _writes_global(self, round_idx: int) -> bool:
         """Whether this node writes (and later commits) the round's global checkpoint: its leader, when the

@@ -70,6 +70,7 @@ class AsyncOuterSync(TorchOuterSync):
         self.weighting = "uniform"
         self.handles: Optional[SyncHandles] = None
         self.committed_round: Optional[int] = None
+        self._run_id = ""
         self._threads: list[threading.Thread] = []
         self._host_sent_bytes = 0
 
@@ -123,8 +124,18 @@ class AsyncOuterSync(TorchOuterSync):
             return gathered
         self.host.add_final_item(self.topology.node_name, own)
         items = self.host.wait_final_items(self.timeout_s)
+        self._save_final_model()
         self._commit(self.handles.run_dir)
         return items + gathered[1:]
+
+    def _save_final_model(self) -> None:
+        """Host, once every node has sent its final record: the global model every node ended on becomes
+        the global checkpoint of the newest round every node saved, which is then committed. The global
+        file saved at that round's end lacks the updates other nodes pushed after it."""
+        round_idx = self.host.committable_round()
+        if round_idx is None or round_idx < 0 or self.handles.save_final_global is None:
+            return
+        self.handles.save_final_global(round_idx, self._run_id, list(self.topology.present_names))
 
     def outer_step(self, round_sync: RoundSync) -> SyncOutcome:
         """Push this phase's pseudo-gradient, pull the newest global model (the node's ranks all get it)."""
@@ -208,6 +219,7 @@ class AsyncOuterSync(TorchOuterSync):
     def finish(self, run_id: str, last_round: int) -> None:
         """Wait until every node has run its last phase; every rank then holds the final global model."""
         self.stage = "final"
+        self._run_id = run_id
         if self.topology.is_leader:
             if self.host is not None:
                 self.host.mark_done(self.topology.node_name)

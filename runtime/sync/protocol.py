@@ -64,6 +64,9 @@ backends that agree on them at the start (hivemind's founding) or pass them on l
     adopt_gpu_rows: Optional[Callable[[list[tuple[str, dict]]], None]] = None
     """Plan from the rows of nodes that joined later, (node, rows) each, after the rows already adopted
     (hivemind: a joiner's rows reach its peers in its heartbeat)."""
+    save_final_global: Optional[Callable[[int, str, list[str]], None]] = None
+    """``(round, run_id, members)``: write the global model as it is now as that round's global checkpoint,
+    synchronously (async mode: the other nodes' last updates land after the host saved its own last round)."""
 
 
 @dataclass
