@@ -25,6 +25,7 @@ from geodiloco.runtime.state_file import CorruptStateFile, EncodedState, encode_
 
 LATEST_FILE = "latest"
 GLOBAL_FILE = "global.safetensors"
+NODE_MARKS_DIR = "nodes"
 _flush_to_disk = True
 
 
@@ -42,6 +43,19 @@ def node_file_name(node_name: str) -> str:
 
 def round_dir(run_dir: Path, round_idx: int) -> Path:
     return run_dir / "checkpoints" / f"round_{round_idx:05d}"
+
+
+def note_node_uses_dir(run_dir: Path, node_name: str) -> None:
+    """Leave a mark that ``node_name`` checkpoints into ``run_dir``. Nodes of a hivemind run may share
+    one run directory (one machine, a shared file system) or each have their own (a site each); a node
+    tells the two apart by the round writer's mark (``node_uses_dir``)."""
+    marks = run_dir / "checkpoints" / NODE_MARKS_DIR
+    marks.mkdir(parents=True, exist_ok=True)
+    (marks / node_name).touch()
+
+
+def node_uses_dir(run_dir: Path, node_name: str) -> bool:
+    return (run_dir / "checkpoints" / NODE_MARKS_DIR / node_name).is_file()
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -155,14 +169,23 @@ def usable_file(path: Path) -> bool:
 
 def newest_verified_round(run_dir: Path, node_name: str) -> Optional[int]:
     """The newest committed round whose global file and this node's file both verify."""
+    return next(iter(verified_rounds(run_dir, node_name)), None)
+
+
+def verified_rounds(run_dir: Path, node_name: str, stop_at_first: bool = True) -> list[int]:
+    """Committed rounds (up to ``latest``) whose global file and this node's file both verify, newest
+    first; only the newest unless ``stop_at_first`` is False (each file is read to check its hash)."""
     latest = latest_round(run_dir)
     if latest is None:
-        return None
+        return []
+    rounds = []
     for round_idx in sorted(_saved_rounds(run_dir), reverse=True):
         folder = round_dir(run_dir, round_idx)
         if round_idx <= latest and usable_file(folder / GLOBAL_FILE) and usable_file(folder / node_file_name(node_name)):
-            return round_idx
-    return None
+            rounds.append(round_idx)
+            if stop_at_first:
+                break
+    return rounds
 
 
 def kept_rounds(run_dir: Path) -> list[int]:

@@ -439,7 +439,7 @@ class NodeTrainer:
         its own all-reduce was partial, ``global_withheld``). Then no node writes it, and ``latest`` stays on
         the last round whose global file holds a full average: a resume or an export never starts from a
         partial one."""
-        if not (self.topology.is_leader and self.sync.writes_round):
+        if not (self.topology.is_leader and self.sync.writes_global_file):
             return False
         if self.sync.global_withheld:
             print(f"[geodiloco] node {self.node.name}: no global checkpoint of round {round_idx + 1}: "

@@ -13,6 +13,8 @@ import torch
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config import HivemindSection, RunConfig
 from geodiloco.runtime.sync.hivemind_backend import MISSING_SHARE_KEY, HivemindOuterSync, node_topology
+from geodiloco.runtime.sync.hivemind_session import common_resume_round
+from geodiloco.runtime.sync.protocol import CannotStart
 from geodiloco.runtime.train import _train_rounds
 from geodiloco.runtime.trainer import NodeTrainer
 from tests.runtime_helpers import small_config
@@ -20,8 +22,9 @@ from tests.runtime_helpers import small_config
 NAMES = ["a", "b", "c"]
 
 
-def node_config(initial_peers: list[str]) -> RunConfig:
+def node_config(initial_peers: list[str], rounds: int = 2) -> RunConfig:
     config = small_config([{"name": name, "local_steps": 1, "batch_size": 2} for name in NAMES])
+    config["diloco"]["rounds"] = rounds
     config["data"]["eval_batches"] = 0
     config["comm"] = {"backend": "hivemind", "timeout_s": 60, "init_timeout_s": 30,
                       "hivemind": {"initial_peers": initial_peers, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
@@ -30,11 +33,13 @@ def node_config(initial_peers: list[str]) -> RunConfig:
     return RunConfig.model_validate(config)
 
 
-def start_trainers(run_dir, trainers: dict[str, NodeTrainer]) -> None:
-    """One trainer (and hivemind peer) per node into ``trainers``, all sharing ``run_dir`` as on one machine."""
+def start_trainers(run_dir, trainers: dict[str, NodeTrainer], rounds: int = 2) -> None:
+    """One trainer (and hivemind peer) per node into ``trainers``: all sharing ``run_dir`` as on one machine,
+    or each in its own when ``run_dir`` maps node names to directories (a site each)."""
     for name in NAMES:
-        config = node_config(trainers["a"].sync.maddrs if trainers else [])
-        trainers[name] = NodeTrainer(config, node_topology(name, NAMES, 60, use_cuda=False), run_dir,
+        config = node_config(trainers["a"].sync.maddrs if trainers else [], rounds)
+        node_dir = run_dir[name] if isinstance(run_dir, dict) else run_dir
+        trainers[name] = NodeTrainer(config, node_topology(name, NAMES, 60, use_cuda=False), node_dir,
                                      torch.device("cpu"))
 
 
@@ -50,13 +55,13 @@ def lose_part_of_the_average(sync, round_idx: int) -> None:
     sync.averager.step = step
 
 
-def train_all(trainers: dict[str, NodeTrainer]) -> None:
+def train_all(trainers: dict[str, NodeTrainer], resume: bool = False) -> None:
     """Every node's round loop (found, rounds, finish, last commit) in its own thread."""
     errors = []
 
     def train(trainer):
         try:
-            _train_rounds(trainer, resume=False)
+            _train_rounds(trainer, resume=resume)
         except Exception as err:  # surfaced below
             errors.append(err)
         finally:
@@ -132,3 +137,57 @@ def test_a_drifted_writer_that_found_no_peer_to_reload_from_withholds_the_global
     assert sync.global_withheld == ("its parameters differ from the majority's and no peer shared the global state "
                                     "to reload")
     assert "node a: no peer shared its state; keeping this node's" in capsys.readouterr().out
+
+
+def close_all(trainers: dict[str, NodeTrainer]) -> None:
+    for trainer in trainers.values():
+        trainer.sync.close()
+
+
+def round_folders(run_dir) -> list[str]:
+    return sorted(path.name for path in (run_dir / "checkpoints").glob("round_*"))
+
+
+@pytest.mark.slow
+def test_with_a_run_directory_per_site_each_site_commits_prunes_and_resumes_from_its_own(tmp_path):
+    site_dirs = {name: tmp_path / f"site_{name}" for name in NAMES}
+    trainers: dict[str, NodeTrainer] = {}
+    try:
+        start_trainers(site_dirs, trainers, rounds=3)
+        train_all(trainers)
+        finals = {name: [param.clone() for param in trainer.outer.global_params] for name, trainer in trainers.items()}
+    finally:
+        close_all(trainers)
+    for name, site_dir in site_dirs.items():
+        # checkpoint.keep is 2: round 1 is pruned at every site, not only at the round writer's (a)
+        assert round_folders(site_dir) == ["round_00001", "round_00002"], name
+        assert checkpoint.latest_round(site_dir) == 2, name
+        assert checkpoint.kept_rounds(site_dir) == [1, 2], name
+        assert [path.name for path in checkpoint.round_dir(site_dir, 2).glob("node_*")] == [f"node_{name}.safetensors"]
+        saved = checkpoint.load_global(site_dir, 2)["outer"]["global_params"]
+        for got, held in zip(saved, finals[name]):
+            torch.testing.assert_close(got, held, rtol=0, atol=0)
+
+    trainers = {}
+    try:
+        start_trainers(site_dirs, trainers, rounds=4)
+        train_all(trainers, resume=True)
+    finally:
+        close_all(trainers)
+    for name, site_dir in site_dirs.items():
+        assert checkpoint.latest_round(site_dir) == 3, name
+        assert round_folders(site_dir) == ["round_00002", "round_00003"], name
+
+
+@pytest.mark.parametrize("resumable, expected", [
+    ([("a", [4, 3]), ("b", [4, 3]), ("c", [4, 3])], 3 + 1),
+    ([("a", [4, 3]), ("b", [3, 2]), ("c", [4, 3])], 3),  # b's round 5 file was withheld or lost
+    ([("a", [4, 3]), ("b", []), ("c", [3])], 3),  # b holds none: it cannot resume and says so when it loads
+])
+def test_founders_resume_from_the_newest_round_each_of_them_holds(resumable, expected):
+    assert common_resume_round(resumable) == expected
+
+
+def test_founders_without_a_common_round_are_told_which_rounds_each_holds():
+    with pytest.raises(CannotStart, match=r"hold no checkpoint of the same round \(a: rounds 4, 5; b: rounds 2, 3\)"):
+        common_resume_round([("a", [4, 3]), ("b", [2, 1])])

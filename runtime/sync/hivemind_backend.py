@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from geodiloco.predictor.unknown_gpus import adopted_rows
+from geodiloco.runtime import checkpoint
 from geodiloco.runtime.auth import SECRET_ENV, AuthError
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import HivemindSection
@@ -332,6 +333,7 @@ class HivemindOuterSync:
         self.min_nodes = min_nodes
         self.handles: Optional[SyncHandles] = None
         self.writes_round = True
+        self.writes_global_file = True
         self.global_withheld: Optional[str] = None
         self.node_names = list(node_names)
         self.prefix = "geodiloco_" + run_name.replace(".", "_").replace("-", "_")
@@ -345,6 +347,8 @@ class HivemindOuterSync:
         """(node, the rows it plans its GPUs with) of each founder, from its founding proposal."""
         self.founders_config_views: list[tuple[str, dict]] = []
         """(node, the run settings it must share with the others) of each founder, from its proposal."""
+        self.founders_resumable_rounds: list[tuple[str, list[int]]] = []
+        """(founder, the committed rounds it could resume from) when the run is resumed (``--resume``)."""
         self._scheduled_time = 0.0
         self.diverged = False
         self._lock = threading.RLock()
@@ -528,6 +532,8 @@ class HivemindOuterSync:
         self.founders_gpu_rows = [(name, proposals[name].get("gpu_rows") or {}) for name in self._founders]
         self.founders_config_views = [(name, proposals[name]["config_view"]) for name in self._founders
                                       if proposals[name].get("config_view") is not None]
+        self.founders_resumable_rounds = [(name, list(proposals[name].get("resumable_rounds") or []))
+                                          for name in self._founders]
         missing = self._missing(proposals)
         if missing:
             print(f"[geodiloco] node {self.topology.node_name}: starting without {', '.join(missing)} (not up "
@@ -684,7 +690,9 @@ class HivemindOuterSync:
         if isinstance(outcome, str):
             raise OutOfSync(outcome)
         self.broadcast_in_node([param.data for param in self.handles.params])
-        self.writes_round = next(iter(outcome)) == me
+        writer = next(iter(outcome))
+        self.writes_round = writer == me
+        self.writes_global_file = self.writes_round or not checkpoint.node_uses_dir(self.handles.run_dir, writer)
         return SyncOutcome(stats_by_node=outcome, sync_intervals=[(started, time.time())])
 
     def end_round(self, round_idx: int, run_id: str) -> None:

@@ -26,6 +26,7 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     run_dir = handles.run_dir
     decision = None
     if topology.is_leader:
+        checkpoint.note_node_uses_dir(run_dir, topology.node_name)
         saved_round = checkpoint.newest_verified_round(run_dir, topology.node_name)
         if sync.running_round() is not None:
             decision = {"join": True}
@@ -34,7 +35,9 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
                                  "training; pass --resume to continue it, or choose another --run-dir"}
         else:
             proposal = {"run_id": handles.new_run_id(), "resume_round": saved_round if resume else None,
-                        "node": topology.node_name, "gpu_rows": handles.gpu_rows, "config_view": handles.config_view}
+                        "resumable_rounds": checkpoint.verified_rounds(run_dir, topology.node_name, False) if resume
+                        else [], "node": topology.node_name, "gpu_rows": handles.gpu_rows,
+                        "config_view": handles.config_view}
             try:
                 agreed = sync.found(proposal, sync.options.start_wait_s)
             except TooFewNodes as too_few:
@@ -44,8 +47,12 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
             if agreed is not None:
                 try:  # every founder stops when any two differ, as a torch world does
                     check_all_same(sync.founders_config_views)
+                    if agreed["resume_round"] is not None:
+                        decision["resume_round"] = common_resume_round(sync.founders_resumable_rounds)
                 except ConfigError as err:
                     decision = {"config_error": str(err)}
+                except CannotStart as err:
+                    decision = {"error": str(err)}
     decision = sync.share_in_node(decision)
     if "config_error" in decision:
         raise ConfigError(decision["config_error"])
@@ -72,6 +79,23 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
         sync.publish_state(*handles.export_state(first_round - 1, run_id))
     return StartPoint(run_id, first_round, pending,
                       gpu_rows_by_node=[tuple(item) for item in decision.get("founders_gpu_rows") or []] or None)
+
+
+def common_resume_round(resumable_by_founder: list[tuple[str, list[int]]]) -> int:
+    """The newest round that every founder holding a checkpoint can resume from: with a run directory
+    per site each founder has its own saved rounds, and the newest of one site may be missing (pruned,
+    or withheld as a partial average) at another. ``resumable_by_founder``: (node, its verified rounds);
+    founders with none are left out (they cannot resume at all and say so when they load)."""
+    holders = [(name, set(rounds)) for name, rounds in resumable_by_founder if rounds]
+    if not holders:
+        raise CannotStart("--resume: no starting node holds a committed checkpoint in its run directory")
+    common = set.intersection(*(rounds for _, rounds in holders))
+    if not common:
+        held = "; ".join(f"{name}: rounds {', '.join(str(round_idx + 1) for round_idx in sorted(rounds))}"
+                         for name, rounds in holders)
+        raise CannotStart(f"--resume: the starting nodes hold no checkpoint of the same round ({held}); "
+                          "resume the sites whose rounds overlap, or start from a fresh --run-dir")
+    return max(common)
 
 
 def join_from_peers(sync: "HivemindOuterSync", first_join: bool = False) -> StartPoint:

@@ -137,6 +137,11 @@ class OuterSync(Protocol):
     writes_round: bool
     """Whether this node's coordinator writes the round's shared logs (plan, metrics, checkpoint)."""
 
+    writes_global_file: bool
+    """Whether this node's leader writes the round's global checkpoint into its run directory (where it is
+    not there yet): ``writes_round``, and under hivemind also a node whose run directory the round's writer
+    does not share (a directory per site), so that every site can resume, prune and export on its own."""
+
     global_withheld: Optional[str]
     """Why this node, though it writes the round, must not write or commit the round's global checkpoint: its
     parameters are not the round's full average (hivemind: a partial all-reduce). None: write it as usual."""

@@ -59,6 +59,10 @@ class TorchOuterSync:
     """OuterSync over one torch.distributed world (see the module docstring)."""
 
     writes_round = True
+
+    @property
+    def writes_global_file(self) -> bool:
+        return self.writes_round
     global_withheld: Optional[str] = None  # every node applies the same complete average
     logs_own_idle_only = False
     barrier_free = False
