@@ -26,7 +26,6 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     run_dir = handles.run_dir
     decision = None
     if topology.is_leader:
-        checkpoint.note_node_uses_dir(run_dir, topology.node_name)
         saved_round = checkpoint.newest_verified_round(run_dir, topology.node_name)
         if sync.running_round() is not None:
             decision = {"join": True}
@@ -58,6 +57,8 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
         raise ConfigError(decision["config_error"])
     if "error" in decision:
         raise CannotStart(decision["error"])
+    if topology.is_leader:
+        checkpoint.note_node_uses_dir(run_dir, topology.node_name)
     if decision.get("join"):
         return join_from_peers(sync, first_join=True)
     run_id, first_round, pending = decision["run_id"], 0, None
