@@ -42,9 +42,9 @@ def rendezvous_conf(config: RunConfig) -> str:
 
 def agent_command(config: RunConfig, endpoint: str, local_addr: str, run_name: str, train_args: list[str],
                   nproc_per_node: int = 1) -> list[str]:
-    """One site's torchrun elastic agent running ``runtime.train``."""
+    """One site's torchrun elastic agent (``runtime/agent.py``) running ``runtime.train``."""
     elastic = config.comm.elastic
-    return [sys.executable, "-m", "torch.distributed.run",
+    return [sys.executable, "-m", "geodiloco.runtime.agent",
             f"--nnodes={config.comm.min_nodes}:{len(config.nodes)}", f"--nproc-per-node={nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_name}",
             f"--rdzv-conf={rendezvous_conf(config)}", f"--max-restarts={elastic.max_restarts}",

@@ -60,6 +60,18 @@ def elastic_job() -> Optional[str]:
     return os.environ.get("TORCHELASTIC_RUN_ID") or None
 
 
+def trained_in_job(run_dir: Path, node_name: str, job: Optional[str]) -> bool:
+    """Whether ``node_name`` was a member of a round this elastic ``job`` saved in ``run_dir`` (it was
+    training in the running job before this world formed). Reads only the rounds' member lists."""
+    if job is None:
+        return False
+    for path in (run_dir / "checkpoints").glob(f"round_*/{MEMBERS_FILE}"):
+        saved = read_members(path)
+        if saved is not None and saved.get("job") == job and node_name in saved["members"]:
+            return True
+    return False
+
+
 def write_members(run_dir: Path, round_idx: int, members: list[str]) -> None:
     path = checkpoint.round_dir(run_dir, round_idx) / MEMBERS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,12 +29,14 @@ from geodiloco.balancer.records import IdleRecord
 from geodiloco.runtime.auth import AuthError, require_secret
 from geodiloco.runtime.comm import node_name_from_env
 from geodiloco.runtime.config import RunConfig, load_config
+from geodiloco.runtime.config_agreement import OtherSitesLeave
 from geodiloco.runtime.preflight import preflight, quiet_gpu_notices
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.runtime.host_threads import warn_if_oversubscribed
-from geodiloco.runtime.recovery import log_membership_event
+from geodiloco.runtime.recovery import elastic_job, log_membership_event, trained_in_job
 from geodiloco.runtime.idle import RoundClock
 from geodiloco.runtime.checkpoint import latest_round
+from geodiloco.runtime.agent import stop_own_agent
 from geodiloco.runtime.fatal import record_fatal
 from geodiloco.runtime.finite_guard import NonFiniteModel, check_some_node_finite, non_finite_nodes
 from geodiloco.runtime.metrics_sinks import build_sinks
@@ -101,6 +103,13 @@ class RoundStats:
     """Seconds since training started on this node (``run.max_wall_s``)."""
 
 
+def restarts_left(environ=os.environ) -> bool:
+    """Whether torchrun's elastic agent will restart this worker when it exits (so a world can form again)."""
+    if not elastic_job():
+        return False
+    return int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")) < int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+
+
 def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume: bool,
              secret: Optional[bytes] = None) -> int:
     """Train this process's node for all rounds; returns an exit code."""
@@ -112,7 +121,8 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     if config.comm.backend == "torch":
         from geodiloco.runtime.comm import agree_at_start
         from geodiloco.runtime.config_agreement import shared_view
-        for line in agree_at_start(topology, shared_view(config), list(config.node(node_name).gpus)):
+        for line in agree_at_start(topology, shared_view(config), list(config.node(node_name).gpus),
+                                   trained_in_job(run_dir, topology.node_name, elastic_job()), restarts_left()):
             if topology.is_leader:
                 print(f"[geodiloco] node {node_name}: {line}", file=sys.stderr, flush=True)
     if config.run.deterministic:
@@ -481,6 +491,12 @@ def train_from_args(args: argparse.Namespace) -> int:
         print(f"[geodiloco] stopping: {err}; {kept}, or lower comm.min_nodes", file=sys.stderr, flush=True)
         record_fatal(str(err))
         return 1
+    except OtherSitesLeave as leaving:
+        node = os.environ.get("GEODILOCO_NODE", args.node)
+        log_membership_event(run_dir, "peer_failed", node=node, how="config", error=str(leaving))
+        print(f"[geodiloco] node {node}: {leaving}; restarting this worker so that the run's sites form a world "
+              "without it", file=sys.stderr, flush=True)
+        return PEER_FAILED_EXIT_CODE
     except StopRequested as stop:
         print(f"[geodiloco] node stopped by {stop}; the last complete checkpoint is kept in {run_dir}",
               file=sys.stderr, flush=True)
@@ -511,9 +527,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         return train_from_args(args)
     except ConfigError as err:
-        print(f"geodiloco.runtime.train: error: {err}", file=sys.stderr)
+        print(f"geodiloco.runtime.train: error: {err}", file=sys.stderr, flush=True)
         node = os.environ.get("GEODILOCO_NODE") or args.node
         record_fatal(f"node {node}: {err}" if node else str(err))
+        stop_own_agent()
         return 2
 
 

@@ -98,12 +98,12 @@ fi
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -z "${PYTHON:-}" && -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"; fi
+# torchrun's agent, wrapped so that its failures read as one line and a worker that stops on bad input
+# is not restarted (runtime/agent.py); TORCHRUN replaces it (e.g. TORCHRUN=torchrun for the bare agent)
 if [[ -n "${TORCHRUN:-}" ]]; then
     read -r -a launcher <<<"$TORCHRUN"
-elif command -v torchrun >/dev/null 2>&1; then
-    launcher=(torchrun)
 else
-    launcher=("${PYTHON:-python3}" -m torch.distributed.run)
+    launcher=("${PYTHON:-python3}" -m geodiloco.runtime.agent)
 fi
 
 if [[ "$entry" == "geodiloco.runtime.train" ]]; then

@@ -10,7 +10,8 @@ import pytest
 
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.config import parse_config
-from geodiloco.runtime.config_agreement import check_all_same, differences, shared_view
+from geodiloco.runtime.config_agreement import (OtherSitesLeave, check_all_same, differences, leave_or_go_on,
+                                                settle_differences, shared_view)
 from geodiloco.runtime.launch import free_port
 from tests.runtime_helpers import REPO_ROOT, small_config, write_config
 
@@ -63,6 +64,38 @@ def start_worker(config_path, run_dir, name, rank, port):
     return subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.train", "--config", str(config_path),
                              "--run-dir", str(run_dir)], env=env, cwd=REPO_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+RUN_VIEW, EDITED_VIEW = {"diloco": {"rounds": 2}}, {"diloco": {"rounds": 4}}
+
+
+@pytest.mark.parametrize("views, trained, expected", [
+    # a site that joins a running run with an edited config leaves, even when it is not outnumbered
+    ([("a", RUN_VIEW), ("c", EDITED_VIEW)], {"a"}, ("a", ["c"])),
+    ([("a", EDITED_VIEW), ("b", RUN_VIEW), ("c", RUN_VIEW)], {"b", "c"}, ("b", ["a"])),
+    # nobody trained yet in this job (or both sides did): a strict majority keeps the run
+    ([("a", RUN_VIEW), ("b", RUN_VIEW), ("c", EDITED_VIEW)], set(), ("a", ["c"])),
+    ([("a", EDITED_VIEW), ("b", RUN_VIEW), ("c", RUN_VIEW)], {"a", "b"}, ("b", ["a"])),
+    # a node's ranks count once: two ranks of c do not outvote a and b
+    ([("a", RUN_VIEW), ("b", RUN_VIEW), ("c", EDITED_VIEW), ("c", EDITED_VIEW)], set(), ("a", ["c"])),
+    # no side can be told: every site stops (check_all_same)
+    ([("a", RUN_VIEW), ("b", EDITED_VIEW)], set(), None),
+    ([("a", RUN_VIEW), ("b", EDITED_VIEW)], {"a", "b"}, None),
+    ([("a", RUN_VIEW), ("b", RUN_VIEW)], {"a"}, None),  # all agree
+])
+def test_the_side_that_keeps_the_run_is_the_running_one_or_the_majority(views, trained, expected):
+    assert settle_differences(views, trained) == expected
+
+
+def test_the_leaving_site_is_told_to_fix_its_config_and_the_others_that_it_leaves():
+    views = [("a", view()), ("b", view()), ("c", view(diloco={**small_config(NODES)["diloco"], "rounds": 4}))]
+    with pytest.raises(ConfigError, match=r"node c's config differs from node a's in diloco.rounds: 4 at node c, "
+                                          r"2 at node a; .*: this site leaves the run and the other sites go on"):
+        leave_or_go_on(views, "c", trained=set())
+    with pytest.raises(OtherSitesLeave, match=r"^c joined with a config that differs from the run's \(diloco.rounds: "
+                                              r"4 at node c, 2 at node a\); it leaves and the run goes on without it$"):
+        leave_or_go_on(views, "a", trained=set())
+    leave_or_go_on(views[:2], "a", trained=set())  # all agree: nothing raised
 
 
 @pytest.mark.slow

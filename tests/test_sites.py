@@ -209,8 +209,9 @@ def test_torchrun_agents_rendezvous_across_sites(tmp_path):
                 "bash", str(REPO / "scripts" / "launch_site.sh"), "--config", "unused.yaml", "--node", site.name,
                 "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"{sites.master_addr}:29400",
                 *host_flag, "--run-id", "sitestest", "--entry", "sites_allreduce_entry", "--", "--out", str(out_dir)]))
-        env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1",
-               "TORCHRUN": f"{sys.executable} -m torch.distributed.run"}
+        # the script's own launcher (runtime/agent.py, torchrun's agent) with this interpreter
+        env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
+        env.pop("TORCHRUN", None)
         run_in_sites(commands, [env, env], timeout_s=120)
     records = sorted((json.loads(path.read_text()) for path in out_dir.glob("rank*.json")), key=lambda r: r["rank"])
     assert [r["rank"] for r in records] == [0, 1]

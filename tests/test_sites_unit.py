@@ -155,6 +155,18 @@ def test_launch_site_dry_run_composes_torchrun_command():
         "--max-restarts=10", "--monitor-interval=0.5", "-m", "geodiloco.runtime.train", "--config", "run.yaml", "--resume"]
 
 
+def test_launch_site_runs_the_geodiloco_agent_unless_torchrun_is_named():
+    args = ["--config", "run.yaml", "--node", "seoul", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-endpoint", "10.1.0.1:29400", "--local-addr", "10.1.0.1", "--ifname", "eth1", "--dry-run"]
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "PYTHON": sys.executable, "GEODILOCO_SECRET": SITE_SECRET}
+    result = subprocess.run(["bash", str(LAUNCH), *args], capture_output=True, text=True, timeout=30, env=env,
+                            cwd=SITES_CONFIG_DIR)
+    assert result.returncode == 0, result.stderr
+    words = shlex.split(result.stdout)
+    assert words[4:7] == [sys.executable, "-m", "geodiloco.runtime.agent"]
+    assert words[7] == "--nnodes=1:2"
+
+
 DEFAULT_RDZV_TIMEOUTS = ("join_timeout=600,last_call_timeout=8,close_timeout=30,keep_alive_interval=2,"
                          "keep_alive_max_attempt=3")
 

@@ -1,0 +1,187 @@
+"""One site's elastic agent: torchrun's (``torch.distributed.run``), with its failures told in one line.
+
+torchrun ends every failure of its own with a Python traceback (often with C++ frames) and restarts a
+worker that stopped on bad input as if it had crashed. Sites run this module instead, with torchrun's
+own arguments (``scripts/launch_site.sh``, ``runtime/elastic_launch.py``):
+
+- a worker that stops on bad input (a ``ConfigError``: a setting that differs from the running sites',
+  a secret too short) writes its message to ``GEODILOCO_FATAL_FILE`` and signals its agent
+  (``GEODILOCO_AGENT_PID``), which stops this site at once, without restarting its workers and without
+  closing the rendezvous, so the other sites go on (``stop_own_agent``);
+- the rendezvous errors a user meets (the run already ended, its store is gone, no world formed in
+  time) and a worker group out of restarts become one line naming the endpoint, the run id and what to
+  do, with exit codes: 2 bad input, 1 any other failure, 128 + N a signal N.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from geodiloco.runtime.fatal import FATAL_FILE_ENV, read_fatal
+
+AGENT_CHATTER = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
+"""torchrun's loggers whose warnings narrate a stop ("Received ... death signal", "Sending process ... closing
+signal") on every restart; their errors still show."""
+AGENT_PID_ENV = "GEODILOCO_AGENT_PID"
+LEAVE_SIGNAL_ENV = "GEODILOCO_AGENT_LEAVE_SIGNAL"
+LEAVE_SIGNAL = signal.SIGUSR2
+"""What a worker that stopped on bad input sends its agent; torchrun's agent takes it as a death signal
+(``--signals-to-handle``), and it tells that stop apart from a user's SIGTERM or Ctrl+C. A torchrun without
+that option (torch < 2.5) handles SIGTERM only: then SIGTERM is sent, and the fatal file tells them apart."""
+AGENT_DEATH_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+QUIET_ENV = {"TORCH_SHOW_CPP_STACKTRACES": "0", "TORCH_CPP_LOG_LEVEL": "ERROR", "LOGLEVEL": "WARNING"}
+"""No C++ frames in torch's error messages nor its C++ warnings (a lost store logs one per call, with frames);
+torchrun's own INFO lines off. A value the user set wins."""
+
+
+def stop_own_agent(environ=os.environ) -> bool:
+    """From a worker that stopped on bad input: stop its site's agent (this module) so the worker is not
+    restarted. The agent takes ``LEAVE_SIGNAL`` as a death signal: it stops its workers and leaves the
+    rendezvous open, as a site that died would, so the other sites form a world without this one. Returns whether
+    an agent was signalled (False outside this module's agent, e.g. under a bare torchrun)."""
+    pid, signum = environ.get(AGENT_PID_ENV, ""), environ.get(LEAVE_SIGNAL_ENV, "")
+    if not (pid.isdigit() and signum.isdigit()):
+        return False
+    try:
+        os.kill(int(pid), int(signum))
+    except OSError:
+        return False
+    return True
+
+
+class RendezvousNotices(logging.Handler):
+    """torchrun's rendezvous log, told the user's way: its errors as they are, its tracebacks of failures it
+    recovers from dropped, and one line when this site is put on the spare list (the run under this id
+    already has every place taken: torchrun then waits, silently, until a place frees up or that run ends)."""
+
+    SPARE_MARK = "added itself to the redundancy list"
+
+    def __init__(self, site: str, run: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.site, self.run = site, run
+        self.waited_as_spare = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.SPARE_MARK in str(record.msg):
+            if not self.waited_as_spare:
+                self.waited_as_spare = True
+                print(f"[geodiloco] site {self.site}: the {self.run} already has every place taken (--nnodes): this "
+                      "site waits as a spare until a site of it fails or it ends; if this is another run, stop it "
+                      "and give it its own --run-id", file=sys.stderr, flush=True)
+        elif record.levelno >= logging.ERROR:
+            print(f"[torchrun] {record.getMessage()}", file=sys.stderr, flush=True)
+
+    @classmethod
+    def install(cls, site: str, run: str) -> "RendezvousNotices":
+        handler = cls(site, run)
+        rendezvous_log = logging.getLogger("torch.distributed.elastic.rendezvous")
+        rendezvous_log.setLevel(logging.DEBUG)
+        rendezvous_log.propagate = False
+        for logger_name in ("torch.distributed.elastic.rendezvous", "torch.distributed.elastic.rendezvous.dynamic_rendezvous"):
+            logging.getLogger(logger_name).handlers.clear()
+            logging.getLogger(logger_name).setLevel(logging.DEBUG)
+        rendezvous_log.addHandler(handler)
+        return handler
+
+
+def run_label(args) -> str:
+    """The run a site's agent meets, from torchrun's parsed arguments (``--rdzv-id``, ``--rdzv-endpoint``)."""
+    return f"run {args.rdzv_id} at {args.rdzv_endpoint}"
+
+
+def describe_failure(err: BaseException, run: str, site: str, fatal: Optional[str],
+                     waited_as_spare: bool = False) -> tuple[str, int]:
+    """(one line, exit code) for an exception out of torchrun's ``run`` on ``site`` meeting ``run``
+    (``run_label``); re-raises any other exception."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
+                                                          RendezvousStateError, RendezvousTimeoutError)
+    if waited_as_spare and isinstance(err, AttributeError):
+        # torchrun's agent returns no result when a spare's rendezvous closes (the run it waited on ended)
+        return (f"site {site} waited as a spare and the {run} has ended without it; nothing was trained here: "
+                "start a new run with its own --run-id", 1)
+    if isinstance(err, SignalException):
+        if err.sigval == LEAVE_SIGNAL or (fatal and err.sigval == signal.SIGTERM):
+            return (f"site {site} stopped on bad input (its error is above) and was not restarted; any other sites "
+                    "go on without it: fix the setting and start this site again", 2)
+        return f"site {site} stopped by {err.sigval.name}", 128 + int(err.sigval)
+    if isinstance(err, ChildFailedError):
+        exit_codes = sorted({failure.exitcode for failure in err.failures.values()})
+        return (f"site {site}: its workers failed (exit code {', '.join(map(str, exit_codes))}) and used up "
+                "their restarts (--max-restarts); their own error is above", 1)
+    if isinstance(err, RendezvousClosedError):
+        return (f"site {site}: the {run} has ended (its rendezvous is closed): a finished or stopped run is not "
+                "joined again; start a new run with another --run-id, or restart `geodiloco rendezvous` and every "
+                "site with --resume to continue the saved one", 1)
+    if isinstance(err, RendezvousTimeoutError):
+        return (f"site {site}: no world formed for the {run} within the join timeout: fewer sites than --min-nodes "
+                "joined, or a running run already holds every place under this --run-id (give this run its own "
+                "--run-id)", 1)
+    if isinstance(err, (RendezvousConnectionError, RendezvousStateError)) or _store_lost(err):
+        return (f"site {site}: lost the rendezvous store of the {run} (the `geodiloco rendezvous` process or the "
+                "--is-host site stopped, or the address is unreachable): restart it, then every site with --resume; "
+                "the last committed checkpoint is kept", 1)
+    raise err
+
+
+def _store_lost(err: BaseException) -> bool:
+    import torch.distributed as dist
+    return isinstance(err, (dist.DistNetworkError, dist.DistStoreError, ConnectionError))
+
+
+def prepare_environment(leave_signal: signal.Signals, environ=os.environ) -> Path:
+    """Set what the workers read: this agent's pid and the signal that stops it, a fatal-error file (kept when
+    ``geodiloco run`` already chose one). Returns the fatal-error file."""
+    environ[AGENT_PID_ENV] = str(os.getpid())
+    environ[LEAVE_SIGNAL_ENV] = str(int(leave_signal))
+    if not environ.get(FATAL_FILE_ENV):
+        handle, path = tempfile.mkstemp(prefix="geodiloco-fatal-", suffix=".txt")
+        os.close(handle)
+        os.unlink(path)  # a worker creates it (exclusively) when it stops on bad input
+        environ[FATAL_FILE_ENV] = path
+    return Path(environ[FATAL_FILE_ENV])
+
+
+def with_leave_signal(argv: list[str], parser) -> tuple[list[str], signal.Signals]:
+    """torchrun's arguments with ``LEAVE_SIGNAL`` among the signals its agent handles, and the signal a worker
+    sends to stop it (SIGTERM where this torchrun cannot be told more, or the user chose the signals)."""
+    options = {option for action in parser._actions for option in action.option_strings}
+    if "--signals-to-handle" not in options or any(arg.startswith(("--signals-to-handle", "--signals_to_handle"))
+                                                   for arg in argv):
+        return argv, signal.SIGTERM
+    return [f"--signals-to-handle={AGENT_DEATH_SIGNALS}", *argv], LEAVE_SIGNAL
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m geodiloco.runtime.agent TORCHRUN_ARGS...\n\n" + __doc__.strip())
+        return 0
+    for key, value in QUIET_ENV.items():  # read when torch loads
+        os.environ.setdefault(key, value)
+    from torch.distributed import run as torchrun
+    argv, leave_signal = with_leave_signal(argv, torchrun.get_args_parser())
+    fatal_file = prepare_environment(leave_signal)
+    site = os.environ.get("GEODILOCO_NODE", "?")
+    args = torchrun.parse_args(argv)
+    notices = RendezvousNotices.install(site, run_label(args))
+    for logger_name in AGENT_CHATTER:
+        logging.getLogger(logger_name).setLevel(logging.ERROR)
+    try:
+        torchrun.run(args)
+    except Exception as err:  # a torchrun failure: told in one line (others re-raised by describe_failure)
+        line, exit_code = describe_failure(err, run_label(args), site, read_fatal(fatal_file),
+                                           notices.waited_as_spare)
+        print(f"[geodiloco] {line}", file=sys.stderr, flush=True)
+        return exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""A site's elastic agent (runtime/agent.py): torchrun's failures in one line, a worker that stops on bad input
+not restarted, and a site that joins a running run with another config leaving while the run goes on
+(real torchrun agents, `geodiloco rendezvous` and gloo on loopback)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
+                                                      RendezvousTimeoutError)
+from torch.distributed.run import get_args_parser
+
+from geodiloco.runtime.agent import LEAVE_SIGNAL, describe_failure, run_label, with_leave_signal
+from geodiloco.runtime.config import load_config
+from geodiloco.runtime.elastic_launch import agent_command, agent_env
+from geodiloco.runtime.launch import free_port, wait_for_file
+from tests.runtime_helpers import REPO_ROOT, read_jsonl, small_config, write_config
+
+SECRET = "the-runs-shared-secret-123456"
+ARGV = ["--nnodes=1:3", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv_id=exp7", "-m", "geodiloco.runtime.train",
+        "--rdzv-id", "not-torchrun's"]
+RUN = "run exp7 at 10.0.0.1:29400"
+
+
+def test_the_run_is_named_by_torchruns_own_options_not_the_workers_arguments():
+    assert run_label(get_args_parser().parse_args(ARGV)) == RUN
+
+
+def test_the_leave_signal_is_added_to_the_signals_torchrun_handles_unless_the_user_chose_them():
+    argv, leave = with_leave_signal(ARGV, get_args_parser())
+    assert leave == LEAVE_SIGNAL and argv[0] == "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+    assert get_args_parser().parse_args(argv).signals_to_handle.endswith("SIGUSR2")
+    chosen = ["--signals-to-handle=SIGTERM", *ARGV]
+    assert with_leave_signal(chosen, get_args_parser()) == (chosen, signal.SIGTERM)
+
+
+@pytest.mark.parametrize("error, expected, exit_code", [
+    (RendezvousClosedError(), "site a: the run exp7 at 10.0.0.1:29400 has ended (its rendezvous is closed)", 1),
+    (RendezvousTimeoutError(), "site a: no world formed for the run exp7 at 10.0.0.1:29400 within the join timeout", 1),
+    (RendezvousConnectionError("The connection to the C10d store has failed."),
+     "site a: lost the rendezvous store of the run exp7 at 10.0.0.1:29400", 1),
+    (ConnectionResetError("Connection reset by peer"), "site a: lost the rendezvous store", 1),
+    (SignalException("got signal", LEAVE_SIGNAL), "site a stopped on bad input (its error is above) and was not "
+                                                  "restarted", 2),
+    (SignalException("got signal", signal.SIGINT), "site a stopped by SIGINT", 130),
+    (ChildFailedError("geodiloco.runtime.train", {0: ProcessFailure(0, 4242, 75, "<N/A>")}),
+     "site a: its workers failed (exit code 75) and used up their restarts", 1),
+])
+def test_each_torchrun_failure_is_one_line_naming_the_run_and_what_to_do(error, expected, exit_code):
+    line, code = describe_failure(error, RUN, "a", fatal=None)
+    assert line.startswith(expected) and "\n" not in line
+    assert code == exit_code
+
+
+def test_a_spare_whose_run_ended_is_told_so_and_other_errors_are_not_hidden():
+    # torchrun's agent returns no result to launch_agent when a spare's rendezvous closes
+    line, code = describe_failure(AttributeError("'NoneType' object has no attribute 'is_failed'"), RUN, "a", None,
+                                  waited_as_spare=True)
+    assert line.startswith("site a waited as a spare and the run exp7 at 10.0.0.1:29400 has ended") and code == 1
+    with pytest.raises(AttributeError):
+        describe_failure(AttributeError("a bug of ours"), RUN, "a", None, waited_as_spare=False)
+    with pytest.raises(ValueError):
+        describe_failure(ValueError("a bug of ours"), RUN, "a", None)
+
+
+# ----- real agents ----------------------------------------------------------------------------
+
+def site_config(tmp_path: Path, rounds: int, min_nodes: int = 2) -> Path:
+    nodes = [{"name": name, "gpus": ["RTX 3090"], "emulate": {"step_time_s": 0.05}} for name in ("a", "b", "c")]
+    config = small_config(nodes, comm={"timeout_s": 60, "min_nodes": min_nodes,
+                                       "elastic": {"failure_timeout_s": 5, "heartbeat_interval_s": 0.5,
+                                                   "last_call_s": 3, "keep_alive_s": 1, "join_timeout_s": 120}})
+    config["diloco"].update({"rounds": rounds, "local_steps": 2})
+    config["data"]["eval_every_rounds"] = 0
+    return write_config(tmp_path, config)
+
+
+def start_agent(config_path: Path, endpoint: str, name: str, run_dir: Path, *extra: str,
+                secret: str = SECRET, max_restarts: int | None = None) -> subprocess.Popen:
+    config = load_config(config_path)
+    if max_restarts is not None:
+        config.comm.elastic.max_restarts = max_restarts
+    command = agent_command(config, endpoint, "127.0.0.1", "agent-test",
+                            ["--config", str(config_path), "--run-dir", str(run_dir), *extra])
+    env = agent_env(dict(os.environ, GEODILOCO_NODE=name, GEODILOCO_SECRET=secret, GLOO_SOCKET_IFNAME="lo",
+                         GEODILOCO_DEVICE="cpu", OMP_NUM_THREADS="1"))
+    env.pop("GEODILOCO_FATAL_FILE", None)
+    return subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def start_rendezvous(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    port, ready = free_port(), tmp_path / "rendezvous.ready"
+    server = subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.rendezvous", "--host", "127.0.0.1",
+                               "--port", str(port), "--ready-file", str(ready)], cwd=REPO_ROOT,
+                              stdout=subprocess.DEVNULL)
+    wait_for_file(ready, server, 30, "the rendezvous store")
+    return server, f"127.0.0.1:{port}"
+
+
+def test_a_worker_that_stops_on_bad_input_is_not_restarted(tmp_path):
+    server, endpoint = start_rendezvous(tmp_path)
+    try:
+        agent = start_agent(site_config(tmp_path, rounds=2, min_nodes=1), endpoint, "a", tmp_path / "run", secret="short",
+                            max_restarts=3)
+        output, _ = agent.communicate(timeout=120)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert agent.returncode == 2, output[-3000:]
+    assert output.count("the GEODILOCO_SECRET holds 5 bytes") == 1, output[-3000:]  # one start, no restarts
+    assert "[geodiloco] site a stopped on bad input (its error is above) and was not restarted" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.slow
+def test_a_site_that_joins_with_another_config_leaves_and_the_run_goes_on(tmp_path):
+    rounds = 60
+    config_path = site_config(tmp_path, rounds)
+    server, endpoint = start_rendezvous(tmp_path)
+    try:
+        running = {name: start_agent(config_path, endpoint, name, tmp_path / f"run_{name}") for name in "ab"}
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "run_a" / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+            time.sleep(0.2)  # the run is training before the edited site comes
+        edited = start_agent(config_path, endpoint, "c", tmp_path / "run_c", "--set", "optim.outer.lr=0.5")
+        edited_output, _ = edited.communicate(timeout=240)
+        outputs = {name: agent.communicate(timeout=300)[0] for name, agent in running.items()}
+        # a site started after the run ended meets a closed rendezvous: one line, not torchrun's traceback
+        late = start_agent(config_path, endpoint, "c", tmp_path / "run_late")
+        late_output, _ = late.communicate(timeout=120)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+    assert edited.returncode == 2, edited_output[-3000:]
+    assert ("node c's config differs from node a's in optim.outer.lr: 0.5 at node c, 0.7 at node a" in edited_output)
+    assert "this site leaves the run and the other sites go on without it" in edited_output
+    assert "Traceback" not in edited_output
+    for name, output in outputs.items():
+        assert running[name].returncode == 0, output[-3000:]
+        assert "c joined with a config that differs from the run's (optim.outer.lr: 0.5 at node c" in output
+    trained = {row["round"] for row in read_jsonl(tmp_path / "run_a" / "metrics.jsonl") if row["node"] == "a"}
+    assert trained == set(range(rounds))
+    assert not (tmp_path / "run_c" / "checkpoints").exists()
+    assert late.returncode == 1, late_output[-3000:]
+    assert "[geodiloco] site c: the run" in late_output and "has ended (its rendezvous is closed)" in late_output
+    assert "Traceback" not in late_output
