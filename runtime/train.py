@@ -494,8 +494,8 @@ def train_from_args(args: argparse.Namespace) -> int:
     except OtherSitesLeave as leaving:
         node = os.environ.get("GEODILOCO_NODE", args.node)
         log_membership_event(run_dir, "peer_failed", node=node, how="config", error=str(leaving))
-        print(f"[geodiloco] node {node}: {leaving}; restarting this worker so that the run's sites form a world "
-              "without it", file=sys.stderr, flush=True)
+        print(f"[geodiloco] node {node}: {leaving}; restarting this worker to form the world again",
+              file=sys.stderr, flush=True)
         return PEER_FAILED_EXIT_CODE
     except StopRequested as stop:
         print(f"[geodiloco] node stopped by {stop}; the last complete checkpoint is kept in {run_dir}",

@@ -357,7 +357,7 @@ def test_a_hivemind_site_that_did_not_found_the_resume_drops_its_own_newer_round
                                     config_view={})
     sync = types.SimpleNamespace(
         handles=handles, topology=types.SimpleNamespace(is_leader=True, node_name="b"), founders_gpu_rows=[],
-        founders_config_views=[],
+        founders_config_views=[], founders_resumable_rounds=[("a", [2, 1]), ("b", [3, 2])],
         running_round=lambda: None, options=types.SimpleNamespace(start_wait_s=1.0),
         found=lambda proposal, wait_s: {"run_id": "run-x", "resume_round": 2, "node": "a"},
         share_in_node=lambda value: value, set_round=lambda *args, **kwargs: None)

@@ -72,9 +72,9 @@ def test_a_spare_whose_run_ended_is_told_so_and_other_errors_are_not_hidden():
 
 # ----- real agents ----------------------------------------------------------------------------
 
-def site_config(tmp_path: Path, rounds: int, min_nodes: int = 2) -> Path:
+def site_config(tmp_path: Path, rounds: int) -> Path:
     nodes = [{"name": name, "gpus": ["RTX 3090"], "emulate": {"step_time_s": 0.05}} for name in ("a", "b", "c")]
-    config = small_config(nodes, comm={"timeout_s": 60, "min_nodes": min_nodes,
+    config = small_config(nodes, comm={"timeout_s": 60, "min_nodes": 2,
                                        "elastic": {"failure_timeout_s": 5, "heartbeat_interval_s": 0.5,
                                                    "last_call_s": 3, "keep_alive_s": 1, "join_timeout_s": 120}})
     config["diloco"].update({"rounds": rounds, "local_steps": 2})
@@ -82,14 +82,11 @@ def site_config(tmp_path: Path, rounds: int, min_nodes: int = 2) -> Path:
     return write_config(tmp_path, config)
 
 
-def start_agent(config_path: Path, endpoint: str, name: str, run_dir: Path, *extra: str,
-                secret: str = SECRET, max_restarts: int | None = None) -> subprocess.Popen:
+def start_agent(config_path: Path, endpoint: str, name: str, run_dir: Path, *extra: str) -> subprocess.Popen:
     config = load_config(config_path)
-    if max_restarts is not None:
-        config.comm.elastic.max_restarts = max_restarts
     command = agent_command(config, endpoint, "127.0.0.1", "agent-test",
                             ["--config", str(config_path), "--run-dir", str(run_dir), *extra])
-    env = agent_env(dict(os.environ, GEODILOCO_NODE=name, GEODILOCO_SECRET=secret, GLOO_SOCKET_IFNAME="lo",
+    env = agent_env(dict(os.environ, GEODILOCO_NODE=name, GEODILOCO_SECRET=SECRET, GLOO_SOCKET_IFNAME="lo",
                          GEODILOCO_DEVICE="cpu", OMP_NUM_THREADS="1"))
     env.pop("GEODILOCO_FATAL_FILE", None)
     return subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -105,24 +102,9 @@ def start_rendezvous(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     return server, f"127.0.0.1:{port}"
 
 
-def test_a_worker_that_stops_on_bad_input_is_not_restarted(tmp_path):
-    server, endpoint = start_rendezvous(tmp_path)
-    try:
-        agent = start_agent(site_config(tmp_path, rounds=2, min_nodes=1), endpoint, "a", tmp_path / "run", secret="short",
-                            max_restarts=3)
-        output, _ = agent.communicate(timeout=120)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-    assert agent.returncode == 2, output[-3000:]
-    assert output.count("the GEODILOCO_SECRET holds 5 bytes") == 1, output[-3000:]  # one start, no restarts
-    assert "[geodiloco] site a stopped on bad input (its error is above) and was not restarted" in output
-    assert "Traceback" not in output
-
-
 @pytest.mark.slow
 def test_a_site_that_joins_with_another_config_leaves_and_the_run_goes_on(tmp_path):
-    rounds = 60
+    rounds = 45
     config_path = site_config(tmp_path, rounds)
     server, endpoint = start_rendezvous(tmp_path)
     try:
@@ -141,8 +123,11 @@ def test_a_site_that_joins_with_another_config_leaves_and_the_run_goes_on(tmp_pa
         server.wait(timeout=10)
 
     assert edited.returncode == 2, edited_output[-3000:]
-    assert ("node c's config differs from node a's in optim.outer.lr: 0.5 at node c, 0.7 at node a" in edited_output)
+    # it stopped once and its agent did not restart it (a restart would meet the same difference)
+    assert edited_output.count("node c's config differs from node a's in optim.outer.lr: 0.5 at node c, "
+                               "0.7 at node a") == 1, edited_output[-3000:]
     assert "this site leaves the run and the other sites go on without it" in edited_output
+    assert "[geodiloco] site c stopped on bad input (its error is above) and was not restarted" in edited_output
     assert "Traceback" not in edited_output
     for name, output in outputs.items():
         assert running[name].returncode == 0, output[-3000:]
