@@ -4,10 +4,11 @@ torchrun ends every failure of its own with a Python traceback (often with C++ f
 worker that stopped on bad input as if it had crashed. Sites run this module instead, with torchrun's
 own arguments (``scripts/launch_site.sh``, ``runtime/elastic_launch.py``):
 
-- a worker that stops on bad input (a ``ConfigError``: a setting that differs from the running sites',
-  a secret too short) writes its message to ``GEODILOCO_FATAL_FILE`` and signals its agent
-  (``GEODILOCO_AGENT_PID``), which stops this site at once, without restarting its workers and without
-  closing the rendezvous, so the other sites go on (``stop_own_agent``);
+- a worker that stops on bad input (a ``ConfigError``: a setting that differs from the running sites', a
+  secret too short; a ``CannotStart``: a run directory that holds a checkpoint without ``--resume``) writes
+  its message to ``GEODILOCO_FATAL_FILE`` and signals its agent (``GEODILOCO_AGENT_PID``), which stops this
+  site at once, without restarting its workers and without closing the rendezvous, so that sites whose
+  settings are the run's go on (``stop_own_agent``);
 - the rendezvous errors a user meets (the run already ended, its store is gone, no world formed in
   time) and a worker group out of restarts become one line naming the endpoint, the run id and what to
   do, with exit codes: 2 bad input, 1 any other failure, 128 + N a signal N.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -24,9 +26,6 @@ from typing import Optional
 
 from geodiloco.runtime.fatal import FATAL_FILE_ENV, read_fatal
 
-AGENT_CHATTER = ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api")
-"""torchrun's loggers whose warnings narrate a stop ("Received ... death signal", "Sending process ... closing
-signal") on every restart; their errors still show."""
 AGENT_PID_ENV = "GEODILOCO_AGENT_PID"
 LEAVE_SIGNAL_ENV = "GEODILOCO_AGENT_LEAVE_SIGNAL"
 LEAVE_SIGNAL = signal.SIGUSR2
@@ -54,38 +53,58 @@ def stop_own_agent(environ=os.environ) -> bool:
     return True
 
 
-class RendezvousNotices(logging.Handler):
-    """torchrun's rendezvous log, told the user's way: its errors as they are, its tracebacks of failures it
-    recovers from dropped, and one line when this site is put on the spare list (the run under this id
-    already has every place taken: torchrun then waits, silently, until a place frees up or that run ends)."""
+class TorchrunLog(logging.Handler):
+    """torchrun's log, told the user's way. Its rendezvous: one line when this site is put on the spare
+    list (the run under this id already has every place taken: torchrun then waits, silently, until a
+    place frees up or that run ends); the tracebacks of failures it recovers from dropped. Its workers: a
+    worker killed by a signal (the kernel's OOM killer, say) named in one line; a worker that exited with
+    a code has said why itself. Its other errors as they are; its warnings (a restart narrated) dropped."""
 
     SPARE_MARK = "added itself to the redundancy list"
+    JOINED_MARK = "has joined round"
+    WORKER_EXIT = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+    LOGGERS = ("torch.distributed.elastic.rendezvous", "torch.distributed.elastic.agent.server.api",
+               "torch.distributed.elastic.multiprocessing.api")
 
     def __init__(self, site: str, run: str) -> None:
         super().__init__(logging.DEBUG)
         self.site, self.run = site, run
         self.waited_as_spare = False
+        self.joined = False
+        """Whether this agent ever met the store and joined a world (else a store error means it never got there)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.SPARE_MARK in str(record.msg):
+        message = record.getMessage()
+        if self.JOINED_MARK in message:
+            self.joined = True
+        elif self.SPARE_MARK in message:
             if not self.waited_as_spare:
                 self.waited_as_spare = True
                 print(f"[geodiloco] site {self.site}: the {self.run} already has every place taken (--nnodes): this "
                       "site waits as a spare until a site of it fails or it ends; if this is another run, stop it "
                       "and give it its own --run-id", file=sys.stderr, flush=True)
         elif record.levelno >= logging.ERROR:
-            print(f"[torchrun] {record.getMessage()}", file=sys.stderr, flush=True)
+            exited = self.WORKER_EXIT.search(message)
+            if exited is None:
+                print(f"[torchrun] {message}", file=sys.stderr, flush=True)
+            elif int(exited.group(1)) < 0:
+                killer = signal.Signals(-int(exited.group(1)))
+                who = " (the kernel's out-of-memory killer, or a kill -9)" if killer == signal.SIGKILL else ""
+                print(f"[geodiloco] site {self.site}: the worker of local rank {exited.group(2)} was killed by "
+                      f"{killer.name}{who}; its agent restarts it while --max-restarts allows", file=sys.stderr,
+                      flush=True)
 
     @classmethod
-    def install(cls, site: str, run: str) -> "RendezvousNotices":
+    def install(cls, site: str, run: str) -> "TorchrunLog":
         handler = cls(site, run)
-        rendezvous_log = logging.getLogger("torch.distributed.elastic.rendezvous")
-        rendezvous_log.setLevel(logging.DEBUG)
-        rendezvous_log.propagate = False
-        for logger_name in ("torch.distributed.elastic.rendezvous", "torch.distributed.elastic.rendezvous.dynamic_rendezvous"):
-            logging.getLogger(logger_name).handlers.clear()
-            logging.getLogger(logger_name).setLevel(logging.DEBUG)
-        rendezvous_log.addHandler(handler)
+        for logger_name in cls.LOGGERS:
+            logger = logging.getLogger(logger_name)
+            logger.handlers.clear()
+            logger.setLevel(logging.DEBUG if logger_name.endswith("rendezvous") else logging.ERROR)
+            logger.propagate = False
+            logger.addHandler(handler)
+        logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").handlers.clear()
+        logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").setLevel(logging.DEBUG)
         return handler
 
 
@@ -95,7 +114,7 @@ def run_label(args) -> str:
 
 
 def describe_failure(err: BaseException, run: str, site: str, fatal: Optional[str],
-                     waited_as_spare: bool = False) -> tuple[str, int]:
+                     waited_as_spare: bool = False, joined: bool = True) -> tuple[str, int]:
     """(one line, exit code) for an exception out of torchrun's ``run`` on ``site`` meeting ``run``
     (``run_label``); re-raises any other exception."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -108,8 +127,8 @@ def describe_failure(err: BaseException, run: str, site: str, fatal: Optional[st
                 "start a new run with its own --run-id", 1)
     if isinstance(err, SignalException):
         if err.sigval == LEAVE_SIGNAL or (fatal and err.sigval == signal.SIGTERM):
-            return (f"site {site} stopped on bad input (its error is above) and was not restarted; any other sites "
-                    "go on without it: fix the setting and start this site again", 2)
+            return (f"site {site} stopped on bad input (its error is above) and was not restarted: fix it and start "
+                    "this site again", 2)
         return f"site {site} stopped by {err.sigval.name}", 128 + int(err.sigval)
     if isinstance(err, ChildFailedError):
         exit_codes = sorted({failure.exitcode for failure in err.failures.values()})
@@ -123,7 +142,13 @@ def describe_failure(err: BaseException, run: str, site: str, fatal: Optional[st
         return (f"site {site}: no world formed for the {run} within the join timeout: fewer sites than --min-nodes "
                 "joined, or a running run already holds every place under this --run-id (give this run its own "
                 "--run-id)", 1)
-    if isinstance(err, (RendezvousConnectionError, RendezvousStateError)) or _store_lost(err):
+    store_error = isinstance(err, (RendezvousConnectionError, RendezvousStateError)) or _store_lost(err)
+    if store_error and not joined:
+        endpoint = run.rsplit(" at ", 1)[-1]
+        return (f"site {site}: cannot reach the rendezvous store at {endpoint} (nothing listens there, or this site "
+                "cannot reach that address): start `geodiloco rendezvous` there (or the --is-host site) first, or "
+                "correct --rdzv-endpoint", 1)
+    if store_error:
         return (f"site {site}: lost the rendezvous store of the {run} (the `geodiloco rendezvous` process or the "
                 "--is-host site stopped, or the address is unreachable): restart it, then every site with --resume; "
                 "the last committed checkpoint is kept", 1)
@@ -165,19 +190,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     for key, value in QUIET_ENV.items():  # read when torch loads
         os.environ.setdefault(key, value)
+    workers_cpp_level = os.environ["TORCH_CPP_LOG_LEVEL"]
+    if workers_cpp_level == QUIET_ENV["TORCH_CPP_LOG_LEVEL"]:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"  # the agent's C++ errors are its store's: told in one line here
     from torch.distributed import run as torchrun
+    os.environ["TORCH_CPP_LOG_LEVEL"] = workers_cpp_level
     argv, leave_signal = with_leave_signal(argv, torchrun.get_args_parser())
     fatal_file = prepare_environment(leave_signal)
     site = os.environ.get("GEODILOCO_NODE", "?")
     args = torchrun.parse_args(argv)
-    notices = RendezvousNotices.install(site, run_label(args))
-    for logger_name in AGENT_CHATTER:
-        logging.getLogger(logger_name).setLevel(logging.ERROR)
+    notices = TorchrunLog.install(site, run_label(args))
     try:
         torchrun.run(args)
     except Exception as err:  # a torchrun failure: told in one line (others re-raised by describe_failure)
         line, exit_code = describe_failure(err, run_label(args), site, read_fatal(fatal_file),
-                                           notices.waited_as_spare)
+                                           notices.waited_as_spare, notices.joined)
         print(f"[geodiloco] {line}", file=sys.stderr, flush=True)
         return exit_code
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import signal
 import socket
 import sys
@@ -22,6 +23,8 @@ from typing import Optional
 
 def serve(host: str, port: int, ready_file: Optional[Path] = None) -> int:
     """Listen on host:port until SIGTERM/SIGINT; write ``ready_file`` once listening."""
+    # torch's C++ warnings (a client whose hostname does not resolve, say) are no news to the person running it
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     import torch.distributed as dist
 
     if not 1 <= port <= 65535:

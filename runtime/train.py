@@ -483,6 +483,7 @@ def train_from_args(args: argparse.Namespace) -> int:
     except CannotStart as err:
         print(f"[geodiloco] cannot start: {err}", file=sys.stderr, flush=True)
         record_fatal(str(err))
+        stop_own_agent()  # a restart would meet the same run directories
         return 1
     except TooFewToGoOn as err:
         latest = latest_round(run_dir)
@@ -498,7 +499,9 @@ def train_from_args(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         return PEER_FAILED_EXIT_CODE
     except StopRequested as stop:
-        print(f"[geodiloco] node stopped by {stop}; the last complete checkpoint is kept in {run_dir}",
+        why = " (its elastic agent re-forms the world when a site joins or leaves, or the site is stopping)" \
+            if elastic_job() else ""
+        print(f"[geodiloco] node stopped by {stop}{why}; the last complete checkpoint is kept in {run_dir}",
               file=sys.stderr, flush=True)
         return 143
     except (RuntimeError, ConnectionError) as err:
@@ -507,7 +510,8 @@ def train_from_args(args: argparse.Namespace) -> int:
         reason = str(err).splitlines()[0].split(". ")[0][-160:]
         log_membership_event(run_dir, "peer_failed", node=os.environ.get("GEODILOCO_NODE", args.node), how="connection",
                              error=reason)
-        print(f"[geodiloco] a peer site is gone ({reason}); stopping this worker so the present sites restart "
+        print(f"[geodiloco] lost a peer site ({reason}): it failed, or is re-forming the world with a site that "
+              "joined or left; stopping this worker so the present sites restart "
               "from the last complete round", file=sys.stderr, flush=True)
         return PEER_FAILED_EXIT_CODE
 

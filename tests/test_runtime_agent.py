@@ -3,6 +3,7 @@ not restarted, and a site that joins a running run with another config leaving w
 (real torchrun agents, `geodiloco rendezvous` and gloo on loopback)."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, Ren
                                                       RendezvousTimeoutError)
 from torch.distributed.run import get_args_parser
 
-from geodiloco.runtime.agent import LEAVE_SIGNAL, describe_failure, run_label, with_leave_signal
+from geodiloco.runtime.agent import LEAVE_SIGNAL, TorchrunLog, describe_failure, run_label, with_leave_signal
 from geodiloco.runtime.config import load_config
 from geodiloco.runtime.elastic_launch import agent_command, agent_env
 from geodiloco.runtime.launch import free_port, wait_for_file
@@ -57,6 +58,36 @@ def test_each_torchrun_failure_is_one_line_naming_the_run_and_what_to_do(error, 
     line, code = describe_failure(error, RUN, "a", fatal=None)
     assert line.startswith(expected) and "\n" not in line
     assert code == exit_code
+
+
+def test_a_store_never_reached_is_told_apart_from_one_lost():
+    error = RendezvousConnectionError("The connection to the C10d store has failed.")
+    line, code = describe_failure(error, RUN, "a", None, joined=False)
+    assert line.startswith("site a: cannot reach the rendezvous store at 10.0.0.1:29400 (nothing listens there")
+    assert "--resume" not in line and code == 1
+
+
+def log_record(message: str, level: int = logging.INFO) -> logging.LogRecord:
+    return logging.LogRecord("torch.distributed.elastic", level, __file__, 1, message, None, None)
+
+
+def test_torchruns_log_becomes_a_spare_notice_once_a_killed_worker_line_and_nothing_else(capsys):
+    log = TorchrunLog("c", RUN)
+    log.emit(log_record("The node 'x_1_0' added itself to the redundancy list of round 3 of the rendezvous 'exp7'."))
+    log.emit(log_record("The node 'x_1_0' added itself to the redundancy list of round 4 of the rendezvous 'exp7'."))
+    log.emit(log_record("Sending process 42 closing signal SIGTERM", logging.WARNING))
+    log.emit(log_record("failed (exitcode: 75) local_rank: 0 (pid: 42) of binary: python", logging.ERROR))
+    log.emit(log_record("failed (exitcode: -9) local_rank: 1 (pid: 43) of binary: python", logging.ERROR))
+    assert not log.joined
+    log.emit(log_record("The node 'x_1_0' has joined round 5 of the c10d rendezvous 'exp7' as rank 2 in a world of "
+                        "size 3."))
+    assert log.joined and log.waited_as_spare
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        f"[geodiloco] site c: the {RUN} already has every place taken (--nnodes): this site waits as a spare until "
+        "a site of it fails or it ends; if this is another run, stop it and give it its own --run-id",
+        "[geodiloco] site c: the worker of local rank 1 was killed by SIGKILL (the kernel's out-of-memory killer, "
+        "or a kill -9); its agent restarts it while --max-restarts allows"]
 
 
 def test_a_spare_whose_run_ended_is_told_so_and_other_errors_are_not_hidden():

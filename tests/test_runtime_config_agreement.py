@@ -58,11 +58,11 @@ def test_the_outer_device_must_agree_on_the_torch_backend_but_not_under_hivemind
     assert differences(view(comm={**hivemind, "outer_device": "cuda"}), view(comm=hivemind)) == []
 
 
-def start_worker(config_path, run_dir, name, rank, port):
+def start_worker(config_path, run_dir, name, rank, port, *extra):
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                GEODILOCO_NODE=name, GEODILOCO_DEVICE="cpu", OMP_NUM_THREADS="1", GEODILOCO_SECRET=SECRET)
     return subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.train", "--config", str(config_path),
-                             "--run-dir", str(run_dir)], env=env, cwd=REPO_ROOT,
+                             "--run-dir", str(run_dir), *extra], env=env, cwd=REPO_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -161,3 +161,27 @@ def test_a_joiner_whose_settings_differ_from_its_peers_stops(tmp_path):
             trainer.load_shared_state(peers, tensors)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_sites_started_by_hand_refuse_a_used_run_dir_without_resume_and_a_resume_of_nothing(tmp_path):
+    config = small_config(NODES, diloco={**small_config(NODES)["diloco"], "rounds": 1})
+    path = write_config(tmp_path, config)
+
+    def start_both(prefix: str, *extra: str) -> list[tuple[int, str]]:
+        port = free_port()
+        workers = [start_worker(path, tmp_path / f"{prefix}_{name}", name, rank, port, *extra)
+                   for rank, name in enumerate("ab")]
+        outputs = [worker.communicate(timeout=120)[0] for worker in workers]
+        return [(worker.returncode, output) for worker, output in zip(workers, outputs)]
+
+    assert [code for code, _ in start_both("run")] == [0, 0]
+    for code, output in start_both("run"):
+        assert code == 1, output[-3000:]
+        assert ("cannot start: the run directory of nodes a, b already holds a checkpoint (after round 1; this "
+                "node's is") in output
+        assert "pass --resume to continue it, or choose another --run-dir" in output and "Traceback" not in output
+    for code, output in start_both("empty", "--resume"):
+        assert code == 1, output[-3000:]
+        assert "cannot start: --resume: no node's run directory holds a checkpoint" in output, output[-3000:]
+    assert not (tmp_path / "empty_a" / "checkpoints").exists()

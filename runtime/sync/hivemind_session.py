@@ -30,8 +30,8 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
         if sync.running_round() is not None:
             decision = {"join": True}
         elif saved_round is not None and not resume:
-            decision = {"error": f"{run_dir} already holds a checkpoint of round {saved_round} and no peer is "
-                                 "training; pass --resume to continue it, or choose another --run-dir"}
+            decision = {"error": f"{run_dir} already holds a checkpoint (after round {saved_round + 1}) and no peer "
+                                 "is training; pass --resume to continue it, or choose another --run-dir"}
         else:
             proposal = {"run_id": handles.new_run_id(), "resume_round": saved_round if resume else None,
                         "resumable_rounds": checkpoint.verified_rounds(run_dir, topology.node_name, False) if resume
@@ -65,6 +65,9 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     if decision["resume_round"] is not None:
         run_id, pending = handles.load_checkpoint(decision["resume_round"])
         first_round = decision["resume_round"] + 1
+        if topology.is_leader:
+            print(f"[geodiloco] node {topology.node_name}: resuming {run_id} after round {first_round} from "
+                  f"{run_dir}", flush=True)
         if topology.is_leader:
             # every site's own directory: rounds after the resume point are redone, and a stale newer round
             # left there would later be taken for the redone one (its global file is not written again)

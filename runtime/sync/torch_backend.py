@@ -29,7 +29,7 @@ from geodiloco.runtime.recovery import (ResumePoint, SavedRounds, choose_resume_
 from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
 from geodiloco.runtime.sync.overlap import OverlapSchedule, launch_steps, split_fragments
-from geodiloco.runtime.sync.protocol import OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
+from geodiloco.runtime.sync.protocol import CannotStart, OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome
 from geodiloco.runtime.sync import start_model
 from geodiloco.runtime.sync.wire import ErrorFeedback, reduce_sum, sent_bytes
 
@@ -126,13 +126,19 @@ class TorchOuterSync:
         asked = any(item["resume"] for item in gathered)
         job = elastic_job()
         restarted = not asked and job is not None and any(job in report.jobs for report in saved)
+        holders = [report.node for report in saved if report.global_members]
         if held and not (asked or restarted):
-            raise RuntimeError(f"{run_dir} already holds a checkpoint of round {held[-1]}; pass --resume to "
-                               "continue it, or choose another --run-dir")
+            raise CannotStart(f"the run directory of {'nodes' if len(holders) > 1 else 'node'} {', '.join(holders)} "
+                              f"already holds a checkpoint (after round {held[-1] + 1}; this node's is {run_dir}): "
+                              "pass --resume to continue it, or choose another --run-dir")
+        if asked and not held:
+            raise CannotStart(f"--resume: no node's run directory holds a checkpoint (this node's is {run_dir}): "
+                              "pass the --run-dir of the run to continue, or leave out --resume to start a new run")
         point = choose_resume_point(saved, topology.present_names) if held else None
         if held and point is None:
-            raise RuntimeError(f"no saved round can restart the present nodes ({', '.join(topology.present_names)}): "
-                               f"rounds {held} lack a present member's node file; start from a fresh --run-dir")
+            raise CannotStart(f"no saved round can restart the present nodes ({', '.join(topology.present_names)}): "
+                              f"rounds {', '.join(str(round_idx + 1) for round_idx in held)} lack a present "
+                              "member's node file; start from a fresh --run-dir")
         self._agree_on_start(start_model.reports_of([item["start"] for item in gathered]), fresh=point is None)
         if point is None:
             return StartPoint(gathered[0]["run_id"], 0)
@@ -216,10 +222,11 @@ class TorchOuterSync:
                   flush=True)
             return
         older = node_state.get("rejoined_after") if node_state else None
-        since = f"its last round was {older + 1}" if older is not None else "it has no saved state"
+        since = f"its last round was {older + 1}" if older is not None else "it has no saved state of this run"
         inner = (f"node {point.source_node}'s inner optimizer state" if "inner_optimizer" in (node_state or {})
                  else "fresh inner optimizer state")
-        print(f"[geodiloco] node {name}: rejoins after round {point.round + 1} ({since}) with the global state and "
+        joins = "rejoins" if older is not None else "joins"
+        print(f"[geodiloco] node {name}: {joins} after round {point.round + 1} ({since}) with the global state and "
               f"{inner} from node {point.source_node}; nodes present now: {present}", flush=True)
 
     def _start_heartbeat(self, generation: str) -> None:
