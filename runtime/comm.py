@@ -178,14 +178,30 @@ def build_topology(node_name: str, config_node_names: list[str], min_nodes: Opti
                     present_names=list(ranks_by_node), config_node_names=list(config_node_names), secret=secret)
 
 
-def agree_at_start(topology: Topology, config_view: dict, own_gpus: list[str], trained_in_job: bool = False,
-                   may_leave_out: bool = False) -> list[str]:
+@dataclass
+class SiteStart:
+    """What a site brings to the start agreement beside its settings and GPUs.
+
+    ``trained_in_job``: it was training in this elastic job before this world formed. ``may_leave_out``: its
+    elastic agent will restart its workers (so a world can form without a site that leaves).
+    ``resume_refusal``: why its saved config cannot be resumed with the settings given (``--resume`` with a
+    setting a checkpoint was written for), else None."""
+
+    trained_in_job: bool = False
+    may_leave_out: bool = False
+    resume_refusal: Optional[str] = None
+
+
+def agree_at_start(topology: Topology, config_view: dict, own_gpus: list[str],
+                   site: SiteStart = SiteStart()) -> list[str]:
     """One gather at start-up, so that the sites train and plan alike:
 
+    - a ``--resume`` that some site's saved config refuses stops every site with that site's ConfigError
+      (one site alone leaving would leave the others waiting for a world);
     - every site must share ``config_view`` (``runtime.config_agreement``); on a difference every rank
-      raises the same ConfigError, naming the settings. With ``may_leave_out`` (an elastic agent that will
-      restart this site's workers) the run's side is kept when one can be told (the sites that were training
-      in this job, ``trained_in_job``, or a majority): the others' ranks raise ConfigError and leave, the run's
+      raises the same ConfigError, naming the settings. With ``site.may_leave_out`` (an elastic agent that
+      will restart this site's workers) the run's side is kept when one can be told (the sites that were
+      training in this job, or a majority): the others' ranks raise ConfigError and leave, the run's
       raise ``OtherSitesLeave`` and form a world without them;
     - every node plans each GPU from the row the node that has it plans it with (a datasheet row, that
       site's user row, or a probe of its unknown GPU), so the first round's plan is the same everywhere.
@@ -194,11 +210,14 @@ def agree_at_start(topology: Topology, config_view: dict, own_gpus: list[str], t
     from geodiloco.predictor.unknown_gpus import adopt_rows, own_rows
     from geodiloco.runtime.config_agreement import check_all_same, leave_or_go_on
     gathered = all_gather_values({"node": topology.node_name, "view": config_view, "rows": own_rows(own_gpus),
-                                  "trained": trained_in_job})
+                                  "trained": site.trained_in_job, "resume_refusal": site.resume_refusal})
     order = {name: index for index, name in enumerate(topology.config_node_names)}
     gathered.sort(key=lambda item: order.get(item["node"], len(order)))
+    refusal = next((item for item in gathered if item.get("resume_refusal")), None)
+    if refusal is not None:
+        raise ConfigError(f"node {refusal['node']}: {refusal['resume_refusal']}")
     views = [(item["node"], item["view"]) for item in gathered]
-    if may_leave_out:
+    if site.may_leave_out:
         leave_or_go_on(views, topology.node_name, {item["node"] for item in gathered if item.get("trained")})
     check_all_same(views)
     return adopt_rows([(item["node"], item["rows"]) for item in gathered])

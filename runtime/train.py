@@ -26,6 +26,7 @@ import torch
 
 from geodiloco.balancer.plan import Plan, RoundMeasurement
 from geodiloco.balancer.records import IdleRecord
+from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.auth import AuthError, require_secret
 from geodiloco.runtime.comm import node_name_from_env
 from geodiloco.runtime.config import RunConfig, load_config
@@ -33,6 +34,7 @@ from geodiloco.runtime.config_agreement import OtherSitesLeave
 from geodiloco.runtime.preflight import preflight, quiet_gpu_notices
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.runtime.host_threads import warn_if_oversubscribed
+from geodiloco.runtime.run_dir import resume_changes
 from geodiloco.runtime.recovery import elastic_job, log_membership_event, trained_in_job
 from geodiloco.runtime.idle import RoundClock
 from geodiloco.runtime.checkpoint import latest_round
@@ -110,6 +112,16 @@ def restarts_left(environ=os.environ) -> bool:
     return int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")) < int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
 
 
+def resume_check(run_dir: Path, config: RunConfig) -> tuple[list[str], Optional[str]]:
+    """``--resume`` against the config this run directory saved (``runtime/run_dir.py``): (the changed settings
+    applied, as lines; why the resume is refused, or None). A site started by hand checks here what
+    ``geodiloco run`` checks before it starts its nodes (there the saved config is the new one by now)."""
+    try:
+        return resume_changes(run_dir, config), None
+    except ConfigError as err:
+        return [], str(err)
+
+
 def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume: bool,
              secret: Optional[bytes] = None) -> int:
     """Train this process's node for all rounds; returns an exit code."""
@@ -118,13 +130,19 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     node_name = node_name_from_env(node_name, config_names)
     use_cuda = torch.cuda.is_available() and os.environ.get("GEODILOCO_DEVICE", "auto") != "cpu"
     topology = join_world(config, node_name, use_cuda, secret)
+    changes, refusal = resume_check(run_dir, config) if resume else ([], None)
     if config.comm.backend == "torch":
-        from geodiloco.runtime.comm import agree_at_start
+        from geodiloco.runtime.comm import SiteStart, agree_at_start
         from geodiloco.runtime.config_agreement import shared_view
-        for line in agree_at_start(topology, shared_view(config), list(config.node(node_name).gpus),
-                                   trained_in_job(run_dir, topology.node_name, elastic_job()), restarts_left()):
+        site = SiteStart(trained_in_job(run_dir, topology.node_name, elastic_job()), restarts_left(), refusal)
+        for line in agree_at_start(topology, shared_view(config), list(config.node(node_name).gpus), site):
             if topology.is_leader:
                 print(f"[geodiloco] node {node_name}: {line}", file=sys.stderr, flush=True)
+    elif refusal is not None:
+        raise ConfigError(refusal)
+    if topology.is_leader:
+        for change in changes:
+            print(f"[geodiloco] node {node_name}: resuming with a changed setting: {change}", flush=True)
     if config.run.deterministic:
         torch.use_deterministic_algorithms(True)
     device = torch.device(f"cuda:{cuda_device_index()}" if use_cuda else "cpu")

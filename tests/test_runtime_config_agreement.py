@@ -164,7 +164,9 @@ def test_a_joiner_whose_settings_differ_from_its_peers_stops(tmp_path):
 
 
 @pytest.mark.slow
-def test_sites_started_by_hand_refuse_a_used_run_dir_without_resume_and_a_resume_of_nothing(tmp_path):
+def test_sites_started_by_hand_check_their_run_dirs_as_geodiloco_run_does(tmp_path):
+    """A used run directory without --resume, --resume with a setting its checkpoint was written for, and
+    --resume where nothing was saved: each stops every site with one line; an allowed change is listed."""
     config = small_config(NODES, diloco={**small_config(NODES)["diloco"], "rounds": 1})
     path = write_config(tmp_path, config)
 
@@ -181,6 +183,13 @@ def test_sites_started_by_hand_refuse_a_used_run_dir_without_resume_and_a_resume
         assert ("cannot start: the run directory of nodes a, b already holds a checkpoint (after round 1; this "
                 "node's is") in output
         assert "pass --resume to continue it, or choose another --run-dir" in output and "Traceback" not in output
+    resumed = start_both("run", "--resume", "--set", "diloco.rounds=2")
+    assert [code for code, _ in resumed] == [0, 0], resumed[0][1][-3000:]
+    # node a coordinated the first run: its run directory holds the saved config.yaml
+    assert "[geodiloco] node a: resuming with a changed setting: diloco.rounds: 1 -> 2" in resumed[0][1]
+    for code, output in start_both("run", "--resume", "--set", "diloco.rounds=2", "--set", "model.seq_len=16"):
+        assert code == 2, output[-3000:]
+        assert "node a: --resume: model.seq_len (32 -> 16) cannot change in a resumed run" in output, output[-3000:]
     for code, output in start_both("empty", "--resume"):
         assert code == 1, output[-3000:]
         assert "cannot start: --resume: no node's run directory holds a checkpoint" in output, output[-3000:]
