@@ -103,8 +103,10 @@ class TorchrunLog(logging.Handler):
             logger.setLevel(logging.DEBUG if logger_name.endswith("rendezvous") else logging.ERROR)
             logger.propagate = False
             logger.addHandler(handler)
-        logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").handlers.clear()
-        logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").setLevel(logging.DEBUG)
+        # the spare and joined notices are its debug and info lines; they reach the handler above
+        spare_log = logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+        spare_log.handlers.clear()
+        spare_log.setLevel(logging.DEBUG)
         return handler
 
 
@@ -113,14 +115,15 @@ def run_label(args) -> str:
     return f"run {args.rdzv_id} at {args.rdzv_endpoint}"
 
 
-def describe_failure(err: BaseException, run: str, site: str, fatal: Optional[str],
+def describe_failure(err: BaseException, args, site: str, fatal: Optional[str],
                      waited_as_spare: bool = False, joined: bool = True) -> tuple[str, int]:
-    """(one line, exit code) for an exception out of torchrun's ``run`` on ``site`` meeting ``run``
-    (``run_label``); re-raises any other exception."""
+    """(one line, exit code) for an exception out of torchrun's ``run`` on ``site``, started with torchrun's
+    parsed ``args``; re-raises any other exception."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
                                                           RendezvousStateError, RendezvousTimeoutError)
+    run = run_label(args)
     if waited_as_spare and isinstance(err, AttributeError):
         # torchrun's agent returns no result when a spare's rendezvous closes (the run it waited on ended)
         return (f"site {site} waited as a spare and the {run} has ended without it; nothing was trained here: "
@@ -144,8 +147,7 @@ def describe_failure(err: BaseException, run: str, site: str, fatal: Optional[st
                 "--run-id)", 1)
     store_error = isinstance(err, (RendezvousConnectionError, RendezvousStateError)) or _store_lost(err)
     if store_error and not joined:
-        endpoint = run.rsplit(" at ", 1)[-1]
-        return (f"site {site}: cannot reach the rendezvous store at {endpoint} (nothing listens there, or this site "
+        return (f"site {site}: cannot reach the rendezvous store at {args.rdzv_endpoint} (nothing listens there, or this site "
                 "cannot reach that address): start `geodiloco rendezvous` there (or the --is-host site) first, or "
                 "correct --rdzv-endpoint", 1)
     if store_error:
@@ -160,17 +162,18 @@ def _store_lost(err: BaseException) -> bool:
     return isinstance(err, (dist.DistNetworkError, dist.DistStoreError, ConnectionError))
 
 
-def prepare_environment(leave_signal: signal.Signals, environ=os.environ) -> Path:
+def prepare_environment(leave_signal: signal.Signals, environ=os.environ) -> tuple[Path, bool]:
     """Set what the workers read: this agent's pid and the signal that stops it, a fatal-error file (kept when
-    ``geodiloco run`` already chose one). Returns the fatal-error file."""
+    ``geodiloco run`` already chose one). Returns the fatal-error file and whether this agent chose it."""
     environ[AGENT_PID_ENV] = str(os.getpid())
     environ[LEAVE_SIGNAL_ENV] = str(int(leave_signal))
-    if not environ.get(FATAL_FILE_ENV):
-        handle, path = tempfile.mkstemp(prefix="geodiloco-fatal-", suffix=".txt")
-        os.close(handle)
-        os.unlink(path)  # a worker creates it (exclusively) when it stops on bad input
-        environ[FATAL_FILE_ENV] = path
-    return Path(environ[FATAL_FILE_ENV])
+    if environ.get(FATAL_FILE_ENV):
+        return Path(environ[FATAL_FILE_ENV]), False
+    handle, path = tempfile.mkstemp(prefix="geodiloco-fatal-", suffix=".txt")
+    os.close(handle)
+    os.unlink(path)  # a worker creates it (exclusively) when it stops on bad input
+    environ[FATAL_FILE_ENV] = path
+    return Path(path), True
 
 
 def with_leave_signal(argv: list[str], parser) -> tuple[list[str], signal.Signals]:
@@ -196,17 +199,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     from torch.distributed import run as torchrun
     os.environ["TORCH_CPP_LOG_LEVEL"] = workers_cpp_level
     argv, leave_signal = with_leave_signal(argv, torchrun.get_args_parser())
-    fatal_file = prepare_environment(leave_signal)
+    fatal_file, own_fatal_file = prepare_environment(leave_signal)
     site = os.environ.get("GEODILOCO_NODE", "?")
     args = torchrun.parse_args(argv)
     notices = TorchrunLog.install(site, run_label(args))
     try:
         torchrun.run(args)
     except Exception as err:  # a torchrun failure: told in one line (others re-raised by describe_failure)
-        line, exit_code = describe_failure(err, run_label(args), site, read_fatal(fatal_file),
-                                           notices.waited_as_spare, notices.joined)
+        line, exit_code = describe_failure(err, args, site, read_fatal(fatal_file), notices.waited_as_spare,
+                                           notices.joined)
         print(f"[geodiloco] {line}", file=sys.stderr, flush=True)
         return exit_code
+    finally:
+        if own_fatal_file:
+            fatal_file.unlink(missing_ok=True)
     return 0
 
 

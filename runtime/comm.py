@@ -178,7 +178,7 @@ def build_topology(node_name: str, config_node_names: list[str], min_nodes: Opti
                     present_names=list(ranks_by_node), config_node_names=list(config_node_names), secret=secret)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SiteStart:
     """What a site brings to the start agreement beside its settings and GPUs.
 

@@ -28,10 +28,11 @@ SECRET = "the-runs-shared-secret-123456"
 ARGV = ["--nnodes=1:3", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv_id=exp7", "-m", "geodiloco.runtime.train",
         "--rdzv-id", "not-torchrun's"]
 RUN = "run exp7 at 10.0.0.1:29400"
+ARGS = get_args_parser().parse_args(ARGV)
 
 
 def test_the_run_is_named_by_torchruns_own_options_not_the_workers_arguments():
-    assert run_label(get_args_parser().parse_args(ARGV)) == RUN
+    assert run_label(ARGS) == RUN
 
 
 def test_the_leave_signal_is_added_to_the_signals_torchrun_handles_unless_the_user_chose_them():
@@ -55,14 +56,14 @@ def test_the_leave_signal_is_added_to_the_signals_torchrun_handles_unless_the_us
      "site a: its workers failed (exit code 75) and used up their restarts", 1),
 ])
 def test_each_torchrun_failure_is_one_line_naming_the_run_and_what_to_do(error, expected, exit_code):
-    line, code = describe_failure(error, RUN, "a", fatal=None)
+    line, code = describe_failure(error, ARGS, "a", fatal=None)
     assert line.startswith(expected) and "\n" not in line
     assert code == exit_code
 
 
 def test_a_store_never_reached_is_told_apart_from_one_lost():
     error = RendezvousConnectionError("The connection to the C10d store has failed.")
-    line, code = describe_failure(error, RUN, "a", None, joined=False)
+    line, code = describe_failure(error, ARGS, "a", None, joined=False)
     assert line.startswith("site a: cannot reach the rendezvous store at 10.0.0.1:29400 (nothing listens there")
     assert "--resume" not in line and code == 1
 
@@ -92,13 +93,13 @@ def test_torchruns_log_becomes_a_spare_notice_once_a_killed_worker_line_and_noth
 
 def test_a_spare_whose_run_ended_is_told_so_and_other_errors_are_not_hidden():
     # torchrun's agent returns no result to launch_agent when a spare's rendezvous closes
-    line, code = describe_failure(AttributeError("'NoneType' object has no attribute 'is_failed'"), RUN, "a", None,
+    line, code = describe_failure(AttributeError("'NoneType' object has no attribute 'is_failed'"), ARGS, "a", None,
                                   waited_as_spare=True)
     assert line.startswith("site a waited as a spare and the run exp7 at 10.0.0.1:29400 has ended") and code == 1
     with pytest.raises(AttributeError):
-        describe_failure(AttributeError("a bug of ours"), RUN, "a", None, waited_as_spare=False)
+        describe_failure(AttributeError("a bug of ours"), ARGS, "a", None, waited_as_spare=False)
     with pytest.raises(ValueError):
-        describe_failure(ValueError("a bug of ours"), RUN, "a", None)
+        describe_failure(ValueError("a bug of ours"), ARGS, "a", None)
 
 
 # ----- real agents ----------------------------------------------------------------------------

@@ -26,7 +26,9 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     run_dir = handles.run_dir
     decision = None
     if topology.is_leader:
-        saved_round = checkpoint.newest_verified_round(run_dir, topology.node_name)
+        # every verified round when resuming (the founders agree on one they all hold), else the newest only
+        resumable = checkpoint.verified_rounds(run_dir, topology.node_name, stop_at_first=not resume)
+        saved_round = resumable[0] if resumable else None
         if sync.running_round() is not None:
             decision = {"join": True}
         elif saved_round is not None and not resume:
@@ -34,9 +36,8 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
                                  "is training; pass --resume to continue it, or choose another --run-dir"}
         else:
             proposal = {"run_id": handles.new_run_id(), "resume_round": saved_round if resume else None,
-                        "resumable_rounds": checkpoint.verified_rounds(run_dir, topology.node_name, False) if resume
-                        else [], "node": topology.node_name, "gpu_rows": handles.gpu_rows,
-                        "config_view": handles.config_view}
+                        "resumable_rounds": resumable if resume else [], "node": topology.node_name,
+                        "gpu_rows": handles.gpu_rows, "config_view": handles.config_view}
             try:
                 agreed = sync.found(proposal, sync.options.start_wait_s)
             except TooFewNodes as too_few:
