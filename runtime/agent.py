@@ -176,6 +176,15 @@ def prepare_environment(leave_signal: signal.Signals, environ=os.environ) -> tup
     return Path(path), True
 
 
+def tell_workers_the_rendezvous(args, environ=os.environ) -> None:
+    """The rendezvous store's endpoint and the run id, for a worker that stops before its world forms to
+    tell that world's other workers why (``runtime/stop_notice.py``); only a c10d store can hold the notice."""
+    from geodiloco.runtime.stop_notice import RENDEZVOUS_ENDPOINT_ENV, RUN_ID_ENV
+    if args.rdzv_backend == "c10d" and args.rdzv_endpoint:
+        environ[RENDEZVOUS_ENDPOINT_ENV] = args.rdzv_endpoint
+        environ[RUN_ID_ENV] = args.rdzv_id
+
+
 def with_leave_signal(argv: list[str], parser) -> tuple[list[str], signal.Signals]:
     """torchrun's arguments with ``LEAVE_SIGNAL`` among the signals its agent handles, and the signal a worker
     sends to stop it (SIGTERM where this torchrun cannot be told more, or the user chose the signals)."""
@@ -202,6 +211,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     fatal_file, own_fatal_file = prepare_environment(leave_signal)
     site = os.environ.get("GEODILOCO_NODE", "?")
     args = torchrun.parse_args(argv)
+    tell_workers_the_rendezvous(args)
     notices = TorchrunLog.install(site, run_label(args))
     try:
         torchrun.run(args)

@@ -46,6 +46,7 @@ from geodiloco.runtime.mig_devices import cuda_device_index, pin_mig_instance
 from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.sync import CannotStart, OutOfSync, RoundSync, SyncOutcome, TooFewToGoOn, join_world
 from geodiloco.runtime.trainer import LocalResult, NodeTrainer
+from geodiloco.runtime.stop_notice import post_stop_notice, watch_for_stop_notices
 
 FORCED_EXIT_GRACE_S = 5.0
 
@@ -129,17 +130,23 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     config_names = [node.name for node in config.nodes]
     node_name = node_name_from_env(node_name, config_names)
     use_cuda = torch.cuda.is_available() and os.environ.get("GEODILOCO_DEVICE", "auto") != "cpu"
-    topology = join_world(config, node_name, use_cuda, secret)
-    changes, refusal = resume_check(run_dir, config) if resume else ([], None)
-    if config.comm.backend == "torch":
-        from geodiloco.runtime.comm import SiteStart, agree_at_start
-        from geodiloco.runtime.config_agreement import shared_view
-        site = SiteStart(trained_in_job(run_dir, topology.node_name, elastic_job()), restarts_left(), refusal)
-        for line in agree_at_start(topology, shared_view(config), list(config.node(node_name).gpus), site):
-            if topology.is_leader:
-                print(f"[geodiloco] node {node_name}: {line}", file=sys.stderr, flush=True)
-    elif refusal is not None:
-        raise ConfigError(refusal)
+    # a site whose worker stops before the world forms says so in the rendezvous store (runtime/stop_notice.py)
+    watch = watch_for_stop_notices(node_name) if config.comm.backend == "torch" else None
+    try:
+        topology = join_world(config, node_name, use_cuda, secret)
+        changes, refusal = resume_check(run_dir, config) if resume else ([], None)
+        if config.comm.backend == "torch":
+            from geodiloco.runtime.comm import SiteStart, agree_at_start
+            from geodiloco.runtime.config_agreement import shared_view
+            site = SiteStart(trained_in_job(run_dir, topology.node_name, elastic_job()), restarts_left(), refusal)
+            for line in agree_at_start(topology, shared_view(config), list(config.node(node_name).gpus), site):
+                if topology.is_leader:
+                    print(f"[geodiloco] node {node_name}: {line}", file=sys.stderr, flush=True)
+        elif refusal is not None:
+            raise ConfigError(refusal)
+    finally:
+        if watch is not None:
+            watch.stop()
     if topology.is_leader:
         for change in changes:
             print(f"[geodiloco] node {node_name}: resuming with a changed setting: {change}", flush=True)
@@ -551,9 +558,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as err:
         print(f"geodiloco.runtime.train: error: {err}", file=sys.stderr, flush=True)
         node = os.environ.get("GEODILOCO_NODE") or args.node
-        record_fatal(f"node {node}: {err}" if node else str(err))
+        message = f"node {node}: {err}" if node else str(err)
+        record_fatal(message)
+        if not world_formed():  # once it has formed, the peers meet this worker's exit in their collectives
+            post_stop_notice(message)
         stop_own_agent()
         return 2
+
+
+def world_formed() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
 
 
 def exit_process(exit_code: int) -> None:

@@ -140,7 +140,11 @@ def test_a_site_that_joins_with_another_config_leaves_and_the_run_goes_on(tmp_pa
     config_path = site_config(tmp_path, rounds)
     server, endpoint = start_rendezvous(tmp_path)
     try:
-        running = {name: start_agent(config_path, endpoint, name, tmp_path / f"run_{name}") for name in "ab"}
+        first = start_agent(config_path, endpoint, "a", tmp_path / "run_a")
+        # b's first start has a bad setting: its worker stops before the world forms, and a hears why at once
+        bad = start_agent(config_path, endpoint, "b", tmp_path / "run_b", "--set", "optim.outer.lr=-1")
+        bad_output, _ = bad.communicate(timeout=120)
+        running = {"a": first, "b": start_agent(config_path, endpoint, "b", tmp_path / "run_b")}
         deadline = time.monotonic() + 120
         while not (tmp_path / "run_a" / "metrics.jsonl").is_file() and time.monotonic() < deadline:
             time.sleep(0.2)  # the run is training before the edited site comes
@@ -154,6 +158,12 @@ def test_a_site_that_joins_with_another_config_leaves_and_the_run_goes_on(tmp_pa
         server.terminate()
         server.wait(timeout=10)
 
+    assert bad.returncode == 2, bad_output[-3000:]
+    assert "optim.outer.lr: Input should be greater than 0 (got -1)" in bad_output
+    # a did not wait out comm.timeout_s for b's rank: it restarted its worker at b's notice
+    assert ("node a: a site of this world stopped on bad input before it formed (node b: " in outputs["a"]
+            and "optim.outer.lr: Input should be greater than 0" in outputs["a"]), outputs["a"][-3000:]
+    assert "no world formed within comm.timeout_s" not in outputs["a"]
     assert edited.returncode == 2, edited_output[-3000:]
     # it stopped once and its agent did not restart it (a restart would meet the same difference)
     assert edited_output.count("node c's config differs from node a's in optim.outer.lr: 0.5 at node c, "
