@@ -289,7 +289,7 @@ class CommSection(StrictModel):
     and, on the torch backend, where the pseudo-gradient all-reduce runs: ``cpu`` (gloo, the usual
     choice over a WAN) or ``cuda`` (nccl), the same at every site. hivemind averages on the CPU either way; ``cuda`` keeps
     its outer step on the GPU (8 bytes per parameter there), which spares nodes that share a host
-    the CPU contention of docs/hivemind.md "Several nodes on one host". Inner data parallel inside
+    the CPU contention of docs/runtime.md "Several nodes on one host". Inner data parallel inside
     a node uses nccl on GPUs.
     ``sync_threads``: CPU threads a node's leader uses for the host work of an outer sync while the node's
     other ranks wait for it (torch backend: landing a sync, the outer step and moving the model, and with

@@ -75,7 +75,7 @@ def oversubscription_notice(node: str, other_trainers: int, threads: int, cpu_co
     gpu_way = " or comm.outer_device: cuda (the outer state on the GPU)," if on_cuda else ""
     return (f"node {node}: {other_trainers} other trainer(s) run on this host and each uses {threads} CPU threads "
             f"on {cpu_count} cores; their outer steps run at the same moment and slow each other down many times. "
-            f"Set OMP_NUM_THREADS={share} (cores / trainers) for each,{gpu_way} see docs/hivemind.md "
+            f"Set OMP_NUM_THREADS={share} (cores / trainers) for each,{gpu_way} see docs/runtime.md "
             "\"Several nodes on one host\"")
 
 

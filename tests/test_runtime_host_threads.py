@@ -93,6 +93,7 @@ def test_two_trainers_with_a_thread_per_core_each_are_told_to_split_the_cores():
     assert notice.startswith("node b: 1 other trainer(s) run on this host and each uses 16 CPU threads on 16 cores")
     assert "OMP_NUM_THREADS=8 (cores / trainers)" in notice
     assert "comm.outer_device: cuda" in notice
+    assert notice.endswith("see docs/runtime.md \"Several nodes on one host\"")
     on_cpu = oversubscription_notice("c", other_trainers=3, threads=4, cpu_count=8, omp_set=False, on_cuda=False)
     assert "OMP_NUM_THREADS=2 " in on_cpu and "outer_device" not in on_cpu
 
