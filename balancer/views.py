@@ -47,6 +47,8 @@ def print_plan(plan: Plan, setup, console: Console | None = None, advice=None) -
                       f"{_spread('batch B', [node.batch_size for node in plan.nodes])}", soft_wrap=True)
     else:
         console.print(table)
+    for line in batches_below_gpu_count(plan, setup.cluster.nodes):
+        console.print(f"[bold yellow]note:[/] {line}", soft_wrap=True)
     wait_s = sum(node.predicted_wait_s for node in plan.nodes)
     console.print(f"predicted round {plan.predicted_round_s:.2f} s; waiting {wait_s:.2f} s and GPU idle "
                   f"(waiting + exposed outer sync; logging, evaluation and checkpoints come on top) "
@@ -71,6 +73,25 @@ MAX_TABLE_NODES = 40
 def _spread(what: str, values: list[int]) -> str:
     ordered = sorted(values)
     return f"{what} {ordered[0]}..{ordered[-1]} (median {ordered[len(ordered) // 2]})"
+
+
+def batches_below_gpu_count(plan: Plan, nodes) -> list[str]:
+    """One line per real-GPU node whose planned batch leaves some of its GPUs without a sample. Run with one
+    rank per GPU (torchrun --nproc-per-node), every GPU trains at least one sample (runtime/batching.py), so
+    such a node trains more samples than the table's B (its predicted step time already counts them).
+    An emulated node runs as one process and is left out."""
+    specs = {node.name: node for node in nodes}
+    lines = []
+    for node in plan.nodes:
+        spec = specs.get(node.name)
+        if spec is None or spec.emulate is not None or node.batch_size >= len(spec.gpus):
+            continue
+        gpus = len(spec.gpus)
+        lines.append(f"node {node.name}: batch {node.batch_size} is smaller than its {gpus} GPUs; with one rank "
+                     f"per GPU it trains {gpus} samples per step (each GPU takes at least one; its step s counts "
+                     f"them); give it a batch that is a multiple of {gpus} to train the one you plan "
+                     "(nodes[].batch_size or diloco.batch_size)")
+    return lines
 
 
 def _gpu_text(gpus: list) -> str:

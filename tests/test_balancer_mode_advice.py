@@ -58,3 +58,32 @@ def test_plan_cli_prints_and_exports_the_mode_advice(tmp_path):
     advice = json.loads(exported.stdout)["mode_advice"]
     assert advice["recommended"] == "sync" and "host's link" in advice["reason"], advice
     assert advice["host_link_load"] == pytest.approx(1.5, rel=0.01) and advice["expected_staleness"] == 2
+
+
+def test_plan_notes_a_real_gpu_node_whose_batch_leaves_gpus_without_a_sample():
+    from geodiloco.balancer.views import batches_below_gpu_count
+    plan = Plan(policy="uniform", round=0, predicted_round_s=1.0, predicted_idle_s=0.0,
+                nodes=[NodePlan(name=name, local_steps=10, batch_size=batch) for name, batch in
+                       (("big", 2), ("even", 4), ("one", 1), ("emulated", 2))])
+    specs = [NodeSpec(name="big", gpus=["4 x A30"]), NodeSpec(name="even", gpus=["4 x A30"]),
+             NodeSpec(name="one", gpus=["RTX 3090"]),
+             NodeSpec(name="emulated", gpus=["4 x A30"], emulate={"step_time_s": 0.1})]
+    assert batches_below_gpu_count(plan, specs) == [
+        "node big: batch 2 is smaller than its 4 GPUs; with one rank per GPU it trains 4 samples per step (each GPU "
+        "takes at least one; its step s counts them); give it a batch that is a multiple of 4 to train the one you "
+        "plan (nodes[].batch_size or diloco.batch_size)"]
+
+
+def test_the_noted_step_time_is_that_of_one_sample_on_every_gpu(tmp_path):
+    cluster = {"nodes": [{"name": "big", "gpus": ["4 x A30"]}, {"name": "small", "gpus": ["RTX 3090"]}]}
+    path = write_config(tmp_path, cluster, "cluster.yaml")
+    steps = {}
+    for batch in (2, 4):
+        shown = geodiloco("plan", "--cluster", str(path), "--batch-size", str(batch), "--json")
+        assert shown.returncode == 0, shown.stderr
+        steps[batch] = {node["name"]: node["predicted_step_s"] for node in json.loads(shown.stdout)["nodes"]}
+    assert steps[2]["big"] == pytest.approx(steps[4]["big"])  # 2 samples run as 1 on each of 4 GPUs, as 4 do
+    assert steps[2]["small"] < steps[4]["small"]
+    noted = geodiloco("plan", "--cluster", str(path), "--batch-size", "2")
+    assert "note: node big: batch 2 is smaller than its 4 GPUs" in " ".join(noted.stdout.split()), noted.stdout
+    assert "node small" not in noted.stdout.split("note:")[-1]
