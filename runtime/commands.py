@@ -49,7 +49,8 @@ def register(subparsers) -> None:
                     "run's held-out windows; writes RUN_DIR/eval.jsonl. Runs after the run, so a large eval set "
                     "costs the training nothing (set data.eval_every_rounds: 0 to skip evaluation in the run).")
     evaluate.add_argument("run_dir", help="a run directory of geodiloco run")
-    evaluate.add_argument("--json", action="store_true", help="print the rows as JSON")
+    evaluate.add_argument("--json", action="store_true", help="print the rows as JSON (their round counts from 0, as "
+                          "eval.jsonl and every log file do; the console's \"round 5\" is round 4 there)")
     evaluate.set_defaults(func=evaluate_command)
 
     export = subparsers.add_parser(
