@@ -39,6 +39,9 @@ class EmulateSpec(StrictModel):
     - ``gpu``: a virtual GPU padded to the predictor's t(B) for ``gpu`` (a GPU name, a list,
       or ``from_gpus`` = the node's gpus) running ``model`` (a preset or dims file; default the
       run's model) at ``seq_len`` (default the run's);
+      with ``step_time_s``, ``model`` and ``seq_len`` name the workload that time was measured on
+      (the virtual GPU stands for the node's ``gpus`` running it): the planner's prior is then the
+      predictor's t(B) for those gpus on that workload, as a real run's would be for the model it trains;
     - ``cpu_share``: real compute; the node's processes run in a cgroup limited to that
       share of one CPU core (root needed), so a step takes whatever the real model takes.
 
@@ -68,8 +71,9 @@ class EmulateSpec(StrictModel):
             given = ", ".join(f"emulate.{name}" for name in sources) or "none"
             raise ValueError("give exactly one of emulate.step_time_s (seconds per step), emulate.gpu (a GPU name, "
                              f"a list, or 'from_gpus') or emulate.cpu_share (cores, e.g. 0.35); given: {given}")
-        if self.gpu is None and (self.model is not None or self.seq_len is not None):
-            raise ValueError("emulate.model and emulate.seq_len only apply with emulate.gpu")
+        if self.cpu_share is not None and (self.model is not None or self.seq_len is not None):
+            raise ValueError("emulate.model and emulate.seq_len name the workload a virtual GPU stands for (with "
+                             "emulate.gpu or emulate.step_time_s); a cpu_share node trains the run's model: remove them")
         if self.cpu_share is not None and (self.jitter or self.time_scale != 1.0 or self.batch_size
                                            or self.fixed_fraction):
             raise ValueError("emulate.cpu_share runs real compute: jitter, time_scale, batch_size and fixed_fraction "
@@ -190,6 +194,16 @@ class NodeSpec(StrictModel):
     def _expand_counts(cls, value):
         """Accept ``"4 x A30"`` as shorthand for four ``"A30"`` entries."""
         return expand_gpu_counts([value] if isinstance(value, str) else list(value or []))
+
+    @model_validator(mode="after")
+    def _workload_needs_gpus(self) -> "NodeSpec":
+        emulate = self.emulate
+        if (emulate is not None and emulate.step_time_s is not None and not self.gpus
+                and (emulate.model is not None or emulate.seq_len is not None)):
+            raise ValueError("emulate.model and emulate.seq_len beside emulate.step_time_s name the workload the "
+                             "node's gpus ran at that time (the planner predicts those gpus on it); list the node's "
+                             "gpus, or remove them")
+        return self
 
     @model_validator(mode="after")
     def _default_site(self) -> "NodeSpec":

@@ -91,7 +91,8 @@ class StepTimeBank:
         """The prior a node is planned with, in the order a real run would know it.
 
         An ``emulate.gpu`` node runs at the predictor's time for its emulated GPUs and
-        workload; otherwise the node's ``gpus`` (at the run's model); a node with only
+        workload; otherwise the node's ``gpus``, at the workload its declared ``step_time_s`` was
+        measured on where ``emulate.model``/``emulate.seq_len`` name it, else at the run's model; a node with only
         ``emulate.step_time_s`` at that declared time (the rule of :mod:`balancer.step_time`,
         reference batch ``emulate.batch_size`` or the run's baseline); a node with neither
         (or only ``emulate.cpu_share``: real compute) is planned as this CPU.
@@ -103,6 +104,10 @@ class StepTimeBank:
             key = ("emulated", gpus, workload, emulate.time_scale)
             return key, NodeGroup(gpus=gpus, linear=None, workload=workload, time_scale=emulate.time_scale)
         if node.gpus:
+            if emulate is not None and (emulate.model is not None or emulate.seq_len is not None):
+                gpus, workload = tuple(node.gpus), (emulate.model, emulate.seq_len)
+                key = ("emulated", gpus, workload, emulate.time_scale)
+                return key, NodeGroup(gpus=gpus, linear=None, workload=workload, time_scale=emulate.time_scale)
             return ("gpus", tuple(node.gpus)), NodeGroup(gpus=tuple(node.gpus), linear=None)
         if emulate is not None and emulate.step_time_s is not None:
             key = declared_key(emulate, node.gpus, self.base_batch_size)
