@@ -57,7 +57,7 @@ class SimulationConfig(StrictModel):
     straggler_prob: float = Field(default=0.01, ge=0.0, le=0.5)
     straggler_factor: tuple[float, float] = (2.0, 5.0)
     drift_per_round: float = Field(default=0.02, ge=0.0, le=0.5)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _straggler_range(self) -> "SimulationConfig":

@@ -19,7 +19,7 @@ from geodiloco.balancer.network import CODEC_BITS, RUN_DEFAULT_COMPRESSION, RUN_
 from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.simulate import Slowdown
 from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, parse_set_value, validate, with_options
-from geodiloco.predictor.workload import ModelDims, hf_config_json, resolve_dims
+from geodiloco.predictor.workload import ModelDims, check_workload_size, hf_config_json, resolve_dims
 
 log = logging.getLogger("geodiloco.balancer")
 
@@ -125,6 +125,8 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
         log.warning(notice)
     try:
         dims = resolve_dims(model_name)
+        check_workload_size(batch, resolved_seq_len, dims, "--batch-size (diloco.batch_size)",
+                            "--seq-len (model.seq_len)")
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return PlanningSetup(cluster=cluster, balancing=balancing, model=model_name, dims=dims,

@@ -22,10 +22,6 @@ L4 until measured, with a notice; add a row with --gpu-file (or gpu_files: in a 
 """
 
 
-MAX_BATCH_SIZE = 1_000_000
-"""Samples per step beyond any GPU node's memory; larger values would only make the search for
-micro-batches run for minutes."""
-MAX_SEQ_LEN = 1_048_576
 
 def register(subparsers) -> None:
     """Add this package's subcommands to the `geodiloco` parser."""
@@ -132,14 +128,13 @@ def print_probe(write_row: str | None, as_json: bool) -> int:
 def print_prediction(args: argparse.Namespace) -> int:
     from geodiloco.predictor.model import node_step_model
     from geodiloco.predictor.specs import expand_gpu_counts
-    from geodiloco.predictor.workload import parameter_count, resolve_dims, training_flops
+    from geodiloco.predictor.workload import check_workload_size, parameter_count, resolve_dims, training_flops
 
-    if not (1 <= args.batch_size <= MAX_BATCH_SIZE and 1 <= args.seq_len <= MAX_SEQ_LEN):
-        raise ConfigError(f"--batch-size must be between 1 and {MAX_BATCH_SIZE:,} and --seq-len between 1 and "
-                          f"{MAX_SEQ_LEN:,} (got {args.batch_size:,} and {args.seq_len:,})")
     dims = resolve_dims(args.model)
-    if args.seq_len > dims.max_seq_len:
-        raise ConfigError(f"--seq-len {args.seq_len} exceeds the model's max_seq_len {dims.max_seq_len}")
+    try:
+        check_workload_size(args.batch_size, args.seq_len, dims)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     gpus = expand_gpu_counts(args.gpu)
     model = node_step_model(gpus, dims, args.seq_len, args.precision, args.micro_batch_size, args.split,
                             args.activation_checkpointing)

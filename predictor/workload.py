@@ -461,3 +461,20 @@ def optimizer_bytes(dims: ModelDims, precision: str, micro_batches: int = 1, gra
 def gradient_bytes(dims: ModelDims) -> float:
     """Bytes of the fp32 gradients an intra-node all-reduce exchanges."""
     return 4.0 * parameter_count(dims)
+
+
+MAX_BATCH_SIZE = 1_000_000
+"""Samples per step beyond any GPU node's memory; larger values would only make the search for
+micro-batches run for minutes."""
+MAX_SEQ_LEN = 1_048_576
+
+
+def check_workload_size(batch_size: int, seq_len: int, dims, batch_option: str = "--batch-size",
+                        seq_option: str = "--seq-len") -> None:
+    """Refuse a batch or sequence length no step-time prediction can mean (ValueError naming the option)."""
+    if not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise ValueError(f"{batch_option} must be between 1 and {MAX_BATCH_SIZE:,} (got {batch_size:,})")
+    if not 1 <= seq_len <= MAX_SEQ_LEN:
+        raise ValueError(f"{seq_option} must be between 1 and {MAX_SEQ_LEN:,} (got {seq_len:,})")
+    if seq_len > dims.max_seq_len:
+        raise ValueError(f"{seq_option} {seq_len} exceeds the model's max_seq_len {dims.max_seq_len}")

@@ -92,6 +92,22 @@ def test_simulate_never_overwrites_a_run_and_bounds_its_rounds(tmp_path):
     assert "Traceback" not in refused.stderr + huge.stderr
 
 
+SEQ_TOO_LONG = (("--seq-len", "5000"), "--seq-len (model.seq_len) 5000 exceeds the model's max_seq_len 1024")
+BATCH_TOO_LARGE = (("--batch-size", "100000000"), "--batch-size (diloco.batch_size) must be between 1 and 1,000,000")
+
+
+@pytest.mark.parametrize("command, option, expected", [
+    ("plan", *SEQ_TOO_LONG), ("simulate", *SEQ_TOO_LONG), ("plan", *BATCH_TOO_LARGE), ("simulate", *BATCH_TOO_LARGE),
+    ("simulate", ("--seed", "-1"), "balancing.simulation.seed: Input should be greater than or equal to 0 (got -1)"),
+])
+def test_plan_and_simulate_refuse_what_predict_refuses(tmp_path, command, option, expected):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"nodes": [{"name": "a", "gpus": ["A30"]}, {"name": "b", "gpus": ["RTX 3090"]}]}))
+    result = geodiloco(command, "--cluster", str(cluster), *option, timeout=60)
+    assert result.returncode == 2 and expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_predict_answers_an_absurd_batch_size_in_one_line():
     result = geodiloco("predict", "--gpu", "A30", "--batch-size", "10000000000000", timeout=30)
     assert result.returncode == 2
