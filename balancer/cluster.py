@@ -215,6 +215,12 @@ class NodeSpec(StrictModel):
     def num_gpus(self) -> int:
         return max(1, len(self.gpus))
 
+    @property
+    def ranks(self) -> int:
+        """Processes the node trains with: one per GPU (torchrun --nproc-per-node), each taking at least one
+        sample of a step (runtime/batching.py); an emulated node runs as one process."""
+        return 1 if self.emulate is not None else self.num_gpus
+
 
 class ClusterSpec(StrictModel):
     gpu_files: list[str] = Field(default_factory=list)

@@ -351,9 +351,15 @@ def simulate(planner: Planner, rounds: int, slowdowns: Sequence[Slowdown] = (),
         planner.observe_round(round_idx, plan.batch_size, spent_s / done)
     return SimulationResult(
         policy=planner.balancing.policy, weighting=planner.weighting, seq_len=planner.seq_len, nodes=list(nodes),
-        local_steps=steps_done, batch_size=batch, tokens=steps_done * batch * planner.seq_len,
+        local_steps=steps_done, batch_size=batch, tokens=steps_done * trained_samples(batch, nodes) * planner.seq_len,
         compute_s=compute_s, wait_s=wait_s, comm_s=comm_s, round_start=round_start, round_end=round_end,
         predicted_compute_s=predicted_compute_s, predicted_idle_s=predicted_idle_s, plans=plans)
+
+
+def trained_samples(batch: np.ndarray, nodes: Sequence[NodeSpec]) -> np.ndarray:
+    """Samples each node trains per step at its planned ``batch`` (rounds x nodes): at least one per rank, as
+    the runtime's ranks train them and the predictor's t(B) times them (``NodeSpec.ranks``)."""
+    return np.maximum(batch, np.array([node.ranks for node in nodes], dtype=np.int64))
 
 
 def summary_json(result: SimulationResult) -> str:

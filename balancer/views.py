@@ -47,7 +47,8 @@ def print_plan(plan: Plan, setup, console: Console | None = None, advice=None) -
                       f"{_spread('batch B', [node.batch_size for node in plan.nodes])}", soft_wrap=True)
     else:
         console.print(table)
-    for line in batches_below_gpu_count(plan, setup.cluster.nodes):
+    for line in batches_below_gpu_count([(node.name, node.batch_size) for node in plan.nodes],
+                                        setup.cluster.nodes):
         console.print(f"[bold yellow]note:[/] {line}", soft_wrap=True)
     wait_s = sum(node.predicted_wait_s for node in plan.nodes)
     console.print(f"predicted round {plan.predicted_round_s:.2f} s; waiting {wait_s:.2f} s and GPU idle "
@@ -75,23 +76,28 @@ def _spread(what: str, values: list[int]) -> str:
     return f"{what} {ordered[0]}..{ordered[-1]} (median {ordered[len(ordered) // 2]})"
 
 
-def batches_below_gpu_count(plan: Plan, nodes) -> list[str]:
-    """One line per real-GPU node whose planned batch leaves some of its GPUs without a sample. Run with one
-    rank per GPU (torchrun --nproc-per-node), every GPU trains at least one sample (runtime/batching.py), so
-    such a node trains more samples than the table's B (its predicted step time already counts them).
-    An emulated node runs as one process and is left out."""
-    specs = {node.name: node for node in nodes}
-    lines = []
-    for node in plan.nodes:
-        spec = specs.get(node.name)
-        if spec is None or spec.emulate is not None or node.batch_size >= len(spec.gpus):
-            continue
-        gpus = len(spec.gpus)
-        lines.append(f"node {node.name}: batch {node.batch_size} is smaller than its {gpus} GPUs; with one rank "
-                     f"per GPU it trains {gpus} samples per step (each GPU takes at least one; its step s counts "
-                     f"them); give it a batch that is a multiple of {gpus} to train the one you plan "
-                     "(nodes[].batch_size or diloco.batch_size)")
-    return lines
+def batches_below_gpu_count(node_batches, nodes) -> list[str]:
+    """Lines on the real-GPU nodes whose planned batch leaves some of their GPUs without a sample.
+    ``node_batches``: (node name, planned batch) pairs. Run with one rank per GPU, every GPU trains at least
+    one sample (runtime/batching.py), so such a node trains more samples than its B; its predicted step time
+    already counts them. One line per node, or one line for all when more than ``MAX_NOTED_NODES``."""
+    ranks = {node.name: node.ranks for node in nodes}
+    below = [(name, batch, ranks[name]) for name, batch in node_batches if batch < ranks.get(name, 1)]
+    if not below:
+        return []
+    if len(below) > MAX_NOTED_NODES:
+        name, batch, gpus = below[0]
+        return [f"{len(below)} nodes have a batch smaller than their GPU count (node {name}: batch {batch}, "
+                f"{gpus} GPUs); with one rank per GPU each trains one sample on every GPU per step (their step s "
+                "counts them); give each a batch that is a multiple of its GPU count to train the one you plan "
+                "(nodes[].batch_size or diloco.batch_size)"]
+    return [f"node {name}: batch {batch} is smaller than its {gpus} GPUs; with one rank per GPU it trains {gpus} "
+            f"samples per step (each GPU takes at least one; its step s counts them); give it a batch that is a "
+            f"multiple of {gpus} to train the one you plan (nodes[].batch_size or diloco.batch_size)"
+            for name, batch, gpus in below]
+
+
+MAX_NOTED_NODES = 5
 
 
 def _gpu_text(gpus: list) -> str:
@@ -119,6 +125,9 @@ def print_simulation(result, console: Console | None = None) -> None:
         console.print(f"{len(summary['nodes'])} nodes; per-node rows left out (use --json or --out)")
     else:
         console.print(table)
+    last_batches = [(node.name, int(batch)) for node, batch in zip(result.nodes, result.batch_size[-1])]
+    for line in batches_below_gpu_count(last_batches, result.nodes):
+        console.print(f"[bold yellow]note:[/] {line}", soft_wrap=True)
     console.print(f"wall {summary['wall_s']:.1f} s; waiting {summary['wait_s']:.2f} s; "
                   f"tokens per round {summary['tokens_per_round']:,.0f}; tokens per hour {summary['tokens_per_hour']:,.0f}; "
                   f"outer-average weighting: {summary['weighting']}")

@@ -62,16 +62,18 @@ def test_plan_cli_prints_and_exports_the_mode_advice(tmp_path):
 
 def test_plan_notes_a_real_gpu_node_whose_batch_leaves_gpus_without_a_sample():
     from geodiloco.balancer.views import batches_below_gpu_count
-    plan = Plan(policy="uniform", round=0, predicted_round_s=1.0, predicted_idle_s=0.0,
-                nodes=[NodePlan(name=name, local_steps=10, batch_size=batch) for name, batch in
-                       (("big", 2), ("even", 4), ("one", 1), ("emulated", 2))])
+    batches = [("big", 2), ("even", 4), ("one", 1), ("emulated", 2)]
     specs = [NodeSpec(name="big", gpus=["4 x A30"]), NodeSpec(name="even", gpus=["4 x A30"]),
              NodeSpec(name="one", gpus=["RTX 3090"]),
              NodeSpec(name="emulated", gpus=["4 x A30"], emulate={"step_time_s": 0.1})]
-    assert batches_below_gpu_count(plan, specs) == [
+    assert batches_below_gpu_count(batches, specs) == [
         "node big: batch 2 is smaller than its 4 GPUs; with one rank per GPU it trains 4 samples per step (each GPU "
         "takes at least one; its step s counts them); give it a batch that is a multiple of 4 to train the one you "
         "plan (nodes[].batch_size or diloco.batch_size)"]
+    many = [NodeSpec(name=f"n{index}", gpus=["8 x A30"]) for index in range(7)]
+    lines = batches_below_gpu_count([(node.name, 4) for node in many], many)
+    assert len(lines) == 1 and lines[0].startswith("7 nodes have a batch smaller than their GPU count (node n0: "
+                                                   "batch 4, 8 GPUs)")
 
 
 def test_the_noted_step_time_is_that_of_one_sample_on_every_gpu(tmp_path):
@@ -87,3 +89,16 @@ def test_the_noted_step_time_is_that_of_one_sample_on_every_gpu(tmp_path):
     noted = geodiloco("plan", "--cluster", str(path), "--batch-size", "2")
     assert "note: node big: batch 2 is smaller than its 4 GPUs" in " ".join(noted.stdout.split()), noted.stdout
     assert "node small" not in noted.stdout.split("note:")[-1]
+
+
+def test_simulate_counts_the_samples_a_node_with_more_gpus_than_its_batch_trains(tmp_path):
+    cluster = {"nodes": [{"name": "solo", "gpus": ["8 x H100 SXM5 80GB"]}, {"name": "small", "gpus": ["RTX 3090"]}]}
+    path = write_config(tmp_path, cluster, "cluster.yaml")
+    shown = geodiloco("simulate", "--cluster", str(path), "--rounds", "2", "--batch-size", "4", "--seq-len", "512",
+                      "--json")
+    assert shown.returncode == 0, shown.stderr
+    nodes = {node["name"]: node for node in json.loads(shown.stdout)["nodes"]}
+    assert nodes["solo"]["tokens"] == nodes["solo"]["steps_total"] * 8 * 512  # one sample on each of 8 GPUs
+    assert nodes["small"]["tokens"] == nodes["small"]["steps_total"] * 4 * 512
+    table = geodiloco("simulate", "--cluster", str(path), "--rounds", "2", "--batch-size", "4", "--seq-len", "512")
+    assert "note: node solo: batch 4 is smaller than its 8 GPUs" in " ".join(table.stdout.split()), table.stdout
