@@ -18,7 +18,8 @@ def _add_common(parser) -> None:
     parser.add_argument("--cluster", required=True, help=COMMON_HELP["cluster"])
     parser.add_argument("--policy", choices=POLICY_NAMES, help="balancing policy (default: the file's balancing.policy, else uniform)")
     parser.add_argument("--model", help=COMMON_HELP["model"])
-    parser.add_argument("--seq-len", type=int, help="tokens per sample (default: the file's model.seq_len, else 1024)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sample (default: the file's model.seq_len, else 1024, or the model's longest "
+                        "if that is shorter)")
     parser.add_argument("--local-steps", type=int, help="baseline local steps H (default: diloco.local_steps, else 100)")
     parser.add_argument("--batch-size", type=int, help="baseline batch size B (default: diloco.batch_size, else 4)")
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"], help="training precision")

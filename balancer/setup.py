@@ -125,6 +125,8 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
         log.warning(notice)
     try:
         dims = resolve_dims(model_name)
+        if seq_len is None and model_section.get("seq_len") is None:
+            resolved_seq_len = min(resolved_seq_len, dims.max_seq_len)  # the default, within the model's reach
         check_workload_size(batch, resolved_seq_len, dims, "--batch-size (diloco.batch_size)",
                             "--seq-len (model.seq_len)")
     except ValueError as err:

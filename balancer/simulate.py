@@ -245,6 +245,14 @@ class SimulationResult:
     predicted_compute_s: np.ndarray
     predicted_idle_s: np.ndarray
     plans: list = field(default_factory=list)
+    comm_hidden_s: Optional[np.ndarray] = None
+    """Sync seconds overlapped with compute (``diloco.overlap``), per round and node; not idle."""
+    sync_bytes: int = 0
+    """Bytes each node sends in one round's outer sync (a ring all-reduce of the encoded model)."""
+
+    def __post_init__(self) -> None:
+        if self.comm_hidden_s is None:
+            self.comm_hidden_s = np.zeros_like(self.comm_s)
 
     @property
     def rounds(self) -> int:
@@ -270,13 +278,15 @@ class SimulationResult:
                 "predicted_idle_s": float(self.predicted_idle_s[:, i].sum()),
                 "compute_s": float(self.compute_s[:, i].sum()), "wait_s": float(self.wait_s[:, i].sum()),
                 "comm_s": float(self.comm_s[:, i].sum()), "idle_s": float(self.idle_s[:, i].sum()),
+                "comm_hidden_s": float(self.comm_hidden_s[:, i].sum()),
             })
         tokens = int(self.tokens.sum())
         return {
             "policy": self.policy, "weighting": self.weighting, "rounds": self.rounds, "nodes": per_node,
             "predicted_idle_s": float(self.predicted_idle_s.sum()), "compute_s": float(self.compute_s.sum()),
             "wait_s": float(self.wait_s.sum()), "comm_s": float(self.comm_s.sum()),
-            "idle_s": float(self.idle_s.sum()), "tokens": tokens, "wall_s": self.wall_s,
+            "idle_s": float(self.idle_s.sum()), "comm_hidden_s": float(self.comm_hidden_s.sum()),
+            "sync_bytes_per_round": self.sync_bytes, "tokens": tokens, "wall_s": self.wall_s,
             "tokens_per_round": tokens / max(self.rounds, 1),
             "tokens_per_hour": tokens / self.wall_s * 3600.0 if self.wall_s > 0 else 0.0,
         }
@@ -290,6 +300,7 @@ class SimulationResult:
                     local_steps=int(self.local_steps[round_idx, i]), batch_size=int(self.batch_size[round_idx, i]),
                     tokens=int(self.tokens[round_idx, i]), compute_s=float(self.compute_s[round_idx, i]),
                     wait_s=float(self.wait_s[round_idx, i]), comm_s=float(self.comm_s[round_idx, i]),
+                    comm_hidden_s=float(self.comm_hidden_s[round_idx, i]), sync_bytes=self.sync_bytes,
                     round_start=float(self.round_start[round_idx]), round_end=float(self.round_end[round_idx]),
                     gpus=list(node.gpus), num_gpus=node.num_gpus, source="simulate")
 
@@ -324,7 +335,7 @@ def simulate(planner: Planner, rounds: int, slowdowns: Sequence[Slowdown] = (),
     slow = slowdown_matrix(nodes, rounds, slowdowns) * drift_matrix(rounds, len(nodes), settings.drift_per_round, rng)
     shape = (rounds, len(nodes))
     steps_done, batch = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
-    compute_s, wait_s, comm_s = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    compute_s, wait_s, comm_s, hidden_s = np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(shape)
     predicted_compute_s, predicted_idle_s = np.zeros(shape), np.zeros(shape)
     round_start, round_end = np.zeros(rounds), np.zeros(rounds)
     plans = []
@@ -344,6 +355,7 @@ def simulate(planner: Planner, rounds: int, slowdowns: Sequence[Slowdown] = (),
         steps_done[round_idx], batch[round_idx] = done, plan.batch_size
         exposed_s = planner.sync.exposed_s(phase_s)
         compute_s[round_idx], wait_s[round_idx], comm_s[round_idx] = spent_s, phase_s - spent_s, exposed_s
+        hidden_s[round_idx] = max(0.0, plan.sync_s - exposed_s)
         predicted_compute_s[round_idx], predicted_idle_s[round_idx] = plan.compute_s, plan.idle_s
         round_start[round_idx] = clock_s
         clock_s += phase_s + exposed_s
@@ -353,7 +365,13 @@ def simulate(planner: Planner, rounds: int, slowdowns: Sequence[Slowdown] = (),
         policy=planner.balancing.policy, weighting=planner.weighting, seq_len=planner.seq_len, nodes=list(nodes),
         local_steps=steps_done, batch_size=batch, tokens=steps_done * trained_samples(batch, nodes) * planner.seq_len,
         compute_s=compute_s, wait_s=wait_s, comm_s=comm_s, round_start=round_start, round_end=round_end,
-        predicted_compute_s=predicted_compute_s, predicted_idle_s=predicted_idle_s, plans=plans)
+        predicted_compute_s=predicted_compute_s, predicted_idle_s=predicted_idle_s, plans=plans,
+        comm_hidden_s=hidden_s, sync_bytes=ring_sent_bytes(planner.sync.payload_bytes, len(nodes)))
+
+
+def ring_sent_bytes(payload_bytes: int, num_nodes: int) -> int:
+    """Bytes one node sends in a ring all-reduce of ``payload_bytes``: 2 (n - 1) / n of it."""
+    return 0 if num_nodes <= 1 else int(round(2 * (num_nodes - 1) * payload_bytes / num_nodes))
 
 
 def trained_samples(batch: np.ndarray, nodes: Sequence[NodeSpec]) -> np.ndarray:

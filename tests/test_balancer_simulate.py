@@ -182,3 +182,25 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message):
 def test_cli_missing_cluster_file(tmp_path, capsys):
     assert main(["plan", "--cluster", str(tmp_path / "none.yaml")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overlap, hidden", [("none", False), ("streaming", True)])
+def test_simulated_records_carry_the_hidden_sync_and_the_bytes_each_node_sends(tmp_path, capsys, overlap, hidden):
+    from geodiloco.predictor.workload import parameter_count, preset_dims
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    code = main(["simulate", "--cluster", str(cluster), "--policy", "time", "--rounds", "2", "--model", "tiny",
+                 "--seq-len", "64", "--overlap", overlap, "--compression", "none", "--step-noise", "0",
+                 "--json", "--out", str(tmp_path / "run")])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    records = [json.loads(line) for line in (tmp_path / "run" / "idle.jsonl").read_text().splitlines()]
+    # two nodes in a ring each send 2 (n - 1) / n = once the fp32 model
+    assert {record["sync_bytes"] for record in records} == {4 * parameter_count(preset_dims("tiny"))}
+    hidden_s = sum(record["comm_hidden_s"] for record in records)
+    assert hidden_s == pytest.approx(summary["comm_hidden_s"])
+    if hidden:
+        # the sync, whole, is hidden behind the local phase: nothing of it is idle
+        assert hidden_s > 0 and summary["comm_s"] == pytest.approx(0.0, abs=1e-9)
+    else:
+        assert hidden_s == 0 and summary["comm_s"] > 0
