@@ -60,7 +60,11 @@ class DeviceStep:
 
     @property
     def bound(self) -> str:
-        """'compute', 'memory' or 'host' (Python/launch overhead): the largest share."""
+        """'compute', 'memory' or 'host' (Python/launch overhead). On a GPU the host runs beside the kernels, so
+        a step whose host work outlasts them (``host_s``, the exposed remainder, above 0) is host-bound whatever
+        the kernels' shares; on a CPU the three add up and the largest share names the bound."""
+        if not self.is_cpu and self.host_s > 0:
+            return "host"
         shares = {"compute": self.matmul_compute_s + self.attention_s,
                   "memory": self.matmul_memory_s + self.elementwise_s + self.optimizer_s,
                   "host": self.host_s}

@@ -35,6 +35,19 @@ def test_explain_reports_the_estimate_and_its_parts():
     assert info["bound"] == slowest
 
 
+def test_a_gpu_step_whose_host_work_outlasts_its_kernels_is_host_bound():
+    from geodiloco.predictor.workload import preset_dims
+    tiny = preset_dims("tiny")
+    model = node_step_model(["H100 SXM5 80GB"], tiny, 128, "bf16")
+    info = model.explain(1)
+    step = model.device_step(0, 1)
+    kernels_s = step.matmul_compute_s + step.matmul_memory_s + step.attention_s + step.elementwise_s + step.optimizer_s
+    # a tiny model on an H100: the kernels take far less than the Python and launch work that issues them
+    assert step.host_s > 0 and step.step_s == pytest.approx(kernels_s + step.host_s)
+    assert info["bound"] == "host"
+    assert node_step_model(["A30"], LLAMA, 1024, "bf16").explain(16)["bound"] != "host"
+
+
 @pytest.mark.parametrize("share, architectures, geforce_tflops", [
     (0.5, ("turing",), 56.9),    # the datasheet: FP32 accumulate at half the 113.8 headline
     (1.0, (), 56.9),             # a fitted share applies only to the architectures it was fitted on
