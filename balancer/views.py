@@ -20,7 +20,7 @@ def plan_summary(plan: Plan) -> dict:
             "step_uncertainty": node.step_uncertainty,
             "predicted_compute_s": node.predicted_compute_s, "predicted_wait_s": node.predicted_wait_s,
             "predicted_comm_s": node.predicted_comm_s, "predicted_idle_s": node.predicted_idle_s,
-            "deadline_s": node.deadline_s,
+            "deadline_s": node.deadline_s, "expected_local_steps": expected_steps(node),
         } for node in plan.nodes],
         "predicted_round_s": plan.predicted_round_s,
         "predicted_idle_s": plan.predicted_idle_s,
@@ -37,7 +37,7 @@ def print_plan(plan: Plan, setup, console: Console | None = None, advice=None) -
     for column in ("node", "GPUs", "H", "B", "micro", "step s", "+-", "compute s", "wait s", "sync s", "deadline s"):
         table.add_column(column, justify="left" if column in ("node", "GPUs") else "right")
     for node in plan.nodes:
-        table.add_row(node.name, _gpu_text(gpus.get(node.name, [])), str(node.local_steps), str(node.batch_size),
+        table.add_row(node.name, _gpu_text(gpus.get(node.name, [])), _steps_text(node), str(node.batch_size),
                       str(node.micro_batch_size), f"{node.predicted_step_s:.3f}", f"{node.step_uncertainty:.0%}", f"{node.predicted_compute_s:.2f}",
                       f"{node.predicted_wait_s:.2f}", f"{node.predicted_comm_s:.2f}",
                       "-" if node.deadline_s is None else f"{node.deadline_s:.2f}")
@@ -74,6 +74,19 @@ MAX_TABLE_NODES = 40
 def _spread(what: str, values: list[int]) -> str:
     ordered = sorted(values)
     return f"{what} {ordered[0]}..{ordered[-1]} (median {ordered[len(ordered) // 2]})"
+
+
+def expected_steps(node) -> int:
+    """Steps a node is predicted to finish: under the deadline policy its ``local_steps`` is a cap, and the node
+    stops at the deadline after about ``predicted_compute_s / predicted_step_s`` of them."""
+    if node.deadline_s is None or node.predicted_step_s <= 0:
+        return node.local_steps
+    return int(round(node.predicted_compute_s / node.predicted_step_s))
+
+
+def _steps_text(node) -> str:
+    expected = expected_steps(node)
+    return str(node.local_steps) if expected == node.local_steps else f"{expected} of {node.local_steps}"
 
 
 def batches_below_gpu_count(node_batches, nodes) -> list[str]:

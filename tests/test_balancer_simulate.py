@@ -204,3 +204,17 @@ def test_simulated_records_carry_the_hidden_sync_and_the_bytes_each_node_sends(t
         assert hidden_s > 0 and summary["comm_s"] == pytest.approx(0.0, abs=1e-9)
     else:
         assert hidden_s == 0 and summary["comm_s"] > 0
+
+
+def test_a_deadline_plan_shows_the_steps_each_node_is_expected_to_finish_beside_its_cap(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    assert main(["plan", "--cluster", str(cluster), "--policy", "deadline", "--model", "tiny", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    for node in plan["nodes"]:
+        assert node["expected_local_steps"] < node["local_steps"]  # the cap leaves room past the deadline
+        assert node["expected_local_steps"] * node["predicted_step_s"] == pytest.approx(node["predicted_compute_s"])
+    assert main(["plan", "--cluster", str(cluster), "--policy", "deadline", "--model", "tiny"]) == 0
+    row_a = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ a "))
+    a = plan["nodes"][0]
+    assert f"{a['expected_local_steps']} of {a['local_steps']}" in row_a
