@@ -37,12 +37,13 @@ def format_validation_error(err: ValidationError, source: str, prefix: str = "")
     lines = []
     for problem in err.errors():
         path = _field_path(tuple(prefix.split(".")) + problem["loc"] if prefix else problem["loc"])
-        message = problem["msg"]
+        message = problem["msg"].removeprefix("Value error, ")  # a validator's own sentence, not pydantic's label
         if problem["type"] == "extra_forbidden":
             message = "unknown key; remove it or check its spelling against the documented keys"
         elif "input" in problem and not isinstance(problem["input"], (dict, list)):
             message = f"{message} (got {problem['input']!r})"
-        lines.append(f"{source}: {path}: {message}")
+        lines.append(f"{source}: {message}" if path == "(top level)" and problem["type"] == "value_error"
+                     else f"{source}: {path}: {message}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, ConfigDict, Field, model_validator
 
 from geodiloco.predictor.amd_partitions import partition_count, partition_spec
 from geodiloco.predictor.gpu_names import NameIndex, NameMatch, UnknownName, normalize_name
@@ -126,6 +126,8 @@ class GpuRow(StrictModel):
     ``mig_sms_per_slice``: SMs per MIG compute slice where published.
     """
 
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
     name: str = Field(min_length=1)
     vendor: Literal["nvidia", "amd", "other"] = "nvidia"
     model: Optional[str] = None
@@ -163,6 +165,16 @@ class GpuRow(StrictModel):
 
 class GpuFile(StrictModel):
     gpus: list[GpuRow] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_row_per_name(self) -> "GpuFile":
+        seen: set[str] = set()
+        for index, row in enumerate(self.gpus):
+            if row.name in seen:
+                raise ValueError(f"gpus[{index}] is a second row named {row.name!r}: one file holds one row per GPU "
+                                 "(rename one, or remove it; a row in another file overrides the shipped one)")
+            seen.add(row.name)
+        return self
 
 
 class GpuRegistry:

@@ -95,6 +95,19 @@ def test_user_gpu_file_errors_name_the_field(tmp_path):
     assert "gpus[0].sm_count" in str(err.value)
 
 
+def test_a_gpu_file_refuses_an_infinite_rate_and_two_rows_of_one_name(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text(USER_ROW.replace("memory_bandwidth_gbps: 100", "memory_bandwidth_gbps: .inf"))
+    with pytest.raises(ConfigError, match=r"gpus\[0\]\.memory_bandwidth_gbps: Input should be a finite number"):
+        read_gpu_file(path)
+    row = USER_ROW.split("gpus:\n", 1)[1]
+    path.write_text("gpus:\n" + row + row)
+    with pytest.raises(ConfigError) as err:
+        read_gpu_file(path)
+    assert str(err.value) == (f"{path}: gpus[1] is a second row named 'Lab Card 9000': one file holds one row per GPU "
+                              "(rename one, or remove it; a row in another file overrides the shipped one)")
+
+
 def test_registry_later_rows_override_earlier(tmp_path):
     path = tmp_path / "gpus.yaml"
     path.write_text(USER_ROW)
