@@ -124,6 +124,8 @@ def check_output_paths(args: argparse.Namespace) -> None:
         if not path.parent.is_dir():
             raise ReportError(f"{option} {path}: its folder {path.parent} does not exist; create it or choose "
                               "another path")
+        if option == "--plot" and path.suffix.lower() != ".png":
+            raise ReportError(f"--plot {path}: the figure is written as PNG; name the file *.png")
 
 
 def run_report(args: argparse.Namespace, prog: str = "geodiloco report") -> int:

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
 
 
 class LogLine(BaseModel):
     """A log line: extra keys are allowed so newer writers do not break older reports."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+PHASE_SPAN_TOLERANCE = 0.01
+PHASE_SPAN_SLACK_S = 0.01
+"""How far a node's phases may add up past its round's span: clock rounding, never a second of work."""
 
 
 class NodeRound(LogLine):
@@ -40,7 +45,7 @@ class NodeRound(LogLine):
     lost_s: NonNegativeFloat = 0.0
     present_nodes: list[str] = Field(default_factory=list)
     gpus: list[str] = Field(default_factory=list)
-    num_gpus: NonNegativeInt = 1
+    num_gpus: PositiveInt = 1
     source: str = "runtime"
     gpu_util: Optional[NonNegativeFloat] = None
     power_w: Optional[NonNegativeFloat] = None
@@ -54,6 +59,10 @@ class NodeRound(LogLine):
     def _round_ends_after_start(self) -> "NodeRound":
         if self.round_end < self.round_start:
             raise ValueError(f"round_end ({self.round_end}) is before round_start ({self.round_start})")
+        phases_s, span_s = self.compute_s + self.idle_s, self.round_end - self.round_start
+        if phases_s > span_s * (1 + PHASE_SPAN_TOLERANCE) + PHASE_SPAN_SLACK_S:
+            raise ValueError(f"compute_s + wait_s + comm_s + overhead_s ({phases_s:.3f} s) exceed the round's span "
+                             f"round_end - round_start ({span_s:.3f} s): a node's phases fill its round, no more")
         return self
 
     @property

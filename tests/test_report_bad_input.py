@@ -84,6 +84,12 @@ def test_wrong_type_and_negative_time(tmp_path, capsys):
     records = default_records()
     records[0]["round_end"] = 0.0
     _fails(capsys, [str(write_run(tmp_path / "c", records))], "round_end (0.0) is before round_start")
+    records = default_records()
+    records[0]["compute_s"] = records[0]["round_end"] - records[0]["round_start"] + 100.0
+    _fails(capsys, [str(write_run(tmp_path / "d", records))], "exceed the round's span round_end - round_start")
+    records = default_records()
+    records[0]["num_gpus"] = 0
+    _fails(capsys, [str(write_run(tmp_path / "e", records))], "line 1: num_gpus")
 
 
 def test_runs_mixed_in_one_directory(tmp_path, capsys):
@@ -144,7 +150,9 @@ def test_skip_rounds_out_of_range(tmp_path, capsys):
 
 def test_plot_destination_checked(tmp_path, capsys):
     run = default_run(tmp_path / "run")
-    _fails(capsys, [str(run), "--plot", str(tmp_path / "out.jpg")], "name the file *.png")
+    assert main([str(run), "--plot", str(tmp_path / "out.jpg")]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and "name the file *.png" in printed.err  # refused before the report is printed
     _fails(capsys, [str(run), "--plot", str(tmp_path / "no" / "out.png")], "does not exist")
 
 

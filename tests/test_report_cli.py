@@ -122,6 +122,17 @@ def test_script_runs_from_a_checkout(tmp_path):
     assert broken.stderr.strip().startswith("idle_report.py: error:") and "Traceback" not in broken.stderr
 
 
+def test_script_without_the_reports_dependencies_says_which_and_how(tmp_path):
+    without_rich = "import sys\nsys.modules['rich'] = None\n" + NOT_INSTALLED  # import rich then fails
+    run = default_run(tmp_path / "run")
+    result = subprocess.run([sys.executable, "-c", without_rich, str(REPO / "scripts" / "idle_report.py"), str(run)],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == (
+        "idle_report.py: error: this Python lacks 'rich', which the report needs: run it with the project's "
+        "environment (.venv/bin/python scripts/idle_report.py ...), or pip install numpy pyyaml pydantic rich")
+
+
 def test_geodiloco_report_subcommand(tmp_path, capsys):
     from geodiloco.runtime.cli import main as geodiloco
 
