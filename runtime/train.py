@@ -434,7 +434,7 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, repor
                         if row["eval_loss"] is not None)
     stale = f" | staleness {trainer.sync_staleness}" if trainer.sync_staleness is not None else ""
     print(f"[geodiloco] round {plan.round + 1}/{config.diloco.rounds} loss {train_loss:.3f}{eval_text} | "
-          f"local {clock.compute_s:.2f}s wait {clock.wait_s:.2f}s sync {clock.comm_s:.2f}s"
+          f"{trainer.topology.node_name} local {clock.compute_s:.2f}s wait {clock.wait_s:.2f}s sync {clock.comm_s:.2f}s"
           f"{f' (+{clock.comm_hidden_s:.2f}s hidden)' if clock.comm_hidden_s > 0 else ''} | "
           f"steps x batch {steps}{stale}", flush=True)
 
