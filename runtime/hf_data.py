@@ -20,6 +20,7 @@ only here.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
@@ -55,20 +56,67 @@ def open_dataset(hf: Any, data_files: Optional[list[str]] = None, streaming: Opt
     try:
         return load_dataset(hf.path, hf.name, data_files=files, split=hf.split,
                             streaming=hf.streaming if streaming is None else streaming)
-    except (FileNotFoundError, ValueError) as err:
-        raise ConfigError(f"data.hf_dataset: cannot load {hf.path!r} (files {files}): {err}") from None
+    except ConfigError:
+        raise
+    except Exception as err:  # datasets' own errors: a corpus that cannot be read fails the same on every restart
+        raise ConfigError(f"data.hf_dataset: cannot load {hf.path!r} (files {files}): {reading_error(err)}") from None
+
+
+def reading_error(err: BaseException) -> str:
+    """The cause of a datasets failure in one line: its innermost error (datasets wraps the parser's)."""
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__
+    text = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+MOSTLY_MISSING_AFTER = 100
+"""Records read before a corpus whose text field is mostly null or not a string is refused."""
 
 
 def document_texts(dataset: Any, text_field: str) -> Iterator[str]:
-    """The ``text_field`` of every record, in order; a missing field names the columns there are."""
-    for record in dataset:
+    """The ``text_field`` of every record, in order; a missing field names the columns there are. Records
+    whose field is null or not a string (JSON Lines files mixing keys read as null) are skipped and
+    counted: when they are most of what was read, the corpus is refused (it would train on a sliver
+    of it); otherwise the count is told once the dataset ends. A record the reader cannot parse is a
+    ConfigError naming the cause."""
+    read = skipped = 0
+    records = iter(dataset)
+    while True:
+        try:
+            record = next(records)
+        except StopIteration:
+            break
+        except ConfigError:
+            raise
+        except Exception as err:
+            raise ConfigError(f"data.hf_dataset: cannot read record {read + 1} of the corpus "
+                              f"({reading_error(err)}); fix or remove it") from None
+        read += 1
         if text_field not in record:
             columns = ", ".join(sorted(record))
             raise ConfigError(f"data.hf_dataset.text_field: records have no {text_field!r} field; "
                               f"their fields are {columns}")
         text = record[text_field]
-        if isinstance(text, str) and text:
+        if not isinstance(text, str):
+            skipped += 1
+            if read >= MOSTLY_MISSING_AFTER and 2 * skipped > read:
+                raise mostly_missing(text_field, skipped, read, record)
+            continue
+        if text:
             yield text
+    if skipped and 2 * skipped > read:
+        raise mostly_missing(text_field, skipped, read, None)
+    if skipped:
+        print(f"[geodiloco] data.hf_dataset: skipped {skipped} of {read} records whose {text_field!r} is null or "
+              "not text", file=sys.stderr, flush=True)
+
+
+def mostly_missing(text_field: str, skipped: int, read: int, record: Optional[dict]) -> ConfigError:
+    other = f"; a record's fields with a value: {', '.join(sorted(k for k, v in record.items() if v is not None))}" \
+        if record else ""
+    return ConfigError(f"data.hf_dataset.text_field: {skipped} of {read} records read have no text in {text_field!r} "
+                       f"(null or another type){other}; name the field that holds the text, or fix the records")
 
 
 def tokenize_documents(tokenizer: Any, texts: list[str]) -> list[list[int]]:

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.workload import hf_config_json
 from geodiloco.runtime.config import RunConfig
 
 EXTRAS = {"hf": ("transformers", "datasets", "tokenizers", "safetensors"),
@@ -54,22 +55,50 @@ def check_data_files(config: RunConfig) -> None:
             raise ConfigError(f"data.hf_dataset.data_files: {pattern} matches no file")
 
 
+JSON_HEAD_BYTES = 1 << 20
+"""How much of each local JSON Lines file the launcher reads before the nodes start (the rest is checked by
+the nodes as they read it, with the same messages)."""
+JSON_FILES_CHECKED = 64
+
+
 def check_text_field(config: RunConfig) -> None:
-    """The first record of a local JSON Lines corpus has ``text_field`` (other formats are checked by the
-    nodes as they read them; the message is the same)."""
+    """Each local JSON Lines file (up to ``JSON_FILES_CHECKED``) holds text: it is not empty, its head is UTF-8
+    and parses line by line as JSON, and its first record has ``text_field``."""
     hf = config.data.hf_dataset
     if hf is None or hf.path != "json" or not hf.data_files:
         return
-    first_file = sorted(glob.glob(hf.data_files[0]))[0]
+    files = sorted({path for pattern in hf.data_files for path in glob.glob(pattern)})
+    for path in files[:JSON_FILES_CHECKED]:
+        check_json_lines_head(Path(path), hf.text_field)
+
+
+def check_json_lines_head(path: Path, text_field: str) -> None:
+    with open(path, "rb") as handle:
+        head = handle.read(JSON_HEAD_BYTES)
+    if not head.strip():
+        raise ConfigError(f"data.hf_dataset.data_files: {path} is empty; remove it from the corpus or fill it")
     try:
-        with open(first_file, encoding="utf-8") as handle:
-            line = next((line for line in handle if line.strip()), "")
-        record = json.loads(line) if line else None
-    except (OSError, UnicodeDecodeError, ValueError):
-        return
-    if isinstance(record, dict) and hf.text_field not in record:
-        raise ConfigError(f"data.hf_dataset.text_field: records have no {hf.text_field!r} field; their fields are "
-                          f"{', '.join(sorted(record))} (first record of {first_file})")
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 3:  # not a character cut by the head's end
+            raise ConfigError(f"data.hf_dataset.data_files: {path} is not UTF-8 text (byte {err.start}: "
+                              f"{err.reason}); re-encode it as UTF-8 (iconv -t UTF-8)") from None
+        text = head[:err.start].decode("utf-8")
+    lines = text.splitlines()
+    complete = lines if len(head) < JSON_HEAD_BYTES else lines[:-1]  # the last line may be cut by the head
+    first_record = None
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            raise ConfigError(f"data.hf_dataset.data_files: {path} line {number} is not JSON ({err}); a JSON "
+                              "Lines corpus holds one JSON object per line") from None
+        first_record = record if first_record is None else first_record
+    if isinstance(first_record, dict) and text_field not in first_record:
+        raise ConfigError(f"data.hf_dataset.text_field: records have no {text_field!r} field; their fields are "
+                          f"{', '.join(sorted(first_record))} (first record of {path})")
 
 
 def check_stream_shards(config: RunConfig) -> None:
@@ -122,6 +151,26 @@ def check_model_files(config: RunConfig) -> None:
         if not weights:
             raise ConfigError(f"model.hf.pretrained: {hf.pretrained} holds no weights (*.safetensors); "
                               "give a directory written by save_pretrained or `geodiloco export`")
+    if hf is not None:
+        check_model_type(hf)
+
+
+def check_model_type(hf) -> None:
+    """The config's model_type is one transformers builds (else every node would fail on it, and restart)."""
+    import difflib
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        return  # checked where the nodes build the model, with the install hint
+    from geodiloco.runtime.hf_model import read_hf_config
+    path = hf_config_json(hf.config, hf.pretrained)
+    field = "model.hf.config" if hf.config else "model.hf.pretrained"
+    model_type = read_hf_config(path, field)["model_type"]
+    if model_type not in CONFIG_MAPPING_NAMES:
+        close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING_NAMES), n=3)
+        hint = f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
+        raise ConfigError(f"{field}: {path} has model_type {model_type!r}, which this transformers does not "
+                          f"build{hint}")
 
 
 GPU_NOTICES_ENV = "GEODILOCO_GPU_NOTICES"

@@ -3,6 +3,8 @@ streaming with a resumable position, and errors that name the field."""
 from __future__ import annotations
 
 
+import re
+
 import numpy as np
 import pytest
 
@@ -140,3 +142,67 @@ def test_hf_dataset_without_tokenizer_and_a_wrong_text_field(corpus):
     config.data.hf_dataset.text_field = "body"
     with pytest.raises(ConfigError, match="data.hf_dataset.text_field: records have no 'body' field; their fields are text"):
         node_data(config, 0, 3)
+
+
+def config_for_files(corpus: dict, files: list[str]) -> object:
+    return parse_config({"model": {"hf": {"config": corpus["model"]}, "seq_len": 16},
+                         "data": {"hf_dataset": {"path": "json", "data_files": files}, "tokenizer": corpus["tokenizer"]},
+                         "nodes": NODES}, "run.yaml")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "bad.jsonl is empty; remove it from the corpus or fill it"),
+    (b'{"text": "one"}\n{"text": "two\n', "bad.jsonl line 2 is not JSON (Unterminated string"),
+    ('{"text": "café"}\n'.encode("latin-1"), "bad.jsonl is not UTF-8 text (byte 13: invalid continuation byte)"),
+])
+def test_a_corpus_file_the_nodes_could_not_read_stops_the_run_before_it_starts(corpus, tmp_path, content, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        preflight(config_for_files(corpus, corpus["files"] + [str(bad)]))
+
+
+def test_records_without_the_text_field_are_refused_when_most_and_counted_when_few(corpus, tmp_path, capsys):
+    from geodiloco.runtime.hf_data import load_token_corpus
+    texts = documents(6)
+    mostly = tmp_path / "mostly.jsonl"  # datasets reads the other key's records as text: null
+    write_lines(mostly, [{"text": texts[0]}] + [{"content": text} for text in texts[1:]])
+    with pytest.raises(ConfigError, match=r"data\.hf_dataset\.text_field: 5 of 6 records read have no text in 'text' "
+                                          r"\(null or another type\)"):
+        load_token_corpus(config_for_files(corpus, [str(mostly)]).data.hf_dataset, corpus["tokenizer"], 10**6)
+    few = tmp_path / "few.jsonl"
+    write_lines(few, [{"text": text} for text in texts] + [{"text": None}])
+    kept = load_token_corpus(config_for_files(corpus, [str(few)]).data.hf_dataset, corpus["tokenizer"], 10**6)
+    tokenizer = load_tokenizer(corpus["tokenizer"])
+    assert len(kept) == sum(len(tokenizer.encode(text)) + 1 for text in texts)  # every text, each with its end token
+    assert "[geodiloco] data.hf_dataset: skipped 1 of 7 records whose 'text' is null or not text" in capsys.readouterr().err
+
+
+def test_a_record_that_breaks_while_reading_is_a_config_error_naming_the_cause():
+    from geodiloco.runtime.hf_data import document_texts
+
+    def records():
+        yield {"text": "fine"}
+        raise UnicodeDecodeError("utf-8", b"\xe9", 0, 1, "invalid continuation byte")
+    reader = document_texts(records(), "text")
+    assert next(reader) == "fine"
+    with pytest.raises(ConfigError, match=r"cannot read record 2 of the corpus \(UnicodeDecodeError: 'utf-8' codec"):
+        next(reader)
+
+
+def test_a_model_type_transformers_does_not_build_is_refused_with_the_close_names(corpus, tmp_path):
+    import json
+    config_json = json.loads(open(corpus["model"]).read())
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({**config_json, "model_type": "lama"}))
+    config = parse_config({"model": {"hf": {"config": str(bad)}, "seq_len": 16},
+                           "data": {"hf_dataset": {"path": "json", "data_files": corpus["files"]},
+                                    "tokenizer": corpus["tokenizer"]}, "nodes": NODES}, "run.yaml")
+    with pytest.raises(ConfigError, match=r"model\.hf\.config: .* has model_type 'lama', which this transformers does "
+                                          r"not build; did you mean 'llama'"):
+        preflight(config)
+
+
+def write_lines(path, records: list[dict]) -> None:
+    import json
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
