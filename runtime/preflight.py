@@ -50,6 +50,7 @@ def check_data_files(config: RunConfig) -> None:
         return
     if hf.path in LOCAL_BUILDERS and not hf.data_files:
         raise ConfigError(f"data.hf_dataset.data_files: the {hf.path} builder reads local files; list them")
+    check_builder_name(hf.path)
     for pattern in hf.data_files:
         if not glob.glob(pattern):
             raise ConfigError(f"data.hf_dataset.data_files: {pattern} matches no file")
@@ -59,6 +60,23 @@ JSON_HEAD_BYTES = 1 << 20
 """How much of each local JSON Lines file the launcher reads before the nodes start (the rest is checked by
 the nodes as they read it, with the same messages)."""
 JSON_FILES_CHECKED = 64
+
+
+BUILDER_SPELLINGS = {"jsonl": "json", "jsonlines": "json", "ndjson": "json", "txt": "text", "tsv": "csv",
+                     "pq": "parquet"}
+
+
+def check_builder_name(path: str) -> None:
+    """A misspelt local builder ("jsonl" for "json") is not a local folder, so datasets would look for it on the
+    Hub, and retry for minutes offline: name the builder meant instead."""
+    import difflib
+    if path in LOCAL_BUILDERS or Path(path).exists() or "/" in path:
+        return
+    meant = BUILDER_SPELLINGS.get(path.lower()) or next(iter(difflib.get_close_matches(path.lower(), LOCAL_BUILDERS,
+                                                                                      n=1, cutoff=0.75)), None)
+    if meant is not None:
+        raise ConfigError(f"data.hf_dataset.path: {path!r} is no local builder nor folder (datasets would look for it "
+                          f"on the Hugging Face Hub); for local files write {meant!r}")
 
 
 def check_text_field(config: RunConfig) -> None:

@@ -206,3 +206,13 @@ def test_a_model_type_transformers_does_not_build_is_refused_with_the_close_name
 def write_lines(path, records: list[dict]) -> None:
     import json
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+@pytest.mark.parametrize("path, meant", [("jsonl", "json"), ("txt", "text"), ("parqet", "parquet"), ("Json", "json")])
+def test_a_misspelt_local_builder_is_named_before_datasets_looks_for_it_on_the_hub(corpus, path, meant):
+    config = config_for_files(corpus, corpus["files"])
+    config.data.hf_dataset.path = path
+    with pytest.raises(ConfigError, match=re.escape(f"data.hf_dataset.path: {path!r} is no local builder nor folder "
+                                                    f"(datasets would look for it on the Hugging Face Hub); for local "
+                                                    f"files write {meant!r}")):
+        preflight(config)
