@@ -83,6 +83,7 @@ _HF_KEYS = {
     "n_head": "num_heads",
     "n_embd": "hidden_size",
     "n_positions": "max_seq_len",
+    "n_inner": "intermediate_size",
 }
 _REQUIRED = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "vocab_size")
 
@@ -96,7 +97,7 @@ def dims_from_mapping(data: dict, source: str = "model dims") -> ModelDims:
         name = _HF_KEYS.get(key, key)
         if name in known and value is not None:
             values[name] = value
-    if "intermediate_size" not in values and "hidden_size" in values and "n_inner" not in data:
+    if "intermediate_size" not in values and "hidden_size" in values and data.get("n_inner") is None:
         values["intermediate_size"] = 4 * int(values["hidden_size"])
     missing = [name for name in _REQUIRED if name not in values]
     if missing:

@@ -90,3 +90,13 @@ def test_an_eager_gelu_new_adds_its_passes_over_the_mlp_width():
                                               * mlp_width)
     with pytest.raises(ConfigError, match="activation must be 'fused' or 'gelu_new'"):
         TrainingCode(block="gpt", activation="swish")
+
+
+def test_a_gpt2_config_with_n_inner_null_takes_four_times_the_hidden_size():
+    from geodiloco.predictor.workload import dims_from_mapping
+    # transformers' GPT2Config writes "n_inner": null into config.json (save_pretrained, geodiloco export)
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+            "n_positions": 1024, "n_inner": None}
+    dims = dims_from_mapping(gpt2, "config.json")
+    assert dims.intermediate_size == 3072 and dims.hidden_size == 768 and dims.max_seq_len == 1024
+    assert dims_from_mapping({**gpt2, "n_inner": 1024}, "config.json").intermediate_size == 1024
