@@ -102,23 +102,37 @@ def window_tokens(seq_len: int) -> int:
     return seq_len + 1
 
 
+CorpusCap = tuple[str, str, int]
+"""(the source's setting, the cap's setting, the cap): ("data.source", "data.max_bytes", 8_000_000) for a byte
+corpus, ("data.hf_dataset", "data.max_tokens", N) for a tokenized one. Tells a short source from a low cap."""
+
+
+def more_text_hint(num_tokens: int, cap: Optional[CorpusCap], unit: str) -> str:
+    """What gives a corpus of ``num_tokens`` more windows: more text when the source is shorter than its cap,
+    else a higher cap."""
+    if cap is None:
+        return "give the corpus more text"
+    source, cap_setting, limit = cap
+    if num_tokens < limit:
+        return f"give {source} more text (it holds only {num_tokens} {unit}, under {cap_setting} {limit})"
+    return f"raise {cap_setting}"
+
+
 def eval_window_starts(num_tokens: int, seq_len: int, num_windows: int, seed: int,
-                       max_bytes: Optional[int] = None) -> np.ndarray:
+                       cap: Optional[CorpusCap] = None) -> np.ndarray:
     """Token offsets of the held-out windows, sorted: a seeded uniform sample without
     replacement of the corpus cut into back-to-back ``seq_len + 1`` windows.
 
     Sampled from the whole corpus, so the eval loss measures the same distribution
     every node trains on (the corpus tail is one file, not a representative sample).
-    ``max_bytes``: the cap the corpus was read under, to tell a short source from a low cap.
+    ``cap``: the setting and cap the corpus was read under, to tell a short source from a low cap.
     """
     if num_windows == 0:
         return np.zeros(0, dtype=np.int64)
     length = window_tokens(seq_len)
     grid_windows = num_tokens // length
     if num_windows >= grid_windows:
-        more = ("give data.source more text (it holds only "
-                f"{num_tokens} bytes, under data.max_bytes {max_bytes})" if max_bytes is not None and
-                num_tokens < max_bytes else "raise data.max_bytes")
+        more = more_text_hint(num_tokens, cap, "bytes" if cap is None or cap[1] == "data.max_bytes" else "tokens")
         raise ConfigError(f"data.eval_batches x data.eval_batch_size = {num_windows} eval windows of "
                           f"{length} tokens leave no training data in a corpus of {grid_windows} such windows; "
                           f"lower them or {more}")
@@ -191,7 +205,8 @@ class NodeShard:
     """
 
     def __init__(self, tokens: np.ndarray, node_index: int, num_nodes: int, seq_len: int, seed: int,
-                 shards: ShardMode = "non_iid", held_out_starts: Optional[np.ndarray] = None) -> None:
+                 shards: ShardMode = "non_iid", held_out_starts: Optional[np.ndarray] = None,
+                 cap: Optional[CorpusCap] = None) -> None:
         held_out = np.zeros(0, dtype=np.int64) if held_out_starts is None else np.asarray(held_out_starts)
         if shards == "iid":
             starts = iid_window_starts(len(tokens), node_index, num_nodes, seq_len, held_out, seed)
@@ -201,10 +216,11 @@ class NodeShard:
         else:
             raise ValueError(f"data.shards: {shards!r} is not 'iid' or 'non_iid'")
         if len(starts) < 1:
+            unit = "bytes" if cap is None or cap[1] == "data.max_bytes" else "tokens"
             raise ConfigError(f"data: node {node_index} gets no {window_tokens(seq_len)}-token training window "
-                              f"from a corpus of {len(tokens)} bytes split {num_nodes} ways ({shards}) after the eval "
-                              "windows; raise data.max_bytes or use fewer nodes, a shorter model.seq_len or a "
-                              "smaller eval set")
+                              f"from a corpus of {len(tokens)} {unit} split {num_nodes} ways ({shards}) after the eval "
+                              f"windows; {more_text_hint(len(tokens), cap, unit)}, or use fewer nodes, a shorter "
+                              "model.seq_len or a smaller eval set")
         self._corpus: Optional[np.ndarray] = np.array(tokens)
         self._tokens: Optional[torch.Tensor] = None
         self.window_starts = starts

@@ -51,8 +51,16 @@ def eval_set(config: RunConfig, batch_size: Optional[int] = None) -> Batches:
     if streamed(config):
         return _streamed_eval_batches(_streamed_eval(config)[1], config.model.seq_len, size)
     corpus = load_tokens(config)
-    starts = eval_window_starts(len(corpus), config.model.seq_len, num_windows, config.run.seed)
+    starts = eval_window_starts(len(corpus), config.model.seq_len, num_windows, config.run.seed, cap=corpus_cap(config))
     return eval_batches(corpus, starts, config.model.seq_len, size)
+
+
+def corpus_cap(config: RunConfig) -> tuple[str, str, int]:
+    """The corpus's source setting and the cap it was read under (runtime.data.CorpusCap)."""
+    data = config.data
+    if data.hf_dataset is None:
+        return "data.source", "data.max_bytes", data.max_bytes
+    return "data.hf_dataset", "data.max_tokens", data.max_tokens
 
 
 def node_data(config: RunConfig, node_index: int, num_nodes: int) -> tuple[Batches, Union[NodeShard, Any]]:
@@ -66,11 +74,11 @@ def node_data(config: RunConfig, node_index: int, num_nodes: int) -> tuple[Batch
         shard = StreamShard(data.hf_dataset, load_tokenizer(data.tokenizer), layout, seq_len)
         return _streamed_eval_batches(eval_tokens, seq_len, data.eval_batch_size), shard
     corpus = load_tokens(config)
-    byte_cap = data.max_bytes if data.hf_dataset is None else None  # the corpus is bytes: its cap is comparable
-    held_out = eval_window_starts(len(corpus), seq_len, num_windows, config.run.seed, max_bytes=byte_cap)
+    cap = corpus_cap(config)
+    held_out = eval_window_starts(len(corpus), seq_len, num_windows, config.run.seed, cap=cap)
     batches = eval_batches(corpus, held_out, seq_len, data.eval_batch_size) if len(held_out) else []
     shard = NodeShard(corpus, node_index, num_nodes, seq_len, config.run.seed, shards=data.shards,
-                      held_out_starts=held_out)
+                      held_out_starts=held_out, cap=cap)
     return batches, shard
 
 

@@ -250,11 +250,12 @@ def check_byte_corpus(config: RunConfig) -> None:
         return
     try:
         corpus = load_corpus(data.source, data.max_bytes)
+        cap = ("data.source", "data.max_bytes", data.max_bytes)
         held_out = eval_window_starts(len(corpus), config.model.seq_len, data.eval_batches * data.eval_batch_size,
-                                      config.run.seed, max_bytes=data.max_bytes)
+                                      config.run.seed, cap=cap)
         for index in range(len(config.nodes)):
             NodeShard(corpus, index, len(config.nodes), config.model.seq_len, config.run.seed, shards=data.shards,
-                      held_out_starts=held_out)
+                      held_out_starts=held_out, cap=cap)
     except ValueError as err:
         message = str(err)
         raise ConfigError(message if message.startswith("data.") else f"data.source: {message}") from None

@@ -216,3 +216,13 @@ def test_a_misspelt_local_builder_is_named_before_datasets_looks_for_it_on_the_h
                                                     f"(datasets would look for it on the Hugging Face Hub); for local "
                                                     f"files write {meant!r}")):
         preflight(config)
+
+
+def test_a_tokenized_corpus_too_small_for_its_eval_set_names_its_own_cap(corpus):
+    config = hf_config(corpus, eval_batches=100_000)
+    with pytest.raises(ConfigError, match=r"lower them or give data\.hf_dataset more text \(it holds only \d+ tokens, "
+                                          r"under data\.max_tokens \d+\)"):
+        node_data(config, 0, 3)
+    config = hf_config(corpus, eval_batches=30, max_tokens=1000)  # the cap, not the corpus, is what is short
+    with pytest.raises(ConfigError, match=r"lower them or raise data\.max_tokens$"):
+        node_data(config, 0, 3)
