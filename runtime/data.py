@@ -22,7 +22,8 @@ from geodiloco.predictor.schema import ConfigError
 if TYPE_CHECKING:
     import torch
 
-TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".csv", ".html", ".tex"}
+TEXT_SUFFIXES = {".txt", ".text", ".md", ".py", ".rst", ".json", ".jsonl", ".csv", ".html", ".tex"}
+"""Files of a ``data.source`` folder that are read (any case: ``.TXT`` too); others are skipped and counted."""
 
 
 STDLIB_SKIPPED_PARTS = ("site-packages", "test")
@@ -60,11 +61,36 @@ def user_files(source: str) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(item for item in path.rglob("*") if item.is_file() and item.suffix in TEXT_SUFFIXES)
+        files = sorted(item for item in path.rglob("*") if item.is_file() and is_text_file(item))
         if files:
             return files
         raise ConfigError(f"data.source: {source} holds no text files ({', '.join(sorted(TEXT_SUFFIXES))})")
     raise ConfigError(f"data.source: {source} is neither 'stdlib' nor an existing file or directory")
+
+
+def is_text_file(path: Path) -> bool:
+    return path.suffix.lower() in TEXT_SUFFIXES
+
+
+def corpus_notices(source: str, max_bytes: int) -> list[str]:
+    """What a user's ``data.source`` folder gives the run that they may not expect: files skipped for their
+    suffix, and text past ``data.max_bytes`` left out (the stdlib corpus says nothing)."""
+    path = Path(source)
+    if source == "stdlib" or not path.exists():
+        return []
+    files = [path] if path.is_file() else [item for item in path.rglob("*") if item.is_file()]
+    read = [item for item in files if path.is_file() or is_text_file(item)]
+    skipped = sorted(item.name for item in files if item not in read)
+    notices = []
+    if skipped:
+        shown = ", ".join(skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+        notices.append(f"data.source: skipped {len(skipped)} file(s) whose suffix is not a text one ({shown}); "
+                       f"read: {', '.join(sorted(TEXT_SUFFIXES))}")
+    total_bytes = sum(item.stat().st_size for item in read)
+    if total_bytes > max_bytes:
+        notices.append(f"data.source: {source} holds {total_bytes:,} bytes of text; the run reads its first "
+                       f"{max_bytes:,} (data.max_bytes), files in sorted order")
+    return notices
 
 
 def load_corpus(source: str, max_bytes: int) -> np.ndarray:

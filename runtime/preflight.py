@@ -244,10 +244,12 @@ def check_balancing_options(config: RunConfig) -> None:
 
 def check_byte_corpus(config: RunConfig) -> None:
     """A byte-level corpus exists and holds the eval set plus at least one training window per node."""
-    from geodiloco.runtime.data import NodeShard, eval_window_starts, load_corpus
+    from geodiloco.runtime.data import NodeShard, corpus_notices, eval_window_starts, load_corpus
     data = config.data
     if data.hf_dataset is not None:
         return
+    for notice in corpus_notices(data.source, data.max_bytes):
+        print(f"[geodiloco] {notice}", flush=True)
     try:
         corpus = load_corpus(data.source, data.max_bytes)
         cap = ("data.source", "data.max_bytes", data.max_bytes)

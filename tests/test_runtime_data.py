@@ -34,6 +34,27 @@ def test_user_text_directory(tmp_path):
     assert corpus.startswith(b"alpha") and b"beta" in corpus and b"\x00" not in corpus
 
 
+def test_a_folders_upper_case_suffixes_are_read_and_what_is_left_out_is_told(tmp_path, capsys):
+    from geodiloco.runtime.data import corpus_notices
+    from geodiloco.runtime.preflight import check_byte_corpus
+    (tmp_path / "A.TXT").write_text("alpha " * 2000)
+    (tmp_path / "b.text").write_text("beta " * 2000)
+    (tmp_path / "c.log").write_text("gamma " * 100)
+    corpus = bytes(load_corpus(str(tmp_path), 100_000))
+    assert corpus.startswith(b"alpha") and b"beta" in corpus and b"gamma" not in corpus
+    assert corpus_notices(str(tmp_path), 100_000) == [
+        "data.source: skipped 1 file(s) whose suffix is not a text one (c.log); read: .csv, .html, .json, .jsonl, "
+        ".md, .py, .rst, .tex, .text, .txt"]
+    cut = corpus_notices(str(tmp_path), 15_000)[1]
+    assert cut == (f"data.source: {tmp_path} holds 22,000 bytes of text; the run reads its first 15,000 "
+                   "(data.max_bytes), files in sorted order")
+    config = parse_config({"model": {"preset": "tiny", "seq_len": 32}, "data": {"source": str(tmp_path),
+                           "max_bytes": 15_000, "eval_batches": 1, "eval_batch_size": 2},
+                           "nodes": [{"name": "a"}, {"name": "b"}]}, "run.yaml")
+    check_byte_corpus(config)  # what geodiloco run checks before it starts the nodes, and tells once
+    assert f"[geodiloco] {cut}" in capsys.readouterr().out
+
+
 def test_missing_source_names_the_field(tmp_path):
     with pytest.raises(ValueError, match="data.source"):
         load_corpus(str(tmp_path / "nope"), 1000)
