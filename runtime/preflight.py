@@ -154,6 +154,22 @@ def check_tokenizer(config: RunConfig) -> None:
     check_vocab_fits(tokenizer_vocab_size(tokenizer_dir), config)
 
 
+def tokenizer_notices(tokenizer: str | None) -> list[str]:
+    """A tokenizer with no end-of-sequence nor separator token: documents then run into each other."""
+    if tokenizer is None:
+        return []
+    settings: dict = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        try:
+            settings.update(json.loads((Path(tokenizer) / name).read_text()))
+        except (OSError, ValueError):
+            continue
+    if settings.get("eos_token") or settings.get("sep_token"):
+        return []
+    return [f"data.tokenizer: {tokenizer} names no eos_token nor sep_token, so documents are packed back to back "
+            "with no boundary between them; set eos_token in its tokenizer_config.json to mark one"]
+
+
 def check_vocab_fits(vocab_size: int | None, config: RunConfig) -> None:
     model_vocab = config.model.dims().vocab_size
     if vocab_size is not None and vocab_size > model_vocab:
@@ -328,7 +344,8 @@ def check_host_memory(config: RunConfig, available_gib: float | None = None) -> 
 
 def preflight(config: RunConfig, data: bool = True) -> None:
     """Every check above; the first problem raises ConfigError. ``data`` False skips reading the byte
-    corpus (a training process reads it next anyway, and reports the same errors)."""
+    corpus (a training process reads it next anyway, and reports the same errors) and the data notices
+    (the launcher's preflight prints them once)."""
     check_extras(config)
     config.model.dims()
     check_gpu_names(config)
@@ -342,4 +359,7 @@ def preflight(config: RunConfig, data: bool = True) -> None:
     if data:
         check_byte_corpus(config)
     check_tokenizer(config)
+    if data:
+        for notice in tokenizer_notices(config.data.tokenizer):
+            print(f"[geodiloco] {notice}", flush=True)
 

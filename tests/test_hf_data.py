@@ -226,3 +226,23 @@ def test_a_tokenized_corpus_too_small_for_its_eval_set_names_its_own_cap(corpus)
     config = hf_config(corpus, eval_batches=30, max_tokens=1000)  # the cap, not the corpus, is what is short
     with pytest.raises(ConfigError, match=r"lower them or raise data\.max_tokens$"):
         node_data(config, 0, 3)
+
+
+def test_a_tokenizer_without_a_boundary_token_is_told_once_by_the_launchers_preflight(corpus, tmp_path, capsys):
+    import json
+    import shutil
+    plain = tmp_path / "plain_tokenizer"
+    shutil.copytree(corpus["tokenizer"], plain)
+    settings = json.loads((plain / "tokenizer_config.json").read_text())
+    (plain / "tokenizer_config.json").write_text(json.dumps({key: value for key, value in settings.items()
+                                                             if key not in ("eos_token", "sep_token")}))
+    (plain / "special_tokens_map.json").unlink(missing_ok=True)
+    config = hf_config(corpus)
+    config.data.tokenizer = str(plain)
+    preflight(config, data=False)  # a node's preflight: silent
+    assert "eos_token" not in capsys.readouterr().out
+    preflight(config)
+    assert f"[geodiloco] data.tokenizer: {plain} names no eos_token nor sep_token" in capsys.readouterr().out
+    config.data.tokenizer = corpus["tokenizer"]
+    preflight(config)
+    assert "eos_token" not in capsys.readouterr().out
