@@ -5,6 +5,8 @@ balancing, comm, checkpoint, nodes). Durations end in ``_s``.
 """
 from __future__ import annotations
 
+import copy
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Literal, Optional
@@ -393,7 +395,37 @@ class RunConfig(StrictModel):
         return [node.name for node in self.nodes].index(self.node(name).name)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+        """The config as the run directory keeps it: input paths absolute (``with_absolute_paths``)."""
+        return yaml.safe_dump(with_absolute_paths(self.model_dump(mode="json", exclude_none=True), Path.cwd()),
+                              sort_keys=False)
+
+
+def with_absolute_paths(mapping: dict, base: Path) -> dict:
+    """``mapping`` (a run config as a dict) with its relative input paths (model files, data, tokenizer, GPU
+    files) joined to ``base``, the directory the run was started from: the run directory's config.yaml then
+    serves ``geodiloco export``, ``evaluate`` and ``--resume`` from any directory. Names that are not paths
+    (``stdlib``, a datasets builder) stay as they are."""
+    result = copy.deepcopy(mapping)
+
+    def absolute(value):
+        if isinstance(value, list):
+            return [absolute(item) for item in value]
+        return value if not isinstance(value, str) or os.path.isabs(value) else os.path.normpath(base / value)
+
+    model, data = result.get("model") or {}, result.get("data") or {}
+    hf_model = model.get("hf") or {}
+    for section, key in ((model, "file"), (hf_model, "config"), (hf_model, "pretrained"), (data, "tokenizer"),
+                         (result, "gpu_files")):
+        if section.get(key):
+            section[key] = absolute(section[key])
+    if data.get("source") and data["source"] != "stdlib":
+        data["source"] = absolute(data["source"])
+    hf_data = data.get("hf_dataset") or {}
+    if hf_data.get("data_files"):
+        hf_data["data_files"] = absolute(hf_data["data_files"])
+    if hf_data.get("path") and (base / hf_data["path"]).exists():
+        hf_data["path"] = absolute(hf_data["path"])
+    return result
 
 
 HIVEMIND_CODECS = ("none", "fp16", "bf16", "int8")

@@ -102,7 +102,9 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     """
     from geodiloco.runtime import checkpoint
     from geodiloco.runtime.config import load_config
+    from geodiloco.runtime.run_dir import check_saved_tokenizer
     config = load_config(str(run_dir / "config.yaml"))
+    check_saved_tokenizer(config, run_dir / "config.yaml")
     batches = held_out_batches(config)
     if not batches:
         raise ValueError(f"{run_dir}: the run held out no eval set (data.eval_batches is 0)")

@@ -8,6 +8,8 @@ and ``model: {hf: {pretrained: DIR}}`` starts a new run from it. The built-in de
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -17,6 +19,7 @@ from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config import load_config
 from geodiloco.runtime.models import build_configured_model
+from geodiloco.runtime.run_dir import check_saved_tokenizer
 
 
 def chosen_round(run_dir: Path, round_number: Optional[int]) -> int:
@@ -44,18 +47,32 @@ def export_global_model(run_dir: Path, out_dir: Path, round_number: Optional[int
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(f"--out {out_dir}: exists and is not empty; choose a new directory")
     config = load_config(config_path)
+    check_saved_tokenizer(config, config_path)
     round_idx = chosen_round(run_dir, round_number)
     params = checkpoint.load_global(run_dir, round_idx)["outer"]["global_params"]
     model = build_configured_model(config.model, config.run.seed)
     with torch.no_grad():
         for target, source in zip(model.parameters(), params, strict=True):
             target.copy_(source)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:  # written beside out_dir, then moved into place: a failed export leaves nothing to clean up
+        what = write_model_files(config, model, partial)
+        if out_dir.exists():
+            out_dir.rmdir()  # empty, checked above
+        partial.rename(out_dir)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return f"round {round_idx + 1} of {run_dir} as {what} in {out_dir}"
+
+
+def write_model_files(config, model: torch.nn.Module, out_dir: Path) -> str:
+    """The model's files in ``out_dir``; returns what they are."""
     if config.model.hf is not None:
         from geodiloco.runtime.hf_model import export_pretrained
         export_pretrained(model, out_dir, config.data.tokenizer)
-        return f"round {round_idx + 1} of {run_dir} as a transformers save_pretrained directory in {out_dir}"
+        return "a transformers save_pretrained directory"
     from safetensors.torch import save_model
     save_model(model, str(out_dir / "model.safetensors"))
     (out_dir / "dims.json").write_text(json.dumps(config.model.dims().to_dict(), indent=2) + "\n")
-    return f"round {round_idx + 1} of {run_dir} as model.safetensors + dims.json in {out_dir}"
+    return "model.safetensors + dims.json"

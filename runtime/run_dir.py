@@ -14,7 +14,7 @@ import yaml
 
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime import checkpoint
-from geodiloco.runtime.config import RunConfig
+from geodiloco.runtime.config import RunConfig, with_absolute_paths
 
 CONFIG_FILE = "config.yaml"
 RESUMABLE = ("diloco.rounds", "balancing", "checkpoint", "logging", "run.gpu_sample_interval_s", "run.max_wall_s",
@@ -64,7 +64,7 @@ def resume_changes(run_dir: Path, config: RunConfig) -> list[str]:
     path = saved_config(run_dir)
     if path is None:
         return []
-    saved = yaml.safe_load(path.read_text()) or {}
+    saved = with_absolute_paths(yaml.safe_load(path.read_text()) or {}, Path.cwd())  # runs saved with relative paths
     changes = changed_settings(saved, yaml.safe_load(config.to_yaml()))
     refused = [key for key in changes if not resumable(key)]
     if refused:
@@ -73,3 +73,11 @@ def resume_changes(run_dir: Path, config: RunConfig) -> list[str]:
                           f"saved value); drop the change, or start a new run. Settings that may change: "
                           f"{', '.join(RESUMABLE)}")
     return [f"{key}: {before!r} -> {after!r}" for key, (before, after) in changes.items()]
+
+
+def check_saved_tokenizer(config: RunConfig, config_path: Path) -> None:
+    """The tokenizer a finished run's config names is still there (``export`` and ``evaluate`` load it)."""
+    tokenizer = config.data.tokenizer
+    if tokenizer and not Path(tokenizer).is_dir():
+        raise ConfigError(f"data.tokenizer: {tokenizer} (from {config_path}) no longer exists; the run's tokenizer "
+                          "is needed: put it back there, or edit data.tokenizer in that file")

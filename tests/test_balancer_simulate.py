@@ -206,7 +206,9 @@ def test_simulated_records_carry_the_hidden_sync_and_the_bytes_each_node_sends(t
         assert hidden_s == 0 and summary["comm_s"] > 0
 
 
-def test_a_deadline_plan_shows_the_steps_each_node_is_expected_to_finish_beside_its_cap(tmp_path, capsys):
+def test_a_deadline_plan_shows_the_steps_each_node_is_expected_to_finish_beside_its_cap(tmp_path, capsys,
+                                                                                         monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one line per node, whatever the terminal
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CLUSTER)
     assert main(["plan", "--cluster", str(cluster), "--policy", "deadline", "--model", "tiny", "--json"]) == 0

@@ -1,0 +1,76 @@
+"""`geodiloco export` / `evaluate` of a finished run from another directory: the run keeps absolute paths,
+an export that fails leaves nothing behind, a tokenizer gone since the run is named."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime import checkpoint, export
+from geodiloco.runtime.config import load_config, parse_config
+from geodiloco.runtime.models import build_configured_model
+from geodiloco.runtime.run_dir import resume_changes
+
+
+def finished_run(run_dir: Path, config: dict) -> Path:
+    """A run directory as a run leaves it: its config.yaml and round 1's committed global model."""
+    run_dir.mkdir(parents=True)
+    parsed = parse_config(config, "run.yaml")
+    (run_dir / "config.yaml").write_text(parsed.to_yaml())
+    model = build_configured_model(parsed.model, parsed.run.seed)
+    checkpoint.save_global(run_dir, 0, {"outer": {"global_params": [p.detach().clone() for p in model.parameters()]}})
+    checkpoint.mark_latest(run_dir, 0, keep=2)
+    return run_dir
+
+
+def test_the_saved_config_holds_absolute_input_paths_and_resumes_a_run_saved_with_relative_ones(tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    config = parse_config({"model": {"preset": "tiny"}, "data": {"source": "corpus"},
+                           "nodes": [{"name": "a"}, {"name": "b"}]}, "run.yaml")
+    saved = yaml.safe_load(config.to_yaml())
+    assert saved["data"]["source"] == str(tmp_path / "corpus")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["source"] == "corpus"  # an older run
+    assert resume_changes(run_dir, config) == []  # the same corpus, whichever way it is written
+    stdlib = parse_config({"model": {"preset": "tiny"}, "nodes": [{"name": "a"}]}, "run.yaml")
+    assert yaml.safe_load(stdlib.to_yaml())["data"]["source"] == "stdlib"
+
+
+def test_an_export_that_fails_leaves_no_folder_and_a_retry_writes_it(tmp_path, monkeypatch):
+    run_dir = finished_run(tmp_path / "run", {"model": {"preset": "tiny"}, "nodes": [{"name": "a"}]})
+    out = tmp_path / "exports" / "model"
+
+    def disk_full(*_args):
+        raise OSError(28, "No space left on device")
+    with monkeypatch.context() as patch:
+        patch.setattr(export, "write_model_files", disk_full)
+        with pytest.raises(OSError):
+            export.export_global_model(run_dir, out)
+    assert not out.exists() and os.listdir(tmp_path / "exports") == []
+    assert "model.safetensors + dims.json" in export.export_global_model(run_dir, out)
+    assert sorted(os.listdir(out)) == ["dims.json", "model.safetensors"]
+
+
+def test_a_tokenizer_gone_since_the_run_is_named_before_anything_is_written(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.hf_helpers import llama_config
+    config_path = llama_config(tmp_path / "config.json")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({
+        "model": {"hf": {"config": str(config_path)}},
+        "data": {"hf_dataset": {"path": "json", "data_files": [str(tmp_path / "x.jsonl")]},
+                 "tokenizer": str(tmp_path / "gone")},
+        "nodes": [{"name": "a"}]}))
+    load_config(run_dir / "config.yaml")
+    with pytest.raises(ConfigError, match=f"data.tokenizer: {tmp_path / 'gone'} \\(from {run_dir / 'config.yaml'}\\) "
+                                          "no longer exists"):
+        export.export_global_model(run_dir, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
