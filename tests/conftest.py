@@ -18,7 +18,7 @@ os.environ.setdefault("GEODILOCO_SECRET", "geodiloco-tests-shared-secret")
 LONG_MODULES_S = {
     "test_runtime_elastic": 168, "test_hivemind_run": 154, "test_runtime_run": 145, "test_runtime_reference": 105,
     "test_paper4": 98, "test_hivemind_founding": 92, "test_auth": 65, "test_runtime_torchrun": 54,
-    "test_runtime_async": 50, "test_runtime_agent": 45,
+    "test_runtime_async": 50, "test_runtime_agent": 65,
 }
 
 
