@@ -6,7 +6,7 @@ Errors name the file, the field path and how to fix it, in one line per error.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -32,13 +32,72 @@ def _field_path(loc: tuple) -> str:
     return "".join(parts) or "(top level)"
 
 
-def format_validation_error(err: ValidationError, source: str, prefix: str = "") -> str:
-    """One line per problem: ``source: field.path: what is wrong (got X)``."""
+def _model_in(annotation: Any) -> Optional[type[BaseModel]]:
+    """The config model inside a field's annotation (``X``, ``Optional[X]``, ``list[X]``), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def section_keys(model: Optional[type[BaseModel]], section: tuple) -> list[str]:
+    """The keys the config section at ``section`` (a pydantic error location) accepts; [] when unknown."""
+    current = model
+    for part in section:
+        if current is None:
+            return []
+        if isinstance(part, int):
+            continue  # an item of a list: its model is the list's
+        field = current.model_fields.get(str(part))
+        current = _model_in(field.annotation) if field is not None else None
+    return list(current.model_fields) if current is not None else []
+
+
+def misspelt_keys(problems: list[dict], model: Optional[type[BaseModel]] = None) -> dict[tuple, str]:
+    """{location of an unknown key: the key it likely misspells}: a missing required key of its section first,
+    else any key the section accepts."""
+    import difflib
+    missing: dict[tuple, list[str]] = {}
+    for problem in problems:
+        if problem["type"] == "missing" and problem["loc"]:
+            missing.setdefault(tuple(problem["loc"][:-1]), []).append(str(problem["loc"][-1]))
+    meant = {}
+    for problem in problems:
+        if problem["type"] == "extra_forbidden" and problem["loc"]:
+            section, key = tuple(problem["loc"][:-1]), str(problem["loc"][-1])
+            close = (difflib.get_close_matches(key, missing.get(section, []), n=1, cutoff=0.75)
+                     or difflib.get_close_matches(key, section_keys(model, section), n=1, cutoff=0.75))
+            if close:
+                meant[tuple(problem["loc"])] = close[0]
+    return meant
+
+
+def missing_keys(problems: list[dict]) -> set[tuple]:
+    return {(tuple(problem["loc"][:-1]), str(problem["loc"][-1])) for problem in problems
+            if problem["type"] == "missing" and problem["loc"]}
+
+
+def format_validation_error(err: ValidationError, source: str, prefix: str = "",
+                            model: Optional[type[BaseModel]] = None) -> str:
+    """One line per problem: ``source: field.path: what is wrong (got X)``. An unknown key that misspells a
+    missing required one says so (and the missing one is not listed again)."""
     lines = []
-    for problem in err.errors():
+    problems = err.errors()
+    meant = misspelt_keys(problems, model)
+    named = {(location[:-1], key) for location, key in meant.items()}
+    for problem in problems:
+        if problem["type"] == "missing" and (tuple(problem["loc"][:-1]), problem["loc"][-1]) in named:
+            continue
         path = _field_path(tuple(prefix.split(".")) + problem["loc"] if prefix else problem["loc"])
         message = problem["msg"].removeprefix("Value error, ")  # a validator's own sentence, not pydantic's label
-        if problem["type"] == "extra_forbidden":
+        if tuple(problem["loc"]) in meant:
+            key = meant[tuple(problem["loc"])]
+            required = " (required, and missing)" if (tuple(problem["loc"][:-1]), key) in missing_keys(problems) else ""
+            message = f"unknown key; did you mean {key!r}{required}?"
+        elif problem["type"] == "extra_forbidden":
             message = "unknown key; remove it or check its spelling against the documented keys"
         elif "input" in problem and not isinstance(problem["input"], (dict, list)):
             message = f"{message} (got {problem['input']!r})"
@@ -89,4 +148,4 @@ def validate(model: type[BaseModel], data: Any, source: str, prefix: str = "") -
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source, prefix)) from None
+        raise ConfigError(format_validation_error(err, source, prefix, model)) from None

@@ -108,6 +108,15 @@ def test_a_gpu_file_refuses_an_infinite_rate_and_two_rows_of_one_name(tmp_path):
                               "(rename one, or remove it; a row in another file overrides the shipped one)")
 
 
+def test_a_misspelt_required_key_is_named_once_as_the_key_it_misspells(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text(USER_ROW.replace("memory_bandwidth_gbps", "memory_bandwith_gbps"))
+    with pytest.raises(ConfigError) as err:
+        read_gpu_file(path)
+    assert str(err.value) == (f"{path}: gpus[0].memory_bandwith_gbps: unknown key; did you mean "
+                              "'memory_bandwidth_gbps' (required, and missing)?")
+
+
 def test_registry_later_rows_override_earlier(tmp_path):
     path = tmp_path / "gpus.yaml"
     path.write_text(USER_ROW)

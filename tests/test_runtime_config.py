@@ -26,7 +26,7 @@ def test_count_shorthand_expands_gpus(tmp_path):
 
 @pytest.mark.parametrize("mutate, expected", [
     (lambda c: c["diloco"].update(rounds=0), "diloco.rounds: Input should be greater than or equal to 1 (got 0)"),
-    (lambda c: c["optim"]["inner"].update(lrr=1), "optim.inner.lrr: unknown key"),
+    (lambda c: c["optim"]["inner"].update(lrr=1), "optim.inner.lrr: unknown key; did you mean 'lr'?"),
     (lambda c: c.update(extra_section={}), "extra_section: unknown key"),
     (lambda c: c["nodes"][1]["emulate"].update(gpu="A30"), "nodes[1].emulate: give exactly one of emulate.step_time_s"),
     (lambda c: c["nodes"][0]["emulate"].update(step_time_s=-1), "nodes[0].emulate.step_time_s: Input should be greater than 0"),
