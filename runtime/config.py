@@ -6,6 +6,7 @@ balancing, comm, checkpoint, nodes). Durations end in ``_s``.
 from __future__ import annotations
 
 import copy
+import glob
 import os
 from importlib import resources
 from pathlib import Path
@@ -400,6 +401,10 @@ class RunConfig(StrictModel):
                               sort_keys=False)
 
 
+DATASET_BUILDERS = {"json", "parquet", "text", "csv", "arrow"}
+"""``datasets`` builders that read local files (``data.hf_dataset.path``), never paths themselves."""
+
+
 def with_absolute_paths(mapping: dict, base: Path) -> dict:
     """``mapping`` (a run config as a dict) with its relative input paths (model files, data, tokenizer, GPU
     files) joined to ``base``, the directory the run was started from: the run directory's config.yaml then
@@ -408,9 +413,13 @@ def with_absolute_paths(mapping: dict, base: Path) -> dict:
     result = copy.deepcopy(mapping)
 
     def absolute(value):
+        """A relative path that names something under ``base`` (a glob that matches), joined to it; anything
+        else (a preset or builder name, a path already absolute or missing) as it is."""
         if isinstance(value, list):
             return [absolute(item) for item in value]
-        return value if not isinstance(value, str) or os.path.isabs(value) else os.path.normpath(base / value)
+        if not isinstance(value, str) or os.path.isabs(value) or not glob.glob(str(base / value)):
+            return value
+        return os.path.normpath(base / value)
 
     model, data = result.get("model") or {}, result.get("data") or {}
     hf_model = model.get("hf") or {}
@@ -423,7 +432,7 @@ def with_absolute_paths(mapping: dict, base: Path) -> dict:
     hf_data = data.get("hf_dataset") or {}
     if hf_data.get("data_files"):
         hf_data["data_files"] = absolute(hf_data["data_files"])
-    if hf_data.get("path") and (base / hf_data["path"]).exists():
+    if hf_data.get("path") and hf_data["path"] not in DATASET_BUILDERS:
         hf_data["path"] = absolute(hf_data["path"])
     return result
 

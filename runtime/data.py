@@ -80,7 +80,8 @@ def corpus_notices(source: str, max_bytes: int) -> list[str]:
         return []
     files = [path] if path.is_file() else [item for item in path.rglob("*") if item.is_file()]
     read = [item for item in files if path.is_file() or is_text_file(item)]
-    skipped = sorted(item.name for item in files if item not in read)
+    kept = set(read)
+    skipped = sorted(item.name for item in files if item not in kept)
     notices = []
     if skipped:
         shown = ", ".join(skipped[:3]) + (", ..." if len(skipped) > 3 else "")

@@ -8,6 +8,7 @@ and ``model: {hf: {pretrained: DIR}}`` starts a new run from it. The built-in de
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -58,6 +59,9 @@ def export_global_model(run_dir: Path, out_dir: Path, round_number: Optional[int
     partial = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:  # written beside out_dir, then moved into place: a failed export leaves nothing to clean up
         what = write_model_files(config, model, partial)
+        umask = os.umask(0)
+        os.umask(umask)
+        partial.chmod(0o777 & ~umask)  # mkdtemp's folder is private; the export is as a mkdir would make it
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
         partial.rename(out_dir)

@@ -70,16 +70,16 @@ def reading_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-MOSTLY_MISSING_AFTER = 100
-"""Records read before a corpus whose text field is mostly null or not a string is refused."""
+_told_skipped: set = set()
+"""Text fields whose skipped records this process has told of (a stream reads its files again every epoch)."""
 
 
 def document_texts(dataset: Any, text_field: str) -> Iterator[str]:
     """The ``text_field`` of every record, in order; a missing field names the columns there are. Records
     whose field is null or not a string (JSON Lines files mixing keys read as null) are skipped and
-    counted: when they are most of what was read, the corpus is refused (it would train on a sliver
-    of it); otherwise the count is told once the dataset ends. A record the reader cannot parse is a
-    ConfigError naming the cause."""
+    counted: when the dataset (or a streamed file) ends and they were most of it, it is refused (the run
+    would train on a sliver of it); otherwise the count is told once per process. A record the reader
+    cannot parse is a ConfigError naming the cause."""
     read = skipped = 0
     records = iter(dataset)
     while True:
@@ -100,23 +100,17 @@ def document_texts(dataset: Any, text_field: str) -> Iterator[str]:
         text = record[text_field]
         if not isinstance(text, str):
             skipped += 1
-            if read >= MOSTLY_MISSING_AFTER and 2 * skipped > read:
-                raise mostly_missing(text_field, skipped, read, record)
             continue
         if text:
             yield text
     if skipped and 2 * skipped > read:
-        raise mostly_missing(text_field, skipped, read, None)
-    if skipped:
+        raise ConfigError(f"data.hf_dataset.text_field: {skipped} of {read} records read have no text in "
+                          f"{text_field!r} (null or another type); name the field that holds the text, or fix the "
+                          "records")
+    if skipped and text_field not in _told_skipped:
+        _told_skipped.add(text_field)
         print(f"[geodiloco] data.hf_dataset: skipped {skipped} of {read} records whose {text_field!r} is null or "
               "not text", file=sys.stderr, flush=True)
-
-
-def mostly_missing(text_field: str, skipped: int, read: int, record: Optional[dict]) -> ConfigError:
-    other = f"; a record's fields with a value: {', '.join(sorted(k for k, v in record.items() if v is not None))}" \
-        if record else ""
-    return ConfigError(f"data.hf_dataset.text_field: {skipped} of {read} records read have no text in {text_field!r} "
-                       f"(null or another type){other}; name the field that holds the text, or fix the records")
 
 
 def tokenize_documents(tokenizer: Any, texts: list[str]) -> list[list[int]]:

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.predictor.workload import hf_config_json
-from geodiloco.runtime.config import RunConfig
+from geodiloco.runtime.config import DATASET_BUILDERS, RunConfig
 
 EXTRAS = {"hf": ("transformers", "datasets", "tokenizers", "safetensors"),
           "tensorboard": ("tensorboard",), "wandb": ("wandb",)}
-LOCAL_BUILDERS = {"json", "parquet", "text", "csv", "arrow"}
+LOCAL_BUILDERS = DATASET_BUILDERS
 
 
 def needed_extras(config: RunConfig) -> dict[str, str]:
@@ -90,18 +90,27 @@ def check_text_field(config: RunConfig) -> None:
         check_json_lines_head(Path(path), hf.text_field)
 
 
+COMPRESSED_SUFFIXES = {".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4"}
+
+
 def check_json_lines_head(path: Path, text_field: str) -> None:
+    """Refuse what datasets' json builder cannot read either; a compressed file, a JSON array or a pretty-printed
+    document (not one object per line) is left to it."""
+    if path.suffix.lower() in COMPRESSED_SUFFIXES:
+        return
     with open(path, "rb") as handle:
         head = handle.read(JSON_HEAD_BYTES)
     if not head.strip():
         raise ConfigError(f"data.hf_dataset.data_files: {path} is empty; remove it from the corpus or fill it")
     try:
-        text = head.decode("utf-8")
+        text = head.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         if err.start < len(head) - 3:  # not a character cut by the head's end
             raise ConfigError(f"data.hf_dataset.data_files: {path} is not UTF-8 text (byte {err.start}: "
                               f"{err.reason}); re-encode it as UTF-8 (iconv -t UTF-8)") from None
-        text = head[:err.start].decode("utf-8")
+        text = head[:err.start].decode("utf-8-sig")
+    if text.lstrip().startswith("["):
+        return  # one JSON array of records
     lines = text.splitlines()
     complete = lines if len(head) < JSON_HEAD_BYTES else lines[:-1]  # the last line may be cut by the head
     first_record = None
@@ -111,6 +120,8 @@ def check_json_lines_head(path: Path, text_field: str) -> None:
         try:
             record = json.loads(line)
         except ValueError as err:
+            if first_record is None:
+                return  # not one object per line (a pretty-printed document): datasets reads it or says why
             raise ConfigError(f"data.hf_dataset.data_files: {path} line {number} is not JSON ({err}); a JSON "
                               "Lines corpus holds one JSON object per line") from None
         first_record = record if first_record is None else first_record

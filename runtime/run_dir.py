@@ -76,8 +76,9 @@ def resume_changes(run_dir: Path, config: RunConfig) -> list[str]:
 
 
 def check_saved_tokenizer(config: RunConfig, config_path: Path) -> None:
-    """The tokenizer a finished run's config names is still there (``export`` and ``evaluate`` load it)."""
+    """The tokenizer a finished transformers run's config names is still there (``export`` and ``evaluate``
+    load it)."""
     tokenizer = config.data.tokenizer
-    if tokenizer and not Path(tokenizer).is_dir():
+    if tokenizer and config.model.hf is not None and not Path(tokenizer).is_dir():
         raise ConfigError(f"data.tokenizer: {tokenizer} (from {config_path}) no longer exists; the run's tokenizer "
                           "is needed: put it back there, or edit data.tokenizer in that file")

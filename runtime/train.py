@@ -134,6 +134,7 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
     watch = watch_for_stop_notices(node_name) if config.comm.backend == "torch" else None
     try:
         topology = join_world(config, node_name, use_cuda, secret)
+        _joined_world.set()
         changes, refusal = resume_check(run_dir, config) if resume else ([], None)
         if config.comm.backend == "torch":
             from geodiloco.runtime.comm import SiteStart, agree_at_start
@@ -560,15 +561,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         node = os.environ.get("GEODILOCO_NODE") or args.node
         message = f"node {node}: {err}" if node else str(err)
         record_fatal(message)
-        if not world_formed():  # once it has formed, the peers meet this worker's exit in their collectives
+        if not _joined_world.is_set():  # once it has formed, the peers meet this worker's exit in their collectives
             post_stop_notice(message)
         stop_own_agent()
         return 2
 
 
-def world_formed() -> bool:
-    import torch.distributed as dist
-    return dist.is_available() and dist.is_initialized()
+_joined_world = threading.Event()
+"""Set once this process joined its world (a later error, even after the group is destroyed, is not
+one from before the world formed)."""
 
 
 def exit_process(exit_code: int) -> None:

@@ -162,8 +162,11 @@ def test_a_corpus_file_the_nodes_could_not_read_stops_the_run_before_it_starts(c
         preflight(config_for_files(corpus, corpus["files"] + [str(bad)]))
 
 
-def test_records_without_the_text_field_are_refused_when_most_and_counted_when_few(corpus, tmp_path, capsys):
+def test_records_without_the_text_field_are_refused_when_most_and_counted_when_few(corpus, tmp_path, capsys,
+                                                                                   monkeypatch):
+    from geodiloco.runtime import hf_data
     from geodiloco.runtime.hf_data import load_token_corpus
+    monkeypatch.setattr(hf_data, "_told_skipped", set())
     texts = documents(6)
     mostly = tmp_path / "mostly.jsonl"  # datasets reads the other key's records as text: null
     write_lines(mostly, [{"text": texts[0]}] + [{"content": text} for text in texts[1:]])
@@ -176,6 +179,24 @@ def test_records_without_the_text_field_are_refused_when_most_and_counted_when_f
     tokenizer = load_tokenizer(corpus["tokenizer"])
     assert len(kept) == sum(len(tokenizer.encode(text)) + 1 for text in texts)  # every text, each with its end token
     assert "[geodiloco] data.hf_dataset: skipped 1 of 7 records whose 'text' is null or not text" in capsys.readouterr().err
+    # nulls first and text after: decided on the whole, not on the first records; told once per process
+    late = tmp_path / "late.jsonl"
+    write_lines(late, [{"text": None}] * 3 + [{"text": text} for text in texts])
+    load_token_corpus(config_for_files(corpus, [str(late)]).data.hf_dataset, corpus["tokenizer"], 10**6)
+    assert "skipped" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, content", [
+    ("gz.jsonl.gz", b"\x1f\x8b\x08\x00 not text"),
+    ("bom.jsonl", '\ufeff{"text": "one"}\n{"text": "two"}\n'.encode("utf-8")),
+    ("array.json", b'[\n  {"text": "one"},\n  {"text": "two"}\n]\n'),
+    ("pretty.json", b'{\n  "text": "one"\n}\n'),
+])
+def test_json_files_datasets_reads_in_other_shapes_are_left_to_it(corpus, tmp_path, name, content):
+    from geodiloco.runtime.preflight import check_json_lines_head
+    path = tmp_path / name
+    path.write_bytes(content)
+    check_json_lines_head(path, "text")  # nothing refused: datasets' json builder reads each of these
 
 
 def test_a_record_that_breaks_while_reading_is_a_config_error_naming_the_cause():

@@ -56,6 +56,30 @@ def test_an_export_that_fails_leaves_no_folder_and_a_retry_writes_it(tmp_path, m
     assert not out.exists() and os.listdir(tmp_path / "exports") == []
     assert "model.safetensors + dims.json" in export.export_global_model(run_dir, out)
     assert sorted(os.listdir(out)) == ["dims.json", "model.safetensors"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes a folder, not mkdtemp's private one
+
+
+def test_a_preset_name_or_a_missing_path_is_saved_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "json").mkdir()  # a folder named like the builder does not make the builder a path
+    config = parse_config({"model": {"file": "tiny"}, "nodes": [{"name": "a"}]}, "run.yaml")
+    saved = yaml.safe_load(config.to_yaml())
+    assert saved["model"]["file"] == "tiny"
+    assert load_config_text(tmp_path, config.to_yaml()).model.dims() == config.model.dims()
+    from geodiloco.runtime.config import with_absolute_paths
+    mapping = {"data": {"hf_dataset": {"path": "json", "data_files": ["corpus/*.jsonl", "missing/*.jsonl"]}}}
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.jsonl").write_text('{"text": "x"}\n')
+    assert with_absolute_paths(mapping, tmp_path)["data"]["hf_dataset"] == {
+        "path": "json", "data_files": [str(tmp_path / "corpus" / "*.jsonl"), "missing/*.jsonl"]}
+
+
+def load_config_text(directory: Path, text: str):
+    path = directory / "saved.yaml"
+    path.write_text(text)
+    return load_config(path)
 
 
 def test_a_tokenizer_gone_since_the_run_is_named_before_anything_is_written(tmp_path):
