@@ -98,16 +98,13 @@ class StepTimeBank:
         (or only ``emulate.cpu_share``: real compute) is planned as this CPU.
         """
         emulate = node.emulate
-        if emulate is not None and emulate.gpu is not None:
-            gpus = tuple(emulate.gpu_names(node.gpus))
+        names_workload = emulate is not None and (emulate.model is not None or emulate.seq_len is not None)
+        if emulate is not None and (emulate.gpu is not None or (node.gpus and names_workload)):
+            gpus = tuple(emulate.gpu_names(node.gpus)) if emulate.gpu is not None else tuple(node.gpus)
             workload = (emulate.model, emulate.seq_len)
             key = ("emulated", gpus, workload, emulate.time_scale)
             return key, NodeGroup(gpus=gpus, linear=None, workload=workload, time_scale=emulate.time_scale)
         if node.gpus:
-            if emulate is not None and (emulate.model is not None or emulate.seq_len is not None):
-                gpus, workload = tuple(node.gpus), (emulate.model, emulate.seq_len)
-                key = ("emulated", gpus, workload, emulate.time_scale)
-                return key, NodeGroup(gpus=gpus, linear=None, workload=workload, time_scale=emulate.time_scale)
             return ("gpus", tuple(node.gpus)), NodeGroup(gpus=tuple(node.gpus), linear=None)
         if emulate is not None and emulate.step_time_s is not None:
             key = declared_key(emulate, node.gpus, self.base_batch_size)

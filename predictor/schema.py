@@ -56,19 +56,17 @@ def section_keys(model: Optional[type[BaseModel]], section: tuple) -> list[str]:
     return list(current.model_fields) if current is not None else []
 
 
-def misspelt_keys(problems: list[dict], model: Optional[type[BaseModel]] = None) -> dict[tuple, str]:
-    """{location of an unknown key: the key it likely misspells}: a missing required key of its section first,
-    else any key the section accepts."""
+def misspelt_keys(problems: list[dict], missing: set[tuple],
+                  model: Optional[type[BaseModel]] = None) -> dict[tuple, str]:
+    """{location of an unknown key: the key it likely misspells}: a ``missing`` required key of its section
+    first, else any key the section accepts."""
     import difflib
-    missing: dict[tuple, list[str]] = {}
-    for problem in problems:
-        if problem["type"] == "missing" and problem["loc"]:
-            missing.setdefault(tuple(problem["loc"][:-1]), []).append(str(problem["loc"][-1]))
     meant = {}
     for problem in problems:
         if problem["type"] == "extra_forbidden" and problem["loc"]:
             section, key = tuple(problem["loc"][:-1]), str(problem["loc"][-1])
-            close = (difflib.get_close_matches(key, missing.get(section, []), n=1, cutoff=0.75)
+            missing_here = [name for where, name in missing if where == section]
+            close = (difflib.get_close_matches(key, missing_here, n=1, cutoff=0.75)
                      or difflib.get_close_matches(key, section_keys(model, section), n=1, cutoff=0.75))
             if close:
                 meant[tuple(problem["loc"])] = close[0]
@@ -86,7 +84,8 @@ def format_validation_error(err: ValidationError, source: str, prefix: str = "",
     missing required one says so (and the missing one is not listed again)."""
     lines = []
     problems = err.errors()
-    meant = misspelt_keys(problems, model)
+    missing = missing_keys(problems)
+    meant = misspelt_keys(problems, missing, model)
     named = {(location[:-1], key) for location, key in meant.items()}
     for problem in problems:
         if problem["type"] == "missing" and (tuple(problem["loc"][:-1]), problem["loc"][-1]) in named:
@@ -95,7 +94,7 @@ def format_validation_error(err: ValidationError, source: str, prefix: str = "",
         message = problem["msg"].removeprefix("Value error, ")  # a validator's own sentence, not pydantic's label
         if tuple(problem["loc"]) in meant:
             key = meant[tuple(problem["loc"])]
-            required = " (required, and missing)" if (tuple(problem["loc"][:-1]), key) in missing_keys(problems) else ""
+            required = " (required, and missing)" if (tuple(problem["loc"][:-1]), key) in missing else ""
             message = f"unknown key; did you mean {key!r}{required}?"
         elif problem["type"] == "extra_forbidden":
             message = "unknown key; remove it or check its spelling against the documented keys"

@@ -86,21 +86,31 @@ def bench_round_end(preset: str, repeats: int) -> dict:
     return row
 
 
-def demo_idle(background: bool, run_dir: Path, flush: bool = True) -> dict:
-    """One run of the embedded demo with these checkpoint settings: its idle parts and total GPU idle share."""
+def run_demo(run_dir: Path, *options: str) -> list[dict]:
+    """Run the demo (``geodiloco run`` with ``options``) into ``run_dir``; its idle records."""
     command = [str(Path(sys.executable).with_name("geodiloco")), "run", "--run-dir", str(run_dir), "--no-report",
-               "--set", f"checkpoint.background={str(background).lower()}",
-               "--set", f"checkpoint.flush={str(flush).lower()}"]
+               *options]
     completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if completed.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited {completed.returncode}: {completed.stderr[-2000:]}")
-    rows = [json.loads(line) for line in (run_dir / "idle.jsonl").read_text().splitlines() if line.strip()]
-    parts = {key: sum(row[key] for row in rows) for key in ("compute_s", "wait_s", "comm_s", "overhead_s")}
+    return [json.loads(line) for line in (run_dir / "idle.jsonl").read_text().splitlines() if line.strip()]
+
+
+def total_idle_share(rows: list[dict]) -> float:
+    """(wait + exposed sync + other) / GPU time of idle records, weighted by each node's GPUs."""
     gpus = {row["node"]: row["num_gpus"] for row in rows}
     wall = sum((row["round_end"] - row["round_start"]) * gpus[row["node"]] for row in rows)
     idle = sum((row["wait_s"] + row["comm_s"] + row["overhead_s"]) * gpus[row["node"]] for row in rows)
+    return idle / wall
+
+
+def demo_idle(background: bool, run_dir: Path, flush: bool = True) -> dict:
+    """One run of the embedded demo with these checkpoint settings: its idle parts and total GPU idle share."""
+    rows = run_demo(run_dir, "--set", f"checkpoint.background={str(background).lower()}",
+                    "--set", f"checkpoint.flush={str(flush).lower()}")
+    parts = {key: sum(row[key] for row in rows) for key in ("compute_s", "wait_s", "comm_s", "overhead_s")}
     return {"background": background, "flush": flush, "rounds": len({row["round"] for row in rows}), **parts,
-            "other_s_per_node_round": parts["overhead_s"] / len(rows), "total_idle_share": idle / wall}
+            "other_s_per_node_round": parts["overhead_s"] / len(rows), "total_idle_share": total_idle_share(rows)}
 
 
 def bench_demo(runs: int) -> list[dict]:

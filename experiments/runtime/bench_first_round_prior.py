@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,8 +27,9 @@ from pathlib import Path
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "experiments" / "results" / "runtime"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_checkpoint import RESULTS, ROOT, run_demo, total_idle_share  # noqa: E402
+
 DEFAULT_CONFIG = ROOT / "runtime" / "default.yaml"
 VARIANTS = ("workload named", "run's model")
 
@@ -45,20 +45,12 @@ def config_without_workload(path: Path) -> Path:
 
 def demo_idle(config: Path, run_dir: Path) -> dict:
     """One demo run: total GPU idle share, and the waiting summed over nodes in round 0 and in all rounds."""
-    command = [str(Path(sys.executable).with_name("geodiloco")), "run", "--config", str(config), "--run-dir",
-               str(run_dir), "--no-report"]
-    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited {completed.returncode}: {completed.stderr[-2000:]}")
-    rows = [json.loads(line) for line in (run_dir / "idle.jsonl").read_text().splitlines() if line.strip()]
-    gpus = {row["node"]: row["num_gpus"] for row in rows}
-    wall = sum((row["round_end"] - row["round_start"]) * gpus[row["node"]] for row in rows)
-    idle = sum((row["wait_s"] + row["comm_s"] + row["overhead_s"]) * gpus[row["node"]] for row in rows)
+    rows = run_demo(run_dir, "--config", str(config))
     first = [row for row in rows if row["round"] == 0]
     return {"round0_wait_s": sum(row["wait_s"] for row in first),
             "round0_exposed_sync_s": sum(row["comm_s"] for row in first),
             "round0_local_steps": {row["node"]: row["local_steps"] for row in first},
-            "wait_s": sum(row["wait_s"] for row in rows), "total_idle_share": idle / wall}
+            "wait_s": sum(row["wait_s"] for row in rows), "total_idle_share": total_idle_share(rows)}
 
 
 def run_pairs(pairs: int) -> list[dict]:
