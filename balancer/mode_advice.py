@@ -53,6 +53,10 @@ def link_s(payload_bytes: float, bandwidth_mbps: Optional[float], latency_ms: fl
     return 8.0 * payload_bytes / (bandwidth_mbps * 1e6) + latency_ms / 1e3
 
 
+def counted(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: float = 1.0,
                 codec: str = "none") -> ModeAdvice:
     """Advice for ``plan`` (made with the run's balancing policy and sync settings) on ``nodes``
@@ -83,13 +87,18 @@ def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: 
         recommended = "async"
         reason = (f"sync with the {plan.policy} policy leaves {sync_idle:.0%} of GPU time idle (waiting + exposed sync); async "
                   f"leaves about {async_idle:.0%} (push and pull {transfer_s:.3g} s per {phase_s:.3g} s phase) at "
-                  f"an expected staleness of {staleness} updates")
+                  f"an expected staleness of {counted(staleness, 'update')}")
+    elif async_idle < sync_idle:
+        recommended = "sync"
+        reason = (f"sync with the {plan.policy} policy leaves {sync_idle:.0%} of GPU time idle (waiting + exposed sync); "
+                  f"async would leave about {async_idle:.0%}, less by under {ASYNC_MARGIN:.0%} of node time: too little "
+                  f"to pay for updates about {counted(staleness, 'version')} stale")
     else:
         recommended = "sync"
         why = ("the host's link carries every pull and sets the pace"
                if host_load > 1 else f"its push and pull take {transfer_s:.3g} s per phase "
                                      f"({'fp32' if codec == 'none' else codec}, none of it hidden)")
         reason = (f"sync with the {plan.policy} policy leaves {sync_idle:.0%} of GPU time idle (waiting + exposed sync); "
-                  f"async would leave about {async_idle:.0%}: {why}, and its updates would be about {staleness} "
-                  "versions stale")
+                  f"async would leave about {async_idle:.0%}: {why}, and its updates would be about "
+                  f"{counted(staleness, 'version')} stale")
     return ModeAdvice(recommended, sync_idle, async_idle, transfer_s, staleness, host_load, reason)

@@ -38,6 +38,18 @@ def test_sync_is_advised_when_the_hosts_link_sets_the_pace():
     assert "host's link" in advice.reason
 
 
+def test_sync_is_advised_when_async_saves_too_little_and_the_reason_says_so():
+    # at 15 Mbit/s b's push and pull of 1 M fp32 parameters take 32/15 s each: async idles (0 + 4.27 / 14.27) / 2 = 15.0 %,
+    # 1.7 points under sync's 4 / 24 = 16.7 %: less idle, but by under the 5-point margin that staleness costs
+    plan = two_node_plan()
+    two = [NodeSpec(name="a", gpus=["A30"], wan={"bandwidth_mbps": 15}), NodeSpec(name="b", gpus=["A30"], wan={"bandwidth_mbps": 15})]
+    advice = advise_mode(plan, two, 1_000_000)
+    assert advice.async_idle_share == pytest.approx((32 / 15 * 2 / (10 + 32 / 15 * 2)) / 2)
+    assert advice.async_idle_share < advice.sync_idle_share and advice.recommended == "sync"
+    assert "async would leave about 15%, less by under 5% of node time: too little to pay for updates about 1 version stale" \
+        in advice.reason, advice.reason
+
+
 def test_int8_shrinks_the_async_transfer_about_four_times():
     fp32 = advise_mode(two_node_plan(), nodes(100), 1_000_000)
     int8 = advise_mode(two_node_plan(), nodes(100), 1_000_000, codec="int8")
