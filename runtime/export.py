@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -21,6 +22,7 @@ from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config import load_config
 from geodiloco.runtime.models import build_configured_model
 from geodiloco.runtime.run_dir import check_saved_tokenizer
+from geodiloco.runtime.state_file import CorruptStateFile
 
 
 def chosen_round(run_dir: Path, round_number: Optional[int]) -> int:
@@ -33,10 +35,37 @@ def chosen_round(run_dir: Path, round_number: Optional[int]) -> int:
     if round_number is None:
         return kept[-1]
     if round_number - 1 not in kept:
-        listed = ", ".join(f"{index + 1} ({checkpoint.round_dir(run_dir, index).name})" for index in kept)
         raise ConfigError(f"--round {round_number}: not kept in {run_dir}; kept rounds (1-based, as the console "
-                          f"prints them; the folders and the JSONL logs count from 0): {listed}")
+                          f"prints them; the folders and the JSONL logs count from 0): {kept_list(run_dir, kept)}")
     return round_number - 1
+
+
+def kept_list(run_dir: Path, kept: list[int]) -> str:
+    return ", ".join(f"{index + 1} ({checkpoint.round_dir(run_dir, index).name})" for index in kept)
+
+
+def intact_global_params(run_dir: Path, round_number: Optional[int]) -> tuple[int, list]:
+    """(0-based round, global parameters) of ``round_number`` (1-based), or of the newest kept round whose
+    checkpoint verifies: a damaged newer one is named on stderr and passed over, as a resume does."""
+    round_idx = chosen_round(run_dir, round_number)
+    if round_number is not None:
+        try:
+            return round_idx, checkpoint.load_global(run_dir, round_idx)["outer"]["global_params"]
+        except CorruptStateFile as err:
+            others = [index for index in checkpoint.kept_rounds(run_dir) if index != round_idx]
+            hint = f"; other kept rounds: {kept_list(run_dir, others)}" if others else ""
+            raise ConfigError(f"--round {round_number}: {err}{hint}") from None
+    refused = []
+    for candidate in reversed(checkpoint.kept_rounds(run_dir)):
+        try:
+            params = checkpoint.load_global(run_dir, candidate)["outer"]["global_params"]
+        except CorruptStateFile as err:
+            refused.append(str(err))
+            print(f"[geodiloco] checkpoint refused: {err}; an older round is exported instead", file=sys.stderr,
+                  flush=True)
+            continue
+        return candidate, params
+    raise ConfigError(f"{run_dir}: no kept round's global checkpoint is intact ({'; '.join(refused)})")
 
 
 def export_global_model(run_dir: Path, out_dir: Path, round_number: Optional[int] = None) -> str:
@@ -49,25 +78,36 @@ def export_global_model(run_dir: Path, out_dir: Path, round_number: Optional[int
         raise ConfigError(f"--out {out_dir}: exists and is not empty; choose a new directory")
     config = load_config(config_path)
     check_saved_tokenizer(config, config_path)
-    round_idx = chosen_round(run_dir, round_number)
-    params = checkpoint.load_global(run_dir, round_idx)["outer"]["global_params"]
+    round_idx, params = intact_global_params(run_dir, round_number)
     model = build_configured_model(config.model, config.run.seed)
     with torch.no_grad():
         for target, source in zip(model.parameters(), params, strict=True):
             target.copy_(source)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    except OSError as err:
+        raise ConfigError(f"--out {out_dir}: cannot write in {out_dir.parent} "
+                          f"({(err.strerror or str(err)).lower()}); choose another directory") from None
     try:  # written beside out_dir, then moved into place: a failed export leaves nothing to clean up
         what = write_model_files(config, model, partial)
-        umask = os.umask(0)
-        os.umask(umask)
-        partial.chmod(0o777 & ~umask)  # mkdtemp's folder is private; the export is as a mkdir would make it
+        give_umask_modes(partial)
         if out_dir.exists():
             out_dir.rmdir()  # empty, checked above
         partial.rename(out_dir)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return f"round {round_idx + 1} of {run_dir} as {what} in {out_dir}"
+
+
+def give_umask_modes(folder: Path) -> None:
+    """The modes a mkdir and a plain write would give under the umask: mkdtemp's folder is private, and some
+    writers (safetensors) leave their files private too."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+    folder.chmod(0o777 & ~umask)
 
 
 def write_model_files(config, model: torch.nn.Module, out_dir: Path) -> str:

@@ -152,6 +152,10 @@ def load_state(path: Path) -> Any:
     from safetensors.torch import load_file, safe_open
 
     try:
+        path.open("rb").close()  # safetensors reports an unreadable file as missing
+    except OSError as err:
+        raise CorruptStateFile(f"{path}: cannot be read ({(err.strerror or str(err)).lower()})") from None
+    try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
         tensors = load_file(str(path))

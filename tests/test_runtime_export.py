@@ -98,3 +98,43 @@ def test_a_tokenizer_gone_since_the_run_is_named_before_anything_is_written(tmp_
                                           "no longer exists"):
         export.export_global_model(run_dir, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_newest_round_gives_way_to_the_newest_intact_one_and_a_chosen_damaged_round_is_named(tmp_path,
+                                                                                                       capsys):
+    run_dir = finished_run(tmp_path / "run", {"model": {"preset": "tiny"}, "nodes": [{"name": "a"}]})
+    first = checkpoint.load_global(run_dir, 0)["outer"]["global_params"]
+    checkpoint.save_global(run_dir, 1, {"outer": {"global_params": [param + 1.0 for param in first]}})
+    checkpoint.mark_latest(run_dir, 1, keep=2)
+    damaged = checkpoint.round_dir(run_dir, 1) / checkpoint.GLOBAL_FILE
+    damaged.write_bytes(damaged.read_bytes()[:1000])
+
+    described = export.export_global_model(run_dir, tmp_path / "latest")
+    assert described.startswith("round 1 of ")
+    assert f"checkpoint refused: {damaged}: not a readable safetensors file" in capsys.readouterr().err
+    from safetensors.torch import load_file
+    exported = load_file(str(tmp_path / "latest" / "model.safetensors"))
+    assert sum(tensor.sum().item() for tensor in exported.values()) == pytest.approx(
+        sum(param.sum().item() for param in first), rel=1e-6)  # round 1's weights, not round 2's (+1 each)
+
+    with pytest.raises(ConfigError, match=r"^--round 2: .*not a readable safetensors file .*; other kept rounds: "
+                                          r"1 \(round_00000\)$"):
+        export.export_global_model(run_dir, tmp_path / "chosen", round_number=2)
+    assert not (tmp_path / "chosen").exists()
+    (checkpoint.round_dir(run_dir, 0) / checkpoint.GLOBAL_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="no kept round's global checkpoint is intact"):
+        export.export_global_model(run_dir, tmp_path / "none")
+
+
+def test_the_exported_files_take_the_umask_modes_and_an_unwritable_out_names_out(tmp_path):
+    run_dir = finished_run(tmp_path / "run", {"model": {"preset": "tiny"}, "nodes": [{"name": "a"}]})
+    umask = os.umask(0o027)
+    try:
+        export.export_global_model(run_dir, tmp_path / "model")
+    finally:
+        os.umask(umask)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "model").iterdir()}
+    assert modes == {"model.safetensors": 0o640, "dims.json": 0o640}  # safetensors left its file 0o600
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"^--out .*file/model: cannot write in .*file \(.*\); choose another directory$"):
+        export.export_global_model(run_dir, tmp_path / "file" / "model")
