@@ -214,7 +214,10 @@ def _optional_sum(values: list[Optional[float]]) -> Optional[float]:
 
 
 def summarize_total(nodes: list[NodeSummary], records: list[NodeRound], rounds: int) -> NodeSummary:
-    """The run's total: sums over nodes; the idle share is GPU-weighted (idle GPU-s / wall GPU-s)."""
+    """The run's total: sums over nodes; the idle share is GPU-weighted (idle GPU-s / wall GPU-s). Per 1,000
+    rounds it is the sum of the nodes' rows, each over the rounds that node logged: in async mode, or with a node
+    absent for some rounds, nodes log different numbers of rounds, and dividing the run's idle by its number of
+    distinct rounds would fall below the sum of its own rows."""
     idle_gpu_s = sum(node.idle_gpu_s for node in nodes)
     wall_gpu_s = sum(node.wall_gpu_s for node in nodes)
     idle_s = sum(node.idle_s for node in nodes)
@@ -232,11 +235,11 @@ def summarize_total(nodes: list[NodeSummary], records: list[NodeRound], rounds: 
         compute_utilization=(sum(record.compute_s * record.gpu_count for record in records) / wall_gpu_s
                              if wall_gpu_s > 0 else 0.0),
         idle_gpu_s=idle_gpu_s, wall_gpu_s=wall_gpu_s,
-        idle_gpu_h_per_1k_rounds=idle_gpu_s / rounds * ROUNDS_PER_KILO / SECONDS_PER_HOUR,
+        idle_gpu_h_per_1k_rounds=sum(node.idle_gpu_h_per_1k_rounds for node in nodes),
         predicted_idle_s=_optional_sum([node.predicted_idle_s for node in nodes]),
         usd_per_hour=_optional_sum([node.usd_per_hour for node in nodes]),
         idle_cost_usd=idle_cost,
-        idle_cost_usd_per_1k_rounds=None if idle_cost is None else idle_cost / rounds * ROUNDS_PER_KILO,
+        idle_cost_usd_per_1k_rounds=_optional_sum([node.idle_cost_usd_per_1k_rounds for node in nodes]),
         energy=energy_totals(records),
     )
 

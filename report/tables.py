@@ -254,7 +254,8 @@ def verdict(summaries: list[RunSummary]) -> Text:
     row = compare(summaries)[summaries.index(best)]
     text = Text("Least idle: ")
     text.append(f"{best.label} ({best.policy})", style=GOOD_STYLE)
-    text.append(f", {fmt.number(best.total.idle_gpu_h_per_1k_rounds, 3)} GPU-h per 1,000 rounds, "
+    text.append(f", {fmt.percent(best.total.idle_share)} of GPU time idle; "
+                f"{fmt.number(best.total.idle_gpu_h_per_1k_rounds, 3)} GPU-h per 1,000 rounds, "
                 f"{fmt.signed_percent(row.idle_change)} vs {summaries[0].label}")
     return text
 

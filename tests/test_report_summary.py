@@ -107,6 +107,31 @@ def test_comparison_is_per_round_when_lengths_differ(tmp_path):
     assert compare([short, long])[1].idle_change == pytest.approx(0.0)
 
 
+def test_with_nodes_that_logged_different_rounds_the_total_per_1000_rounds_is_the_sum_of_the_rows(tmp_path):
+    # a logs 3 rounds (24 idle GPU-s: 8 per round), b only 2 (2 x 1.5 s x 4 GPUs = 12 GPU-s: 6 per round), as an
+    # async run's nodes log their own phase counts; the rows read 8 and 6 GPU-s per round
+    records = [idle_record(r, NODE_A) for r in range(3)] + [idle_record(r, NODE_B) for r in range(2)]
+    summary = summarize(load_run(write_run(tmp_path / "run", records)))
+    per_1k = 1000 / 3600
+    assert _node(summary, "a").idle_gpu_h_per_1k_rounds == pytest.approx(8 * per_1k)
+    assert _node(summary, "b").idle_gpu_h_per_1k_rounds == pytest.approx(6 * per_1k)
+    assert summary.total.idle_gpu_h_per_1k_rounds == pytest.approx(14 * per_1k)  # 36 GPU-s / 3 rounds read 12
+
+
+def test_the_least_idle_run_is_the_one_with_the_smallest_total_gpu_idle_share(tmp_path):
+    base = summarize(load_run(default_run(tmp_path / "uniform")))  # 42 of 180 GPU-s idle: 23.3 %, 14 GPU-s a round
+    # about twice the local steps: 20 s rounds, a computes 15.5 s and waits 3.5, b computes 18: the idle per
+    # round grows by 1 GPU-s (15 GPU-s, more than the base's 14) in rounds twice as long (15 / 120 = 12.5 %)
+    longer = [idle_record(r, dict(NODE_A, compute_s=15.5, wait_s=3.5), run_id="run-2", policy="time", round_s=20.0)
+              for r in range(3)]
+    longer += [idle_record(r, dict(NODE_B, compute_s=18.0), run_id="run-2", policy="time", round_s=20.0)
+               for r in range(3)]
+    long_rounds = summarize(load_run(write_run(tmp_path / "time", longer)))
+    assert long_rounds.total.idle_gpu_h_per_1k_rounds > base.total.idle_gpu_h_per_1k_rounds
+    assert long_rounds.total.idle_share == pytest.approx(45 / 360)
+    assert least_idle([base, long_rounds]) is long_rounds
+
+
 def test_energy_estimated_from_power_and_measured_when_logged(tmp_path):
     records = default_records()
     for record in records:
