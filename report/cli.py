@@ -70,16 +70,8 @@ def _report(args: argparse.Namespace) -> int:
         for warning in summary.warnings:
             print(f"warning: {summary.run_dir}: {warning}", file=sys.stderr)
     renderables = _renderables(summaries, args)
-    if args.json is not None:
-        text = write_json(summaries, args.json)
-        if args.json == "-":
-            print(text)
-    if args.json != "-":
-        piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-        console = Console(width=PIPE_WIDTH if piped else None)
-        for renderable in renderables:
-            console.print(renderable)
-    sys.stdout.flush()
+    # the files first: a reader of stdout that stops early (`| head`) must not cost them
+    text = write_json(summaries, args.json) if args.json is not None else None
     if args.html:
         write_html(renderables, args.html)
         print(f"wrote {args.html}", file=sys.stderr)
@@ -88,7 +80,24 @@ def _report(args: argparse.Namespace) -> int:
 
         write_plot(summaries, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
+    if args.json == "-":
+        print(text)
+    else:
+        piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+        console = PipeConsole(width=PIPE_WIDTH if piped else None)
+        for renderable in renderables:
+            console.print(renderable)
+    sys.stdout.flush()
     return 0
+
+
+class PipeConsole(Console):
+    """A reader that went away (``| head``) ends the report as it ends other commands (exit 141, quietly): rich's
+    own console exits 1, as if the report had failed."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
 
 
 def check_run_dirs(args: argparse.Namespace) -> None:
@@ -135,6 +144,9 @@ def run_report(args: argparse.Namespace, prog: str = "geodiloco report") -> int:
     except ReportError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         from geodiloco.runtime.train import exit_process, main as train_main
         exit_process(train_main(argv[1:]))
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try: a reader that went away (`| head`) is handled below
@@ -68,6 +68,19 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"geodiloco {args.command}: error: {path_error(err)}", file=sys.stderr)
         return 2
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args``, except that run directories named after an option (``report run1 --compare run2``)
+    join the others, and an unknown argument is refused with the subcommand's usage rather than the top level's."""
+    args, extras = parser.parse_known_args(argv)
+    if args.command == "report":
+        args.run_dirs += [extra for extra in extras if not extra.startswith("-")]
+        extras = [extra for extra in extras if extra.startswith("-")]
+    if extras:
+        subcommands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+        subcommands.choices[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
 
 
 def path_error(err: OSError) -> str:

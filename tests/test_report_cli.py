@@ -185,3 +185,30 @@ def test_the_planner_column_is_labelled_as_wait_plus_sync(tmp_path, capsys):
     assert "predicted\nidle" not in out and "predicted idle s" not in out
     total_row = next(line for line in out.splitlines() if line.strip().startswith("total"))
     assert total_row.split()[-1] == "9.00"  # 3 rounds x (2.5 + 0.5)
+
+
+def test_a_reader_that_stops_early_costs_neither_the_plot_nor_the_html_and_exits_141_quietly(tmp_path):
+    run = default_run(tmp_path / "run")
+    plot, html = tmp_path / "idle.png", tmp_path / "report.html"
+    process = subprocess.Popen([sys.executable, "-m", "geodiloco.runtime.cli", "report", str(run), "--rounds",
+                                "--plot", str(plot), "--html", str(html)], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, bufsize=1)
+    assert process.stdout.readline().startswith("Run demo")
+    process.stdout.close()  # what `| head -1` does after its line
+    stderr = process.stderr.read()
+    assert process.wait(timeout=60) == 141, stderr
+    assert plot.read_bytes().startswith(b"\x89PNG") and "<html" in html.read_text()
+    assert "Traceback" not in stderr and "Error" not in stderr
+
+
+def test_run_directories_may_follow_an_option_and_an_unknown_option_gets_the_reports_usage(tmp_path):
+    base, tuned = default_run(tmp_path / "uniform"), _tuned_run(tmp_path / "time")
+    shown = subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", "report", str(base), "--compare", str(tuned)],
+                           cwd=REPO, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "Least idle: tuned (time)" in shown.stdout
+    refused = subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", "report", str(base), "--bogus"],
+                             cwd=REPO, capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("usage: geodiloco report")
+    assert refused.stderr.rstrip().endswith("geodiloco report: error: unrecognized arguments: --bogus")
