@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,21 @@ def report_dict(summaries: list[RunSummary]) -> dict[str, Any]:
     return document
 
 
+def finite_or_null(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by None: JSON has no such numbers, and Python's NaN token
+    breaks other readers (JSON.parse, jq)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
+
+
 def write_json(summaries: list[RunSummary], destination: str) -> str:
     """Write the report as JSON to ``destination`` ('-' = return it for stdout); returns the text."""
-    text = json.dumps(report_dict(summaries), indent=2, sort_keys=True)
+    text = json.dumps(finite_or_null(report_dict(summaries)), indent=2, sort_keys=True, allow_nan=False)
     if destination != "-":
         _write(Path(destination), text + "\n", "--json")
     return text

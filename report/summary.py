@@ -8,6 +8,8 @@ exposed sync; sync hidden behind compute (comm_hidden_s) is shown beside it, not
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -290,8 +292,9 @@ def _final_losses(logs: RunLogs, last_round: int) -> tuple[Optional[float], Opti
     after logging a round's metrics but before its idle records has a later round in metrics.jsonl
     than the report covers; its loss would belong to no reported round."""
     reported = [row for row in logs.metrics if row.round <= last_round]
-    with_loss = [row for row in reported if row.loss is not None]
-    with_eval = [row for row in reported if row.eval_loss is not None]
+    # a node whose loss went non-finite is left out of its round, as the run leaves it out of the average
+    with_loss = [row for row in reported if row.loss is not None and math.isfinite(row.loss)]
+    with_eval = [row for row in reported if row.eval_loss is not None and math.isfinite(row.eval_loss)]
     final_loss = None
     if with_loss:
         last_round = max(row.round for row in with_loss)

@@ -213,3 +213,21 @@ def test_every_field_the_runtime_writes_is_read_back_by_the_report():
     read = NodeRound.model_validate(json.loads(written.to_json()))
     assert {name: getattr(read, name) for name in json.loads(written.to_json())} == json.loads(written.to_json())
     assert read.idle_s == pytest.approx(2.5)
+
+
+def test_a_node_whose_loss_went_non_finite_is_left_out_of_the_final_loss_and_json_writes_null(tmp_path):
+    import json as json_module
+
+    from geodiloco.report.export import write_json
+    metrics = [{"round": 2, "node": "a", "loss": 3.0}, {"round": 2, "node": "b", "loss": float("nan")},
+               {"round": 2, "eval_loss": 3.9}]
+    run = tmp_path / "run"
+    write_run(run, default_records())
+    (run / "metrics.jsonl").write_text("".join(json_module.dumps(row) + "\n" for row in metrics))  # NaN, as Python logs it
+    summary = summarize(load_run(run))
+    assert summary.final_loss == pytest.approx(3.0) and summary.final_eval_loss == pytest.approx(3.9)
+    summary.final_eval_loss = float("inf")  # whatever a summary holds, the JSON stays JSON
+    text = write_json([summary], "-")
+    assert "NaN" not in text and "Infinity" not in text
+    document = json_module.loads(text, parse_constant=lambda token: pytest.fail(f"non-standard JSON {token}"))
+    assert document["runs"][0]["final_eval_loss"] is None and document["runs"][0]["final_loss"] == pytest.approx(3.0)
