@@ -115,12 +115,21 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
     import torch
 
-    from geodiloco.runtime.evaluation import evaluate_checkpoints
+    from geodiloco.runtime.evaluation import evaluate_checkpoints, merged_rows, read_eval_rows
     torch.set_num_threads(os.cpu_count() or 1)
     run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        print(f"geodiloco evaluate: error: {run_dir}: no such directory; pass a run directory of geodiloco run",
+              file=sys.stderr)
+        return 2
     if not (run_dir / "config.yaml").is_file():
         print(f"geodiloco evaluate: error: {run_dir} has no config.yaml; pass a run directory of geodiloco run",
               file=sys.stderr)
+        return 2
+    out_path = run_dir / "eval.jsonl"
+    if not os.access(out_path if out_path.exists() else run_dir, os.W_OK):
+        print(f"geodiloco evaluate: error: {out_path}: cannot be written (permission denied), and the scores are "
+              "kept there; make it writable, or evaluate a copy of the run directory", file=sys.stderr)
         return 2
 
     def progress(row: dict) -> None:
@@ -135,7 +144,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"geodiloco evaluate: error: {err}", file=sys.stderr)
         return 2
-    (run_dir / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    rows = merged_rows(read_eval_rows(out_path), rows)
+    out_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     if args.json:
         print(json.dumps(rows, indent=2))
     return 0

@@ -11,7 +11,9 @@ losses can be told apart from the noise of a finite eval set.
 """
 from __future__ import annotations
 
+import json
 import math
+import sys
 import threading
 from pathlib import Path
 from typing import Optional
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 
 from geodiloco.runtime.host_threads import with_creators_threads
 from geodiloco.runtime.models import build_configured_model
+from geodiloco.runtime.state_file import CorruptStateFile
 
 
 class BackgroundEvaluator:
@@ -114,8 +117,15 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
                          "and checkpoint.keep >= diloco.rounds")
     model = build_configured_model(config.model, config.run.seed).eval()
     rows = []
+    refused = []
     for round_idx in rounds:
-        params = checkpoint.load_global(run_dir, round_idx)["outer"]["global_params"]
+        try:
+            params = checkpoint.load_global(run_dir, round_idx)["outer"]["global_params"]
+        except CorruptStateFile as err:
+            refused.append(str(err))
+            print(f"[geodiloco] round {round_idx + 1} (logs: {round_idx}) skipped: checkpoint refused: {err}",
+                  file=sys.stderr, flush=True)
+            continue
         for target, source in zip(model.parameters(), params):
             target.copy_(source.to(target.dtype))
         losses: list[float] = []
@@ -126,4 +136,33 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
                      "sequences": len(losses)})
         if progress is not None:
             progress(rows[-1])
+    if not rows:
+        raise ValueError(f"{run_dir}: no kept round's global checkpoint is intact ({'; '.join(refused)})")
+    return rows
+
+
+def merged_rows(earlier: list[dict], rows: list[dict]) -> list[dict]:
+    """``rows`` with the ``earlier`` rows of rounds they do not score (rounds whose checkpoints are gone since an
+    earlier evaluate, or refused now), in round order."""
+    scored = {row["round"] for row in rows}
+    return sorted([row for row in earlier if row.get("round") not in scored] + rows, key=lambda row: row["round"])
+
+
+def read_eval_rows(path: Path) -> list[dict]:
+    """The rows an earlier ``geodiloco evaluate`` wrote to ``path`` (none if there is no such file); a line that is
+    not a row of it is left out and said once."""
+    if not path.is_file():
+        return []
+    rows, unreadable = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("round"), int) and "eval_loss" in row:
+            rows.append(row)
+        elif line.strip():
+            unreadable += 1
+    if unreadable:
+        print(f"[geodiloco] {path}: {unreadable} line(s) that are not evaluation rows were dropped", file=sys.stderr)
     return rows

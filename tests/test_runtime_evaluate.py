@@ -34,6 +34,18 @@ def test_offline_scores_equal_the_in_run_evaluation_of_the_same_rounds(tmp_path)
         assert row["eval_loss_se"] == pytest.approx(in_run[row["round"]]["eval_loss_se"], abs=1e-5)
     assert read_jsonl(run_dir / "eval.jsonl") == offline
 
+    # later: round 1's checkpoint pruned, round 2's damaged. Evaluating again scores round 3, names round 2,
+    # and keeps the earlier rows of both in eval.jsonl instead of wiping them
+    import shutil
+    shutil.rmtree(run_dir / "checkpoints" / "round_00000")
+    damaged = run_dir / "checkpoints" / "round_00001" / "global.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:1000])
+    again = geodiloco("evaluate", str(run_dir))
+    assert again.returncode == 0, again.stderr
+    assert f"round 2 (logs: 1) skipped: checkpoint refused: {damaged}: not a readable safetensors file" in again.stderr
+    assert [line.split(":")[0] for line in again.stdout.splitlines()] == ["round 3 (logs"]
+    assert read_jsonl(run_dir / "eval.jsonl") == offline
+
 
 def test_eval_every_rounds_0_keeps_the_set_out_but_evaluates_nothing_in_the_run(tmp_path):
     run_dir = run(tmp_path, eval_every_rounds=0)
@@ -48,3 +60,5 @@ def test_evaluate_names_what_is_missing(tmp_path):
     completed = geodiloco("evaluate", str(tmp_path))
     assert completed.returncode == 2
     assert "has no config.yaml" in completed.stderr
+    gone = geodiloco("evaluate", str(tmp_path / "gone"))
+    assert gone.returncode == 2 and f"{tmp_path / 'gone'}: no such directory" in gone.stderr
