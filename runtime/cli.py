@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:
         from geodiloco.runtime.train import exit_process, main as train_main
-        exit_process(train_main(argv[1:]))
+        exit_process(train_main(argv[1:], prog="geodiloco train"))
     parser = build_parser()
     args = parse_command_line(parser, argv)
     try:

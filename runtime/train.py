@@ -460,9 +460,12 @@ def default_run_dir(config: RunConfig) -> Path:
     return Path(config.run.out_dir) / config.run.name
 
 
-def build_arg_parser() -> argparse.ArgumentParser:
+MODULE_PROG = "python -m geodiloco.runtime.train"
+
+
+def build_arg_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m geodiloco.runtime.train",
+        prog=prog,
         description="Train one node (site) of a GeoDiLoCo run. Start it under torchrun at every site, "
                     "or let `geodiloco run` start all nodes on this machine.")
     add_train_arguments(parser)
@@ -551,13 +554,14 @@ def lost_a_peer(err: BaseException) -> bool:
                                       "Socket Timeout", "connection refused"))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None, prog: str = MODULE_PROG) -> int:
+    """``prog``: how the user started it, for usage and errors (``geodiloco train`` or the module)."""
     from geodiloco.predictor.schema import ConfigError
-    args = build_arg_parser().parse_args(argv)
+    args = build_arg_parser(prog).parse_args(argv)
     try:
         return train_from_args(args)
     except ConfigError as err:
-        print(f"geodiloco.runtime.train: error: {err}", file=sys.stderr, flush=True)
+        print(f"{'geodiloco.runtime.train' if prog == MODULE_PROG else prog}: error: {err}", file=sys.stderr, flush=True)
         node = os.environ.get("GEODILOCO_NODE") or args.node
         message = f"node {node}: {err}" if node else str(err)
         record_fatal(message)

@@ -86,3 +86,15 @@ def test_a_reader_that_goes_away_ends_a_table_with_status_141():
     process.stdout.close()  # like `| head` that has already exited
     err = process.stderr.read()
     assert process.wait(timeout=60) == 141 and "Traceback" not in err, err
+
+
+def test_geodiloco_train_names_itself_in_its_usage_and_errors(tmp_path):
+    def train(*argv):
+        return subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", "train", *argv], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=60)
+    shown = train("--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: geodiloco train [-h] --config CONFIG")
+    missing = train("--config", str(tmp_path / "none.yaml"))
+    assert missing.returncode == 2
+    assert missing.stderr.rstrip().endswith(f"geodiloco train: error: {tmp_path / 'none.yaml'}: no such file; "
+                                            "pass the path of a YAML config")
