@@ -99,6 +99,9 @@ def parse_prices(specs: list[str]) -> PriceTable:
             table.add(name, _parse_usd(usd, name, f"--price {spec!r}"), f"--price {spec!r}")
         elif Path(spec).is_file():
             _load_price_file(Path(spec), table)
+        elif spec.lower().endswith((".yaml", ".yml")) or Path(spec).exists():
+            raise ReportError(f"--price {spec}: no such price file" if not Path(spec).exists()
+                              else f"--price {spec}: not a file; give a YAML price file")
         else:
             raise ReportError(f"--price {spec!r}: expected NAME=USD_PER_GPU_HOUR (e.g. --price \"A30=0.60\") "
                               "or the path of a YAML price file")

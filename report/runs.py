@@ -1,8 +1,11 @@
 """Load, check and summarize several run directories with one price table: what the CLI and scripts call."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from geodiloco.report.pricing import parse_prices
 from geodiloco.report.run_dir import RunLogs, load_run
+from geodiloco.report.errors import ReportError
 from geodiloco.report.summary import RunSummary, run_gpu_names, summarize
 
 
@@ -20,6 +23,12 @@ def unique_labels(runs: list[RunLogs]) -> list[str]:
 
 def summarize_runs(run_dirs: list[str], price_specs: list[str], skip_rounds: int = 0) -> list[RunSummary]:
     """One summary per run directory; raises ReportError with a one-line reason on bad input."""
+    seen: dict[Path, str] = {}
+    for run_dir in run_dirs:
+        resolved = Path(run_dir).resolve()
+        if resolved in seen:
+            raise ReportError(f"{run_dir}: the same run directory as {seen[resolved]}; name each run once")
+        seen[resolved] = run_dir
     runs = [load_run(run_dir) for run_dir in run_dirs]
     prices = parse_prices(price_specs)
     if prices:

@@ -6,6 +6,8 @@ import json
 import pytest
 
 from geodiloco.report.cli import main
+from geodiloco.report.errors import ReportError
+from geodiloco.report.runs import summarize_runs
 from test_report_support import default_records, default_run, write_run
 
 
@@ -131,7 +133,8 @@ def test_bad_price_values(tmp_path, capsys):
 
 def test_price_file_that_does_not_exist(tmp_path, capsys):
     run = default_run(tmp_path / "run")
-    _fails(capsys, [str(run), "--price", str(tmp_path / "missing.yaml")], "or the path of a YAML price file")
+    _fails(capsys, [str(run), "--price", str(tmp_path / "missing.yaml")], f"{tmp_path / 'missing.yaml'}: no such price file")
+    _fails(capsys, [str(run), "--price", "A30"], "or the path of a YAML price file")
 
 
 def test_prices_for_a_run_whose_gpus_are_not_named(tmp_path, capsys):
@@ -197,3 +200,9 @@ def test_a_price_file_may_list_gpus_the_run_lacks_but_a_flag_may_not(tmp_path):
     parse_prices([str(prices)]).check_known({"A30"})
     with pytest.raises(ReportError, match="unknown GPU 'H100': no node of the run"):
         parse_prices(["A30=0.6", "H100=2.5"]).check_known({"A30"})
+
+
+def test_a_run_named_twice_is_refused_in_one_line(tmp_path):
+    run = default_run(tmp_path / "run")
+    with pytest.raises(ReportError, match=r"the same run directory as .*run; name each run once"):
+        summarize_runs([str(run), str(run) + "/"], [])

@@ -36,7 +36,7 @@ def test_terminal_report_shows_hand_computed_numbers(tmp_path, capsys):
     assert main([str(run), *PRICES, "--skip-rounds", "1", "--rounds"]) == 0
     out = capsys.readouterr().out
     assert "warm-up rounds 0 excluded (--skip-rounds 1)" in out
-    assert "2 rounds reported (1–2)" in out
+    assert "2 rounds reported (1–2; from 0, as the logs count: the console's round 1 is round 0)" in out
     # a: idle 8 s of 20 s = 40 %, 16 GPU-s; total 28 GPU-s of 120 = 23.3 %, 28/2*1000/3600 = 3.889 GPU-h
     assert "40.0 %" in out and "16.0" in out
     assert "28.0 GPU-s idle of 120 GPU-s (23.3 %); 3.889 GPU-h per 1,000 rounds" in out
