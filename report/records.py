@@ -7,7 +7,7 @@ seconds from the simulator), energy is joules, power watts, utilization percent.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
 
@@ -83,16 +83,21 @@ class NodeRound(LogLine):
         return len(self.gpus) or 1
 
 
+PredictedSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A planner's prediction in seconds: finite and not negative (a hand-edited or damaged plan.jsonl is refused
+with file, line and key rather than shown as -49.9 or nan)."""
+
+
 class PlannedNode(LogLine):
     """One node's entry of a ``plan.jsonl`` line; only the name is required."""
 
     name: str
     local_steps: Optional[int] = None
     batch_size: Optional[int] = None
-    predicted_step_s: Optional[float] = None
-    predicted_compute_s: Optional[float] = None
-    predicted_comm_s: Optional[float] = None
-    predicted_idle_s: Optional[float] = None
+    predicted_step_s: Optional[PredictedSeconds] = None
+    predicted_compute_s: Optional[PredictedSeconds] = None
+    predicted_comm_s: Optional[PredictedSeconds] = None
+    predicted_idle_s: Optional[PredictedSeconds] = None
 
 
 class PlanRound(LogLine):
@@ -101,8 +106,8 @@ class PlanRound(LogLine):
     round: NonNegativeInt
     nodes: list[PlannedNode]
     policy: Optional[str] = None
-    predicted_round_s: Optional[float] = None
-    predicted_idle_s: Optional[float] = None
+    predicted_round_s: Optional[PredictedSeconds] = None
+    predicted_idle_s: Optional[PredictedSeconds] = None
 
 
 class MetricRow(LogLine):

@@ -178,6 +178,14 @@ def test_the_report_never_overwrites_the_runs_own_logs(tmp_path, capsys):
 def test_plan_log_with_a_bad_line(tmp_path, capsys):
     run = write_run(tmp_path / "run", default_records(), plans=[{"round": 0}])
     _fails(capsys, [str(run)], "plan.jsonl line 1: nodes: Field required")
+    negative = write_run(tmp_path / "negative", default_records(),
+                         plans=[{"round": 0, "nodes": [{"name": "a", "predicted_idle_s": -50.0}]}])
+    _fails(capsys, [str(negative)], "plan.jsonl line 1: nodes.0.predicted_idle_s: Input should be greater than or "
+                                    "equal to 0 (got -50.0)")
+    not_a_number = write_run(tmp_path / "nan", default_records(), plans=[{"round": 0, "nodes": [{"name": "a"}]},
+                                                                         {"round": 1, "predicted_round_s": float("nan"),
+                                                                          "nodes": [{"name": "a"}]}])
+    _fails(capsys, [str(not_a_number)], "plan.jsonl line 2: predicted_round_s: Input should be a finite number")
 
 
 def test_not_utf8(tmp_path, capsys):
