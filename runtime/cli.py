@@ -7,6 +7,7 @@ Each package registers its own subcommands (``register(subparsers)``) and sets
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
@@ -88,6 +89,8 @@ def path_error(err: OSError) -> str:
     is wanted, a folder that cannot be created, a file that cannot be written."""
     if err.filename is None:
         return err.strerror or str(err)
+    if err.errno in (errno.EACCES, errno.EPERM):  # reading an input or writing an output: say both fixes
+        return f"{err.filename}: permission denied; check its permissions, or choose another path"
     return f"{err.filename}: {(err.strerror or str(err)).lower()}; choose another path"
 
 

@@ -98,3 +98,11 @@ def test_geodiloco_train_names_itself_in_its_usage_and_errors(tmp_path):
     assert missing.returncode == 2
     assert missing.stderr.rstrip().endswith(f"geodiloco train: error: {tmp_path / 'none.yaml'}: no such file; "
                                             "pass the path of a YAML config")
+
+
+def test_a_permission_error_names_the_path_and_both_fixes():
+    import errno
+
+    from geodiloco.runtime.cli import path_error
+    assert path_error(PermissionError(errno.EACCES, "Permission denied", "run/config.yaml")) == \
+        "run/config.yaml: permission denied; check its permissions, or choose another path"
