@@ -141,8 +141,12 @@ def round_table(summary: RunSummary) -> Table:
     """Per round: its span, each node's idle seconds with its local steps H and batch size B."""
     nodes = [node.node for node in summary.nodes]
     show_predicted = any(row.predicted_idle_s is not None for row in summary.per_round)
+    asynchronous = any(record.mode == "async" for record in summary.records)
     table = Table(title="Per round (idle s, H local steps, B batch size)", box=box.SIMPLE_HEAVY,
-                  title_justify="left")
+                  title_justify="left",
+                  caption=("async: a round is each node's phase of that number, and the nodes' phases overlap, so "
+                           "a round's wall s spans them all and the rows add up to more than the run's wall clock")
+                  if asynchronous else None)
     table.add_column("round", justify="right", style="bold")
     table.add_column("wall s", justify="right")
     for name in nodes:

@@ -212,3 +212,11 @@ def test_run_directories_may_follow_an_option_and_an_unknown_option_gets_the_rep
     assert refused.returncode == 2
     assert refused.stderr.startswith("usage: geodiloco report")
     assert refused.stderr.rstrip().endswith("geodiloco report: error: unrecognized arguments: --bogus")
+
+
+def test_the_per_round_view_of_an_async_run_says_its_rounds_overlap(tmp_path, capsys):
+    records = [idle_record(r, dict(node, mode="async", staleness=1)) for r in range(2) for node in (NODE_A, NODE_B)]
+    assert main([str(write_run(tmp_path / "async", records)), "--rounds"]) == 0
+    assert "the nodes' phases overlap" in " ".join(capsys.readouterr().out.split())
+    assert main([str(default_run(tmp_path / "sync")), "--rounds"]) == 0
+    assert "phases overlap" not in capsys.readouterr().out
