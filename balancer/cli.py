@@ -22,7 +22,8 @@ def _add_common(parser) -> None:
                         "if that is shorter)")
     parser.add_argument("--local-steps", type=int, help="baseline local steps H (default: diloco.local_steps, else 100)")
     parser.add_argument("--batch-size", type=int, help="baseline batch size B (default: diloco.batch_size, else 4)")
-    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"], help="training precision")
+    parser.add_argument("--precision", choices=["bf16", "fp16", "fp32"],
+                        help="training precision (default: the file's model.precision, else bf16)")
     parser.add_argument("--overlap", choices=["none", "delayed", "streaming"],
                         help="outer sync overlap to plan for (default: the file's diloco.overlap, else none)")
     parser.add_argument("--compression", choices=["none", "fp16", "bf16", "int8", "int4"],
@@ -32,14 +33,15 @@ def _add_common(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def register(subparsers) -> None:
-    """Add ``plan`` and ``simulate`` to the `geodiloco` parser."""
+def register(subparsers, check_file=None) -> None:
+    """Add ``plan`` and ``simulate`` to the `geodiloco` parser. ``check_file(path)``: checks the run sections of a
+    cluster file as a run would (the runtime's schema, which this layer does not import), or None."""
     plan = subparsers.add_parser("plan", help="per-node local steps and batch sizes for a balancing policy",
                                  description="Plan one round: per-node local steps H, batch size B, predicted "
                                              "local-phase time and predicted idle (seconds).")
     _add_common(plan)
     plan.add_argument("--round", type=int, default=0, help="round index to plan (default 0)")
-    plan.set_defaults(func=run_plan)
+    plan.set_defaults(func=run_plan, check_file=check_file)
 
     simulate = subparsers.add_parser("simulate", help="simulate rounds of a cluster under a policy (no processes)",
                                      description="Discrete-event simulation of outer rounds. Each node's true step "
@@ -62,11 +64,13 @@ def register(subparsers) -> None:
     simulate.add_argument("--seed", type=int, help="random seed (default 0)")
     simulate.add_argument("--out", metavar="DIR", help="write idle.jsonl, plan.jsonl and config.yaml here")
     simulate.add_argument("--run-id", help="run_id of the written records (default: sim-POLICY)")
-    simulate.set_defaults(func=run_simulate)
+    simulate.set_defaults(func=run_simulate, check_file=check_file)
 
 
 def _setup(args, simulation=None):
     from geodiloco.balancer.setup import load_setup
+    if getattr(args, "check_file", None) is not None:
+        args.check_file(args.cluster)
     return load_setup(args.cluster, policy=args.policy, model=args.model, seq_len=args.seq_len,
                       local_steps=args.local_steps, batch_size=args.batch_size, precision=args.precision,
                       assignments=args.assignments, simulation=simulation, overlap=args.overlap,

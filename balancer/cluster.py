@@ -193,6 +193,9 @@ class NodeSpec(StrictModel):
     @classmethod
     def _expand_counts(cls, value):
         """Accept ``"4 x A30"`` as shorthand for four ``"A30"`` entries."""
+        if isinstance(value, dict):
+            listed = ", ".join(f'"{count} x {name}"' for name, count in value.items())
+            raise ValueError(f"a list of GPU names, not a mapping; write [{listed}]")
         return expand_gpu_counts([value] if isinstance(value, str) else list(value or []))
 
     @model_validator(mode="after")
@@ -257,5 +260,8 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     if "nodes" not in data:
         raise ConfigError(f"{path}: no 'nodes:' list; a cluster file lists nodes with name, site and gpus")
     base = Path(path).parent
-    gpu_files = [str(base / file) for file in data.get("gpu_files", []) or []]
+    listed = data.get("gpu_files") or []
+    if not isinstance(listed, list):
+        raise ConfigError(f"{path}: gpu_files: a list of GPU files, e.g. gpu_files: [{listed}]")
+    gpu_files = [str(base / file) for file in listed]
     return validate(ClusterSpec, {"nodes": data["nodes"], "gpu_files": gpu_files}, str(path))

@@ -1,7 +1,7 @@
 """Build a Planner from a cluster file and command-line choices (shared by `plan` and `simulate`).
 
 A cluster file is either just a ``nodes:`` list or a whole run config; from a
-run config the ``balancing:`` section, ``model.preset``/``model.seq_len``,
+run config the ``balancing:`` section, ``model.preset``/``model.seq_len``/``model.precision``,
 ``diloco.local_steps``/``diloco.batch_size`` and the sync settings
 ``diloco.overlap``/``diloco.compression``/``diloco.fragments`` become defaults that flags
 override.
@@ -27,6 +27,7 @@ DEFAULT_MODEL = "llama-150m"
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_LOCAL_STEPS = 100
 DEFAULT_BATCH_SIZE = 4
+DEFAULT_PRECISION = "bf16"
 
 
 @dataclass
@@ -51,7 +52,7 @@ class PlanningSetup:
         """A run-config-shaped record of what was planned or simulated (``config.yaml``)."""
         return {
             "run": {"name": run_name},
-            "model": {"preset": self.model, "seq_len": self.seq_len},
+            "model": {"preset": self.model, "seq_len": self.seq_len, "precision": self.precision},
             "diloco": {"local_steps": self.local_steps, "batch_size": self.batch_size,
                        "overlap": self.sync.overlap, "compression": self.sync.codec,
                        "fragments": self.sync.fragments},
@@ -103,7 +104,7 @@ def balancing_options(file_data: dict, policy: Optional[str], assignments: Seque
 
 def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[str] = None,
                seq_len: Optional[int] = None, local_steps: Optional[int] = None,
-               batch_size: Optional[int] = None, precision: str = "bf16",
+               batch_size: Optional[int] = None, precision: Optional[str] = None,
                assignments: Sequence[str] = (), simulation: Optional[dict] = None,
                overlap: Optional[str] = None, compression: Optional[str] = None) -> PlanningSetup:
     file_data = load_yaml_mapping(cluster_path)
@@ -113,10 +114,14 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
         or DEFAULT_MODEL
     resolved_seq_len = _first_given(seq_len, model_section.get("seq_len"), DEFAULT_SEQ_LEN)
     steps = _first_given(local_steps, diloco.get("local_steps"), DEFAULT_LOCAL_STEPS)
+    precision = _first_given(precision, model_section.get("precision"), DEFAULT_PRECISION)
     batch = _first_given(batch_size, diloco.get("batch_size"), DEFAULT_BATCH_SIZE)
-    for name, value in (("--seq-len", resolved_seq_len), ("--local-steps", steps), ("--batch-size", batch)):
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    for flag, value, field, flag_value in (("--seq-len", resolved_seq_len, "model.seq_len", seq_len),
+                                           ("--local-steps", steps, "diloco.local_steps", local_steps),
+                                           ("--batch-size", batch, "diloco.batch_size", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            where = flag if flag_value is not None else f"{cluster_path}: {field}"
+            raise ConfigError(f"{where} must be a positive integer, got {value!r}")
     options = [f"--set {item}" for item in assignments] + [
         f"--{key.replace('_', '-')} {value}" for key, value in (simulation or {}).items() if key != "seed"]
     balancing = balancing_options(file_data, policy, assignments, simulation or {},
@@ -177,6 +182,10 @@ def sync_settings(diloco: dict, balancing: BalancingConfig, overlap: Optional[st
     return SyncSettings(chosen_overlap, codec, fragments if chosen_overlap == "streaming" else 1)
 
 
+MAX_SLOWDOWN_FACTOR = 1000.0
+"""A node 1000x slower is as good as stopped; larger factors only overflow the simulated clock."""
+
+
 def parse_slowdown(text: str) -> Slowdown:
     """``NODE:ROUND:FACTOR`` (or ``NODE:ROUND:FACTOR:UNTIL``) -> Slowdown."""
     parts = text.split(":")
@@ -187,8 +196,9 @@ def parse_slowdown(text: str) -> Slowdown:
         event = Slowdown(node=parts[0], from_round=int(parts[1]), factor=float(parts[2]), until_round=until)
     except ValueError:
         raise ConfigError(f"--slowdown {text!r}: ROUND must be an integer and FACTOR a number") from None
-    if event.from_round < 0 or event.factor <= 0:
-        raise ConfigError(f"--slowdown {text!r}: ROUND must be >= 0 and FACTOR > 0")
+    if event.from_round < 0 or not 0 < event.factor <= MAX_SLOWDOWN_FACTOR:  # also refuses nan and inf
+        raise ConfigError(f"--slowdown {text!r}: ROUND must be >= 0 and FACTOR a number above 0 and at most "
+                          f"{MAX_SLOWDOWN_FACTOR:g}")
     if until is not None and until <= event.from_round:
         raise ConfigError(f"--slowdown {text!r}: UNTIL ({until}) must come after ROUND ({event.from_round}); the "
                           "slowdown lasts from ROUND up to, not including, UNTIL")

@@ -33,7 +33,7 @@ def print_plan(plan: Plan, setup, console: Console | None = None, advice=None) -
     console = console or cli_console()
     gpus = {node.name: node.gpus for node in setup.cluster.nodes}
     table = Table(title=f"plan, policy {plan.policy}, round {plan.round} ({setup.model}, seq {setup.seq_len}, "
-                        f"baseline H={setup.local_steps} B={setup.batch_size})")
+                        f"{setup.precision}, baseline H={setup.local_steps} B={setup.batch_size})")
     for column in ("node", "GPUs", "H", "B", "micro", "step s", "+-", "compute s", "wait s", "sync s", "deadline s"):
         table.add_column(column, justify="left" if column in ("node", "GPUs") else "right")
     for node in plan.nodes:

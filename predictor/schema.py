@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 class StrictModel(BaseModel):
-    """Config section: unknown keys are errors, values are validated on assignment."""
+    """Config section: unknown keys are errors, values are validated on assignment, numbers are finite (an
+    infinite step time or round budget planned inf and nan seconds)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 class ConfigError(ValueError):
@@ -111,6 +112,26 @@ def with_options(source: str, options: list[str]) -> str:
     return f"{source} (with {', '.join(options)})" if options else source
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A mapping that writes one key twice (the message says where)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key written twice in one mapping: PyYAML keeps the last silently, so
+    a second ``nodes:`` list dropped the first one's nodes from a plan without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise DuplicateKey(f"line {key_node.start_mark.line + 1}: {key!r} is written twice (first on line "
+                                   f"{seen[key] + 1}); a mapping holds each key once, so one of them would be lost")
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml_mapping(path: str | Path, what: str = "a YAML config") -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; errors say which file and why (``what`` the file should be)."""
     file_path = Path(path)
@@ -119,9 +140,11 @@ def load_yaml_mapping(path: str | Path, what: str = "a YAML config") -> dict[str
     if not file_path.is_file():
         raise ConfigError(f"{file_path}: no such file; pass the path of {what}")
     try:
-        data = yaml.safe_load(file_path.read_text(encoding="utf-8"))
+        data = yaml.load(file_path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
     except UnicodeDecodeError:
         raise ConfigError(f"{file_path}: not a text file (not UTF-8); pass a YAML config") from None
+    except DuplicateKey as err:
+        raise ConfigError(f"{file_path}: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{file_path}: not valid YAML: {err}") from None
     if data is None:

@@ -342,15 +342,25 @@ GPU_FILES_ENV = "GEODILOCO_GPU_FILES"
 """Extra GPU row files, separated like PATH (os.pathsep), loaded over the shipped table."""
 
 
+class GpuFilesError(ConfigError):
+    """A GPU file named in ``$GEODILOCO_GPU_FILES`` cannot be read: an error of the setup, not an unknown GPU
+    (every GPU would otherwise fall back to the stand-in)."""
+
+
 def registry() -> GpuRegistry:
     global _registry
     if _registry is None:
-        _registry = GpuRegistry()
+        table = GpuRegistry()
         for spec in read_gpu_file(DATA_FILE):
-            _registry.add(spec)
+            table.add(spec)
         for path in filter(None, os.environ.get(GPU_FILES_ENV, "").split(os.pathsep)):
-            for spec in read_gpu_file(path):
-                _registry.add(spec)
+            try:
+                specs = read_gpu_file(path)
+            except ConfigError as err:
+                raise GpuFilesError(f"{GPU_FILES_ENV}: {err}; fix the path or unset the variable") from None
+            for spec in specs:
+                table.add(spec)
+        _registry = table
     return _registry
 
 
@@ -386,6 +396,11 @@ _COUNT_LIKE = re.compile(r"^\s*([-+]?\d+(?:\.\d*)?)\s*[xX×*](?:\s+|$)(.*?)\s*$"
 """A count the user meant but wrote wrongly ("-2 x A30", "2.5 x A30", "4 x"): an error, not a GPU name."""
 
 
+MAX_GPUS_PER_ENTRY = 65_536
+"""Largest count in one ``"N x NAME"`` entry: far above any site's data-parallel group, and low enough that the
+per-GPU lists a plan builds stay small (a count of 10^9 took minutes and gigabytes)."""
+
+
 def expand_gpu_counts(names: list[str]) -> list[str]:
     """``["4 x A30", "V100"]`` -> four ``"A30"`` entries and one ``"V100"`` (one entry per GPU)."""
     expanded: list[str] = []
@@ -403,5 +418,8 @@ def expand_gpu_counts(names: list[str]) -> list[str]:
         if match and int(match.group(1)) < 1:
             raise ConfigError(f"{name!r}: a GPU count must be at least 1 (write \"1 x {match.group(2)}\", or "
                              "leave the node's gpus empty for a CPU node)")
+        if match and int(match.group(1)) > MAX_GPUS_PER_ENTRY:
+            raise ConfigError(f"{name!r}: a GPU count of at most {MAX_GPUS_PER_ENTRY:,} per entry is planned (one "
+                              "node is one site's data-parallel group); split the GPUs into several nodes")
         expanded.extend([match.group(2)] * int(match.group(1)) if match else [name])
     return expanded

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 
 from geodiloco.predictor.schema import ConfigError
-from geodiloco.predictor.specs import GpuSpec, lookup_gpu
+from geodiloco.predictor.specs import GpuFilesError, GpuSpec, lookup_gpu
 
 log = logging.getLogger("geodiloco.predictor")
 
@@ -45,6 +45,8 @@ def _own_spec(name: str) -> GpuSpec:
     """This machine's resolution of ``name``: its table (with its user rows), a probe, or the stand-in."""
     try:
         return lookup_gpu(name)
+    except GpuFilesError:
+        raise
     except ConfigError as err:
         reason = why_unresolved(name, str(err))
     if name not in _resolved:
@@ -135,6 +137,8 @@ def forget_adopted_rows() -> None:
 def _table_row(name: str) -> GpuSpec | None:
     try:
         return lookup_gpu(name)
+    except GpuFilesError:
+        raise
     except ConfigError:
         return None
 

@@ -40,9 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     runtime_commands.register(subparsers)
     predictor_cli.register(subparsers)
-    balancer_cli.register(subparsers)
+    balancer_cli.register(subparsers, check_file=check_planning_file)
     report_cli.register(subparsers)
     return parser
+
+
+def check_planning_file(path: str) -> None:
+    """``plan`` and ``simulate`` check a run config's sections with the runtime's schema (imported only then)."""
+    from geodiloco.runtime.config import check_planning_file as check
+    check(path)
 
 
 def main(argv: list[str] | None = None) -> int:

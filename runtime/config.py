@@ -483,6 +483,24 @@ def parse_config(data: dict, source: str) -> RunConfig:
     return config
 
 
+def check_planning_file(path: str | Path) -> None:
+    """The run sections of a file ``geodiloco plan`` or ``simulate`` reads, checked as a run checks them: each
+    section's keys and types, and a top-level key that misspells a section. Other top-level keys (notes a cluster
+    file carries, such as paper4.yaml's paper_table3) are left alone, and so is ``gpu_files``, which the cluster
+    loader reads relative to the file; a file without a ``nodes:`` list is left to the cluster loader to refuse."""
+    import difflib
+    data = load_yaml_mapping(path)
+    sections = set(RunConfig.model_fields)
+    for key in data:
+        if key not in sections:
+            close = difflib.get_close_matches(str(key), sorted(sections), n=1, cutoff=0.75)
+            if close:
+                raise ConfigError(f"{path}: {key}: unknown section; did you mean '{close[0]}'?")
+    run_sections = {key: value for key, value in data.items() if key in sections and key not in ("gpu_files", "nodes")}
+    if run_sections and isinstance(data.get("nodes"), list):
+        parse_config({**run_sections, "nodes": data["nodes"]}, str(path))
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Load a YAML run config (None = the embedded default) and apply ``key.path=value`` overrides."""
     if path is None:

@@ -106,3 +106,73 @@ def test_a_permission_error_names_the_path_and_both_fixes():
     from geodiloco.runtime.cli import path_error
     assert path_error(PermissionError(errno.EACCES, "Permission denied", "run/config.yaml")) == \
         "run/config.yaml: permission denied; check its permissions, or choose another path"
+
+
+def two_node_file(tmp_path, head: str, node_a: str = '{name: a, gpus: ["A30"]}') -> str:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f'{head}\nnodes:\n  - {node_a}\n  - {{name: b, gpus: ["RTX 3090"]}}\n')
+    return str(path)
+
+
+@pytest.mark.parametrize("head, message", [
+    ("balancng: {policy: time}", "balancng: unknown section; did you mean 'balancing'?"),
+    ("model: {preset: small, seq_lenn: 512}", "model.seq_lenn: unknown key; did you mean 'seq_len'?"),
+    ("diloco: {local_step: 50}", "diloco.local_step: unknown key; did you mean 'local_steps'?"),
+    ("balancing: time", "balancing: Input should be a valid dictionary"),
+    ("balancing: {policy: time, round_time_s: .inf}", "balancing.round_time_s: Input should be a finite number"),
+    ('diloco: {local_steps: "0"}', "diloco.local_steps: Input should be greater than"),
+])
+def test_plan_checks_a_run_configs_sections_as_a_run_does(tmp_path, capsys, head, message):
+    path = two_node_file(tmp_path, head)
+    code, out, err = run(capsys, "plan", "--cluster", path)
+    assert code == 2 and out == "" and err.startswith(f"geodiloco plan: error: {path}: ") and message in err, err
+
+
+def test_a_cluster_files_own_notes_are_left_alone_and_its_precision_is_planned(tmp_path, capsys):
+    path = two_node_file(tmp_path, "paper_notes: {source: table 3}\nmodel: {preset: llama-150m, seq_len: 1024, "
+                                   "precision: fp32}")
+    code, out, _ = run(capsys, "plan", "--cluster", path, "--policy", "time", "--json")
+    assert code == 0
+    fp32 = {node["name"]: node["predicted_step_s"] for node in __import__("json").loads(out)["nodes"]}
+    code, out, _ = run(capsys, "plan", "--cluster", path, "--policy", "time", "--json", "--precision", "bf16")
+    bf16 = {node["name"]: node["predicted_step_s"] for node in __import__("json").loads(out)["nodes"]}
+    # the A30's FP32 rate is a twentieth of its BF16 tensor rate; the RTX 3090's FP32 rate half its FP16 one
+    assert fp32["a"] > 3 * bf16["a"] and fp32["a"] > fp32["b"] and bf16["a"] < bf16["b"]
+
+
+@pytest.mark.parametrize("node_a, message", [
+    ("{name: a, gpus: {A30: 2}}", 'nodes[0].gpus: a list of GPU names, not a mapping; write ["2 x A30"]'),
+    ('{name: a, gpus: ["100000 x A30"]}', "a GPU count of at most 65,536 per entry is planned"),
+    ('{name: a, gpus: ["A30"], measured: {batch_size: 4, step_time_s: .inf}}', "Input should be a finite number"),
+])
+def test_a_node_whose_gpus_or_times_cannot_be_planned_is_refused(tmp_path, capsys, node_a, message):
+    code, _, err = run(capsys, "plan", "--cluster", two_node_file(tmp_path, "", node_a))
+    assert code == 2 and message in err, err
+
+
+def test_gpu_files_written_as_one_path_and_a_missing_env_file_are_named(tmp_path, capsys, monkeypatch):
+    code, _, err = run(capsys, "plan", "--cluster", two_node_file(tmp_path, "gpu_files: mine.yaml"))
+    assert code == 2 and "gpu_files: a list of GPU files, e.g. gpu_files: [mine.yaml]" in err
+    from geodiloco.predictor import specs
+    monkeypatch.setattr(specs, "_registry", None)
+    monkeypatch.setenv("GEODILOCO_GPU_FILES", str(tmp_path / "nope.yaml"))
+    code, out, err = run(capsys, "predict", "--gpu", "A30", "--model", "llama-150m")
+    assert code == 2 and out == ""
+    assert f"GEODILOCO_GPU_FILES: {tmp_path / 'nope.yaml'}: no such file" in err and "fix the path or unset" in err
+    monkeypatch.delenv("GEODILOCO_GPU_FILES")
+    monkeypatch.setattr(specs, "_registry", None)
+
+
+@pytest.mark.parametrize("factor", ["nan", "inf", "1e300"])
+def test_a_slowdown_factor_that_is_not_a_finite_number_up_to_1000_is_refused(capsys, factor):
+    code, _, err = run(capsys, "simulate", "--cluster", CLUSTER, "--rounds", "2", "--slowdown", f"node3:1:{factor}")
+    assert code == 2 and "FACTOR a number above 0 and at most 1000" in err and "Traceback" not in err
+
+
+def test_a_key_written_twice_is_refused_with_both_lines(tmp_path, capsys):
+    path = tmp_path / "cluster.yaml"
+    path.write_text('nodes:\n  - {name: a, gpus: ["A30"]}\n  - {name: b, gpus: ["A30"]}\nnodes:\n  - {name: c, gpus: ["A30"]}\n')
+    code, out, err = run(capsys, "plan", "--cluster", str(path))
+    assert code == 2 and out == ""
+    assert err == (f"geodiloco plan: error: {path}: line 4: 'nodes' is written twice (first on line 1); a mapping "
+                   "holds each key once, so one of them would be lost\n")
