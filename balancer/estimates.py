@@ -19,6 +19,7 @@ from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.step_time import UNLIMITED_BATCH, LinearStepModel, ScaledStepModel, declared_key, declared_step_model
 from geodiloco.predictor.base import StepTimeModel
 from geodiloco.predictor.online import PRIOR_COVARIANCE, CorrectionFit, fit_corrections, prior_features
+from geodiloco.predictor.schema import ConfigError
 
 CALIBRATION_HISTORY = 32
 """Rounds of each node kept for its calibration (older ones weigh ~nothing at the default half-life)."""
@@ -126,10 +127,20 @@ class StepTimeBank:
                                               if group.time_scale != 1.0 else model)
         return group.models[micro_batch_size]
 
+    def _named(self, group_id: int, err: ConfigError) -> ConfigError:
+        """``err`` of a group's model, prefixed with the nodes it plans (the error names only the GPU)."""
+        names = [self.names[position] for position in self.members[group_id]]
+        return ConfigError(f"node{'s' if len(names) > 1 else ''} {', '.join(names)}: {err}")
+
     def _max_micro(self, memory_headroom: float) -> np.ndarray:
         per_group = []
         for group_id in range(len(self.groups)):
-            fits = self.model(group_id).max_batch_size()
+            try:
+                fits = self.model(group_id).max_batch_size()
+                if fits < 1:
+                    self.model(group_id).predict(1)  # raises the model's own reason: the node fits no sample
+            except ConfigError as err:
+                raise self._named(group_id, err) from None
             if fits >= UNLIMITED_BATCH:
                 per_group.append(UNLIMITED_BATCH)
             else:
@@ -142,7 +153,10 @@ class StepTimeBank:
         key = ("split", int(batch_size), int(micro_batch_size))
         if key not in group.cache:
             micro = None if micro_batch_size >= batch_size else int(micro_batch_size)
-            group.cache[key] = prior_features(self.model(group_id, micro), int(batch_size))
+            try:
+                group.cache[key] = prior_features(self.model(group_id, micro), int(batch_size))
+            except ConfigError as err:
+                raise self._named(group_id, err) from None
         return group.cache[key]
 
     def prior_features(self, batch_size: np.ndarray, micro_batch_size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

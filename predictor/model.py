@@ -134,8 +134,10 @@ class NodeStepModel:
         capacity = self.max_micro_batch_size(device)
         if capacity < 1:
             raise ConfigError(f"{self.dims.num_layers}-layer model with hidden {self.dims.hidden_size} does not fit "
-                              f"in {device.name} memory ({device.memory_gb} GiB) even at batch 1; use a smaller "
-                              "model, activation checkpointing or a larger GPU")
+                              f"in {device.name} memory ({device.memory_gb} GiB) even at batch 1"
+                              f"{' with activation checkpointing' if self.activation_checkpointing else ''}; use a "
+                              f"smaller model{'' if self.activation_checkpointing else ', activation checkpointing'} "
+                              "or a larger GPU")
         micro = min(samples, self.micro_batch_size or capacity, capacity) if samples else 0
         micro_batches = math.ceil(samples / micro) if micro else 0
         parts = [0.0] * 4

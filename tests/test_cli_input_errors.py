@@ -176,3 +176,17 @@ def test_a_key_written_twice_is_refused_with_both_lines(tmp_path, capsys):
     assert code == 2 and out == ""
     assert err == (f"geodiloco plan: error: {path}: line 4: 'nodes' is written twice (first on line 1); a mapping "
                    "holds each key once, so one of them would be lost\n")
+
+
+def test_a_node_that_fits_no_sample_is_named_and_the_advice_leaves_out_what_was_tried(tmp_path, capsys):
+    path = tmp_path / "cluster.yaml"
+    path.write_text('nodes:\n  - {name: slice, gpus: ["A100-SXM4-40GB MIG 1g.5gb"]}\n  - {name: b, gpus: ["RTX 3090"]}\n')
+    code, _, err = run(capsys, "plan", "--cluster", str(path))
+    assert code == 2
+    assert err.startswith("geodiloco plan: error: node slice: 12-layer model with hidden 1024 does not fit in "
+                          "A100-SXM4-40GB MIG 1g.5gb memory (5.0 GiB) even at batch 1; use a smaller model, "
+                          "activation checkpointing or a larger GPU"), err
+    code, _, err = run(capsys, "predict", "--gpu", "A100-SXM4-40GB MIG 1g.5gb", "--model", "llama-150m",
+                       "--batch-size", "1", "--seq-len", "1024", "--activation-checkpointing")
+    assert code == 2 and err.rstrip().endswith("even at batch 1 with activation checkpointing; use a smaller model "
+                                               "or a larger GPU"), err
