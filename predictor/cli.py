@@ -32,11 +32,13 @@ def register(subparsers) -> None:
     parser.add_argument("--gpu", action="append", default=[], metavar="NAME",
                         help="one GPU of the node; repeat per GPU, or '4 x A30' (none: this machine's CPU)")
     parser.add_argument("--model", default="tiny", metavar="PRESET_OR_FILE",
-                        help="preset (tiny, small, llama-150m) or a JSON/YAML file of dims (Hugging Face keys ok)")
-    parser.add_argument("--batch-size", type=int, default=4, help="samples per step for the whole node")
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample")
+                        help="preset (tiny, small, llama-150m) or a JSON/YAML file of dims (Hugging Face keys ok); "
+                             "default: %(default)s")
+    parser.add_argument("--batch-size", type=int, default=4, help="samples per step for the whole node (default: %(default)s)")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample (default: %(default)s)")
     parser.add_argument("--precision", choices=["bf16", "fp16", "fp32", "tf32"], default="bf16",
-                        help="bf16/fp16 = autocast mixed precision; fp32; tf32 = fp32 with TF32 matmuls")
+                        help="bf16/fp16 = autocast mixed precision; fp32; tf32 = fp32 with TF32 matmuls "
+                             "(default: %(default)s)")
     parser.add_argument("--micro-batch-size", type=int, default=None,
                         help="samples per GPU per forward pass (gradient accumulation above it)")
     parser.add_argument("--split", choices=["equal", "by_speed"], default="equal",

@@ -248,6 +248,9 @@ class NodeStepModel:
         if step.micro_batches > 1:
             notes.append(f"{step.micro_batches} micro-batches of {step.micro_batch_size} per GPU "
                          "(gradient accumulation)")
+        if self.micro_batch_size is not None and self.micro_batch_size > max(shares):
+            notes.append(f"micro-batch {self.micro_batch_size} is more than the {max(shares)} samples a GPU trains "
+                         "per step: each GPU runs them in one pass")
         trained = sum(shares)
         if trained > batch_size:
             notes.append(f"batch {batch_size} < {len(self.devices)} GPUs: every GPU trains at least one sample, so "

@@ -59,3 +59,19 @@ def test_gpu_file_adds_a_gpu(capsys, tmp_path):
                     "memory_bandwidth_gbps: 400, fp32_tflops: 20, bf16_tflops: 80, source: lab sheet}\n")
     code, out, _ = run(capsys, "--gpu-file", str(path), "--gpu", "lab x", "--model", "small", "--json")
     assert code == 0 and json.loads(out)["rate_tflops"] == 80
+
+
+def test_a_micro_batch_above_a_gpus_share_is_noted_and_the_help_gives_the_defaults():
+    from geodiloco.predictor.model import node_step_model
+    from geodiloco.predictor.workload import resolve_dims
+    explained = node_step_model(["RTX 3090"] * 4, resolve_dims("tiny"), 128, micro_batch_size=14).explain(16)
+    assert explained["micro_batch_size"] == 4
+    assert "micro-batch 14 is more than the 4 samples a GPU trains per step: each GPU runs them in one pass" \
+        in explained["notes"]
+    within = node_step_model(["RTX 3090"] * 4, resolve_dims("tiny"), 128, micro_batch_size=2).explain(16)["notes"]
+    assert not any("is more than the" in note for note in within)
+    import subprocess
+    import sys
+    shown = subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", "predict", "--help"], capture_output=True,
+                           text=True, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert "default: tiny" in shown.stdout and "(default: 4)" in shown.stdout and "(default: 128)" in shown.stdout
