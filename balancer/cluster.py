@@ -166,7 +166,7 @@ def check_safe_name(value: str, what: str) -> str:
     """Names become file and directory names (``node_<name>.safetensors``, ``runs/<name>``): letters, digits,
     ``_ . -``, starting with a letter or digit, at most 64 characters, so none leaves its folder."""
     if not SAFE_NAME.fullmatch(value):
-        raise ValueError(f"{what} {value!r} may only hold letters, digits, '_', '.' and '-', start with a letter "
+        raise ValueError(f"{what} {value!r} may only hold ASCII letters, digits, '_', '.' and '-', start with a letter "
                          "or digit and be at most 64 characters (it names files and folders); rename it, "
                          "e.g. 'node1' or 'seoul-a30'")
     return value

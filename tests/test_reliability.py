@@ -26,7 +26,7 @@ def test_names_that_could_leave_the_run_directory_are_refused(tmp_path, section,
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError) as err:
         load_config(path)
-    assert f"{section} name {bad_name!r} may only hold letters, digits" in str(err.value)
+    assert f"{section} name {bad_name!r} may only hold ASCII letters, digits" in str(err.value)
 
 
 def test_the_launcher_refuses_a_traversing_node_name_before_writing_anything(tmp_path):
