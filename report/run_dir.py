@@ -74,14 +74,29 @@ def _as_names(value: Any) -> list[str]:
 
 
 def _read_config(path: Path, warnings: list[str]) -> dict[str, Any]:
+    if not path.exists():
+        return {}
     if not path.is_file():
+        warnings.append(f"{path.name}: not a file; labels come from idle.jsonl")
         return {}
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         warnings.append(f"{path.name}: unreadable ({type(err).__name__}); labels come from idle.jsonl")
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        warnings.append(f"{path.name}: not a mapping of sections (a {type(data).__name__}); labels come from idle.jsonl")
+        return {}
+    return data
+
+
+def _optional_log(path: Path, schema, warnings: list[str]) -> list:
+    """The lines of an optional log; one that exists but is not a file is said, not silently skipped."""
+    if path.is_file():
+        return read_jsonl(path, schema, warnings)
+    if path.exists():
+        warnings.append(f"{path.name}: not a file; left out of the report")
+    return []
 
 
 def _single_run_id(records: list[NodeRound], path: Path) -> str:
@@ -128,9 +143,9 @@ def load_run(run_dir: str | Path) -> RunLogs:
         raise ReportError(f"{idle_path}: no complete record; the run wrote no finished round")
     run_id = _single_run_id(records, idle_path)
     _check_unique_rounds(records, idle_path)
-    plans = read_jsonl(directory / PLAN_LOG, PlanRound, warnings) if (directory / PLAN_LOG).is_file() else []
+    plans = _optional_log(directory / PLAN_LOG, PlanRound, warnings)
     metrics_path = directory / METRICS_LOG
-    metrics = read_jsonl(metrics_path, MetricRow, warnings) if metrics_path.is_file() else []
+    metrics = _optional_log(metrics_path, MetricRow, warnings)
     _check_metrics_run(metrics, run_id, metrics_path)
     config = _read_config(directory / CONFIG_FILE, warnings)
     records.sort(key=lambda record: (record.round, record.node))

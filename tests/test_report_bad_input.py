@@ -214,3 +214,13 @@ def test_a_run_named_twice_is_refused_in_one_line(tmp_path):
     run = default_run(tmp_path / "run")
     with pytest.raises(ReportError, match=r"the same run directory as .*run; name each run once"):
         summarize_runs([str(run), str(run) + "/"], [])
+
+
+def test_a_log_that_is_a_folder_and_a_config_that_is_a_list_are_warned_about(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    (run / "metrics.jsonl").mkdir()
+    (run / "config.yaml").write_text("- a\n- b\n")
+    assert main([str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "metrics.jsonl: not a file; left out of the report" in err
+    assert "config.yaml: not a mapping of sections (a list); labels come from idle.jsonl" in err
