@@ -99,6 +99,25 @@ def _optional_log(path: Path, schema, warnings: list[str]) -> list:
     return []
 
 
+def _missing_node_rounds(records: list[NodeRound]) -> list[str]:
+    """Rounds of a synchronous run without a record of a node that took part in them (its ``present_nodes``, else
+    every node of the run): the run stopped mid-round, or a line was lost. Async nodes log their own phases."""
+    if any(record.mode == "async" for record in records):
+        return []
+    everyone = {record.node for record in records}
+    by_round: dict[int, list[NodeRound]] = {}
+    for record in records:
+        by_round.setdefault(record.round, []).append(record)
+    missing: dict[str, list[int]] = {}
+    for round_index, group in sorted(by_round.items()):
+        present = {name for record in group for name in record.present_nodes} or everyone
+        for name in sorted(present - {record.node for record in group}):
+            missing.setdefault(name, []).append(round_index)
+    return [f"node {name} has no record of round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))} "
+            "(the run stopped mid-round, or a line was lost); its totals leave them out"
+            for name, rounds in missing.items()]
+
+
 def _single_run_id(records: list[NodeRound], path: Path) -> str:
     counts = Counter(record.run_id for record in records)
     if len(counts) > 1:
@@ -149,5 +168,6 @@ def load_run(run_dir: str | Path) -> RunLogs:
     _check_metrics_run(metrics, run_id, metrics_path)
     config = _read_config(directory / CONFIG_FILE, warnings)
     records.sort(key=lambda record: (record.round, record.node))
+    warnings += _missing_node_rounds(records)
     return RunLogs(run_dir=directory, run_id=run_id, records=records, plans=plans,
                    metrics=metrics, config=config, warnings=warnings)
