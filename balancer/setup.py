@@ -28,6 +28,8 @@ DEFAULT_SEQ_LEN = 1024
 DEFAULT_LOCAL_STEPS = 100
 DEFAULT_BATCH_SIZE = 4
 DEFAULT_PRECISION = "bf16"
+ASYNC_DEFAULT_POLICY = "adaptive"
+"""The policy a run in async mode uses when its config names none (dynamic local updates)."""
 
 
 @dataclass
@@ -88,6 +90,8 @@ def balancing_options(file_data: dict, policy: Optional[str], assignments: Seque
     options = dict(_section(file_data, "balancing"))
     if policy is not None:
         options["policy"] = policy
+    elif "policy" not in options and _section(file_data, "diloco").get("mode") == "async":
+        options["policy"] = ASYNC_DEFAULT_POLICY  # as runtime/config.py sets it for the run
     for text in assignments:
         key, value = parse_assignment(text)
         target = options

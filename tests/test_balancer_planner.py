@@ -149,3 +149,15 @@ def test_plan_on_a_bare_cluster_file_models_a_blocking_sync_and_refuses_zero_ste
     for option in ("local_steps", "batch_size", "seq_len"):
         with pytest.raises(ConfigError, match="must be a positive integer, got 0"):
             load_setup(str(cluster), **{option: 0})
+
+
+def test_an_async_run_config_without_a_policy_is_planned_with_adaptive_as_the_run_uses(tmp_path):
+    from geodiloco.balancer.setup import load_setup
+    from geodiloco.runtime.config import load_config
+    path = tmp_path / "async.yaml"
+    path.write_text('diloco: {mode: async}\nnodes:\n  - {name: a, gpus: ["A30"]}\n  - {name: b, gpus: ["RTX 3090"]}\n')
+    assert load_config(str(path)).balancing.policy == "adaptive"  # the run's own default
+    assert load_setup(str(path)).balancing.policy == "adaptive"
+    assert load_setup(str(path), policy="time").balancing.policy == "time"
+    path.write_text(path.read_text().replace("diloco: {mode: async}", "diloco: {mode: sync}"))
+    assert load_setup(str(path)).balancing.policy == "uniform"
