@@ -520,6 +520,9 @@ def apply_override(data: dict, override: str) -> None:
         raise ConfigError(f"--set {override!r}: expected KEY.PATH=VALUE, e.g. diloco.rounds=3")
     key_path, raw_value = override.split("=", 1)
     keys = key_path.strip().split(".")
+    if not all(key.strip() for key in keys):
+        raise ConfigError(f"--set {override!r}: the key path has an empty part; write KEY.PATH=VALUE, "
+                          "e.g. diloco.rounds=3")
     target = data
     for depth, key in enumerate(keys):
         last = depth == len(keys) - 1
@@ -527,7 +530,7 @@ def apply_override(data: dict, override: str) -> None:
             if not key.lstrip("-").isdigit() or not -len(target) <= int(key) < len(target):
                 where = ".".join(keys[:depth]) or "the config"
                 raise ConfigError(f"--set {key_path}: {where} is a list of {len(target)} entries; use an index "
-                                  f"from 0 to {len(target) - 1}")
+                                  f"from 0 to {len(target) - 1} (or from -{len(target)} to -1, counted from the end)")
             key = int(key)
         elif not isinstance(target, dict):
             raise ConfigError(f"--set {key_path}: {'.'.join(keys[:depth])} is a value, not a section")

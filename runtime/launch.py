@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -287,7 +288,7 @@ def say_how_to_resume(run_dir: Path) -> None:
         print(f"[geodiloco] no round was saved in {run_dir}", file=sys.stderr, flush=True)
         return
     print(f"[geodiloco] the last complete checkpoint (round {latest + 1}) is kept in {run_dir}; continue with: "
-          f"geodiloco run --resume --run-dir {run_dir}", file=sys.stderr, flush=True)
+          f"geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}", file=sys.stderr, flush=True)
 
 
 def print_tail(name: str, output: Optional[NodeOutput]) -> None:
@@ -298,6 +299,30 @@ def print_tail(name: str, output: Optional[NodeOutput]) -> None:
     shown = "\n".join(f"    {line}" for line in lines) if lines else "    (it wrote nothing)"
     print(f"[geodiloco] last lines of node {name} (all of it: {output.log_path}):\n{shown}", file=sys.stderr,
           flush=True)
+
+
+LOCK_FILE = ".launcher.lock"
+
+
+def hold_run_dir(run_dir: Path):
+    """An exclusive lock on ``run_dir`` for this launcher (the open file holds it; the kernel drops it when the
+    process ends, however it ends). A second ``geodiloco run`` into the same directory is refused before it
+    touches a file there: it would rewrite config.yaml and the fatal-error file the first run's launcher watches."""
+    import fcntl
+    handle = open(run_dir / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ConfigError(f"--run-dir {run_dir}: in use by another geodiloco run ({holder}); wait for it to end, "
+                          "or choose another --run-dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, elastic: Optional[bool] = None,
@@ -314,6 +339,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
         raise ConfigError("--drill needs elastic membership on the torch backend (comm.elastic.enabled: true); "
                           "without it one failed site stops the run")
     run_dir.mkdir(parents=True, exist_ok=True)
+    lock = hold_run_dir(run_dir)  # held until this process ends; the sites do not inherit it
     (run_dir / FATAL_FILE).unlink(missing_ok=True)
     config_path = run_dir / "config.yaml"
     for change in (resume_changes(run_dir, config) if resume else []):
@@ -353,6 +379,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
             signal.signal(signum, handler)
         from geodiloco.lab.cpu_share import cleanup_stale
         cleanup_stale(owner_pid=os.getpid())
+        lock.close()
 
 
 def watch_sites(config: RunConfig, run_dir: Path, processes: list[subprocess.Popen], launcher: NodeLauncher,

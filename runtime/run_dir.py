@@ -29,6 +29,8 @@ def saved_config(run_dir: Path) -> Optional[Path]:
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir}: a file, not a run directory; choose another --run-dir")
     rounds = checkpoint.saved_global_rounds(run_dir)
     if rounds and not resume:
         raise ConfigError(f"--run-dir {run_dir} already holds a checkpoint (after round {rounds[-1] + 1}); pass "
@@ -39,10 +41,17 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted key: leaf value}; a list of sections (``nodes``) is entered item by item (``nodes[0].emulate.x``),
+    so a change names its field rather than the whole list; a list of plain values is one leaf."""
     if isinstance(data, dict):
         flat: dict[str, Any] = {}
         for key, value in data.items():
             flat.update(flatten(value, f"{prefix}{key}."))
+        return flat
+    if isinstance(data, list) and data and all(isinstance(item, dict) for item in data):
+        flat = {}
+        for index, item in enumerate(data):
+            flat.update(flatten(item, f"{prefix[:-1]}[{index}]."))
         return flat
     return {prefix[:-1]: data}
 
@@ -65,6 +74,10 @@ def resume_changes(run_dir: Path, config: RunConfig) -> list[str]:
     if path is None:
         return []
     saved = with_absolute_paths(yaml.safe_load(path.read_text()) or {}, Path.cwd())  # runs saved with relative paths
+    done = checkpoint.latest_round(run_dir)
+    if done is not None and config.diloco.rounds < done + 1:
+        raise ConfigError(f"--resume: diloco.rounds {config.diloco.rounds} is below the {done + 1} rounds this run has "
+                          f"done; give at least {done + 1} (the run then ends at once), or start a new run")
     changes = changed_settings(saved, yaml.safe_load(config.to_yaml()))
     refused = [key for key in changes if not resumable(key)]
     if refused:
