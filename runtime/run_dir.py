@@ -17,9 +17,9 @@ from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config import RunConfig, with_absolute_paths
 
 CONFIG_FILE = "config.yaml"
-RESUMABLE = ("diloco.rounds", "balancing", "checkpoint", "logging", "run.gpu_sample_interval_s", "run.max_wall_s",
-             "data.eval_every_rounds", "comm.timeout_s", "comm.transfer_timeout_factor", "comm.transfer_min_timeout_s",
-             "comm.init_timeout_s", "comm.elastic", "comm.min_nodes", "comm.hivemind")
+RESUMABLE = ("diloco.rounds", "balancing", "checkpoint", "logging", "run.out_dir", "run.gpu_sample_interval_s",
+             "run.max_wall_s", "data.eval_every_rounds", "comm.timeout_s", "comm.transfer_timeout_factor",
+             "comm.transfer_min_timeout_s", "comm.init_timeout_s", "comm.elastic", "comm.min_nodes", "comm.hivemind")
 """Settings a resumed run may change: top-level sections or dotted keys (and everything below them)."""
 
 
