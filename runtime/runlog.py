@@ -42,6 +42,19 @@ class RunLog:
         if self.sinks is not None:
             self.sinks.close()
 
+    def logged_keys(self, log_name: str) -> set[tuple[int, str]]:
+        """(round, node) of every row of ``log_name`` (rows without both are left out)."""
+        path = self.run_dir / log_name
+        keys = set()
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and "round" in row and "node" in row:
+                keys.add((row["round"], row["node"]))
+        return keys
+
     def drop_rounds_from(self, log_name: str, first_dropped_round: int,
                          relogged_nodes: Optional[Iterable[str]] = None) -> None:
         """Remove rows of rounds >= ``first_dropped_round`` (they are redone after a resume).

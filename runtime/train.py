@@ -221,7 +221,11 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     if not sync.barrier_free:
         trainer.commit_checkpoint(final)
     if log is not None:
-        log.append("idle.jsonl", _last_records(final, exchanged_at, topology.node_name, sync.barrier_free))
+        last_records = _last_records(final, exchanged_at, topology.node_name, sync.barrier_free)
+        if not ran_a_round:  # a resumed run with no round left: the rows its end logged stay as they were
+            logged = log.logged_keys("idle.jsonl")
+            last_records = [record for record in last_records if (record["round"], record["node"]) not in logged]
+        log.append("idle.jsonl", last_records)
         if sync.barrier_free:
             _log_async_tail(trainer, log, run_id, round_idx - 1)
         last_evaluations = trainer.finished_evaluations(wait=True)

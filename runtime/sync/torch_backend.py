@@ -73,6 +73,7 @@ class TorchOuterSync:
     def __init__(self, topology: Topology, diloco: DilocoSection, elastic: Optional[ElasticSection] = None,
                  transfer_timeout_s: Optional[float] = None, sync_threads: Optional[int] = None) -> None:
         self.topology = topology
+        self.total_rounds = diloco.rounds
         self.sync_threads_setting = sync_threads
         self.sync_threads = torch.get_num_threads()
         """Intra-op threads of this rank's sync work while the node's other ranks wait (leader: see ``start``)."""
@@ -181,9 +182,11 @@ class TorchOuterSync:
         if topology.is_coordinator:
             log = RunLog(run_dir)
             # round point.round's idle rows: the returning members log theirs again (the record they saved);
-            # a member that is absent now keeps its row
-            log.drop_rounds_from("idle.jsonl", point.round,
-                                 relogged_nodes=[name for name in point.members if name in topology.present_names])
+            # a member that is absent now keeps its row, and so does every node of a run with no round left
+            # (its row was closed at the run's end, later than the saved record)
+            finished = point.round + 1 >= self.total_rounds
+            log.drop_rounds_from("idle.jsonl", point.round, relogged_nodes=[] if finished else
+                                 [name for name in point.members if name in topology.present_names])
             log.drop_rounds_from("metrics.jsonl", point.round + 1)
             log.drop_rounds_from("plan.jsonl", point.round + 1)
         if topology.is_leader:
