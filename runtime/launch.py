@@ -287,7 +287,8 @@ def say_how_to_resume(run_dir: Path) -> None:
     if latest is None:
         print(f"[geodiloco] no round was saved in {run_dir}", file=sys.stderr, flush=True)
         return
-    print(f"[geodiloco] the last complete checkpoint (round {latest + 1}) is kept in {run_dir}; continue with: "
+    print(f"[geodiloco] the last committed checkpoint (round {latest + 1}) is kept in {run_dir} (a resume starts "
+          f"after the newest round every node saved in full, which may be a later one); continue with: "
           f"geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}", file=sys.stderr, flush=True)
 
 
