@@ -49,7 +49,8 @@ def register(subparsers, check_file=None) -> None:
                                                  "emulate:), not from the planner's prior; on top: per-step noise, "
                                                  "stragglers, slow drift, slowdowns and the outer sync.")
     _add_common(simulate)
-    simulate.add_argument("--rounds", type=int, default=10, help="outer rounds to simulate (default 10)")
+    simulate.add_argument("--rounds", type=int, help="outer rounds to simulate (default: the file's diloco.rounds, "
+                                                     f"else {DEFAULT_SIMULATED_ROUNDS})")
     simulate.add_argument("--slowdown", action="append", default=[], metavar="NODE:ROUND:FACTOR",
                           help="node runs FACTOR x slower from ROUND on (repeatable; NODE:ROUND:FACTOR:UNTIL ends it)")
     simulate.add_argument("--model-error", type=float, help="relative error of the predictor's estimate for nodes "
@@ -109,12 +110,23 @@ def check_simulation_out(out_dir: Path) -> None:
                           "directory")
 
 
+DEFAULT_SIMULATED_ROUNDS = 10
+
+
+def simulated_config(config: dict, rounds: int, slowdown_texts: list[str]) -> dict:
+    """``config`` (the setup as a run config) with what only the command line said: the rounds and the
+    slowdowns, so that simulating the written file again reproduces the run."""
+    config["diloco"]["rounds"] = rounds
+    config["balancing"].setdefault("simulation", {})["slowdowns"] = list(slowdown_texts)
+    return config
+
+
 def run_simulate(args) -> int:
     from geodiloco.balancer.setup import parse_slowdown
     from geodiloco.balancer.simulate import simulate
     from geodiloco.balancer.views import print_simulation
     from geodiloco.predictor.schema import ConfigError
-    if not 1 <= args.rounds <= MAX_SIMULATED_ROUNDS:
+    if args.rounds is not None and not 1 <= args.rounds <= MAX_SIMULATED_ROUNDS:
         raise ConfigError(f"--rounds must be between 1 and {MAX_SIMULATED_ROUNDS:,}, got {args.rounds}")
     if args.out:
         check_simulation_out(Path(args.out))
@@ -123,15 +135,25 @@ def run_simulate(args) -> int:
                                                 ("drift_per_round", args.drift_per_round),
                                                 ("seed", args.seed)) if value is not None}
     setup = _setup(args, simulation)
-    slowdowns = [parse_slowdown(text) for text in args.slowdown]
-    late = [text for text, event in zip(args.slowdown, slowdowns) if event.from_round >= args.rounds]
+    if args.rounds is None:
+        args.rounds = setup.rounds if setup.rounds is not None else DEFAULT_SIMULATED_ROUNDS
+        if not 1 <= args.rounds <= MAX_SIMULATED_ROUNDS:
+            raise ConfigError(f"{args.cluster}: diloco.rounds {args.rounds} is more than simulate runs "
+                              f"({MAX_SIMULATED_ROUNDS:,}); pass --rounds")
+    if setup.mode == "async":
+        print("note: the file runs diloco.mode: async; simulate models synchronous rounds (each round ends at the "
+              "outer sync), so its waiting is a barrier's; geodiloco plan says whether async would idle less",
+              file=sys.stderr)
+    slowdown_texts = [*setup.balancing.simulation.slowdowns, *args.slowdown]
+    slowdowns = [parse_slowdown(text) for text in slowdown_texts]
+    late = [text for text, event in zip(slowdown_texts, slowdowns) if event.from_round >= args.rounds]
     if late:
         raise ConfigError(f"--slowdown {late[0]}: it starts after the last simulated round (--rounds {args.rounds} "
                           f"runs rounds 0-{args.rounds - 1}); start it earlier or simulate more rounds")
     result = simulate(setup.planner(), args.rounds, slowdowns=slowdowns, keep_plans=args.out is not None)
     if args.out:
         run_id = args.run_id or f"sim-{setup.balancing.policy}"
-        result.write(args.out, run_id, setup.to_config(run_id))
+        result.write(args.out, run_id, simulated_config(setup.to_config(run_id), args.rounds, slowdown_texts))
     if args.json:
         print(json.dumps(result.summary(), indent=2))
     else:

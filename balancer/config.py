@@ -49,7 +49,7 @@ class SimulationConfig(StrictModel):
     chance that a step is a straggler, ``straggler_factor`` x slower (uniform in
     [low, high]). ``drift_per_round``: std of the log of a node's speed change
     from one round to the next (a slow random walk: thermals, co-tenants).
-    ``seed``: RNG seed.
+    ``seed``: RNG seed. ``slowdowns``: scenario slowdowns (below).
     """
 
     model_error: float = Field(default=0.1, ge=0.0, le=2.0)
@@ -58,6 +58,10 @@ class SimulationConfig(StrictModel):
     straggler_factor: tuple[float, float] = (2.0, 5.0)
     drift_per_round: float = Field(default=0.02, ge=0.0, le=0.5)
     seed: int = Field(default=0, ge=0)
+    slowdowns: list[str] = Field(default_factory=list)
+    """Scenario slowdowns as ``--slowdown`` writes them (``NODE:ROUND:FACTOR[:UNTIL]``), applied beside the
+    command line's: ``simulate --out`` records its own here, so simulating the written config.yaml again
+    reproduces the run."""
 
     @model_validator(mode="after")
     def _straggler_range(self) -> "SimulationConfig":

@@ -45,6 +45,10 @@ class PlanningSetup:
     batch_size: int
     precision: str
     sync: SyncSettings = SyncSettings()
+    mode: str = "sync"
+    """``diloco.mode`` of a run config (``sync`` for a bare cluster file)."""
+    rounds: Optional[int] = None
+    """``diloco.rounds`` of a run config (None for a bare cluster file): ``simulate``'s default."""
 
     def planner(self) -> Planner:
         return Planner(self.balancing, self.cluster.nodes, self.dims, self.seq_len,
@@ -142,7 +146,8 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
         raise ConfigError(str(err)) from None
     return PlanningSetup(cluster=cluster, balancing=balancing, model=model_name, dims=dims,
                          seq_len=resolved_seq_len, local_steps=steps, batch_size=batch, precision=precision,
-                         sync=sync_settings(diloco, balancing, overlap, compression, run_sync_defaults(file_data)))
+                         sync=sync_settings(diloco, balancing, overlap, compression, run_sync_defaults(file_data)),
+                         mode=diloco.get("mode", "sync"), rounds=diloco.get("rounds"))
 
 
 def _first_given(*values):

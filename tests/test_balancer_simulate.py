@@ -220,3 +220,26 @@ def test_a_deadline_plan_shows_the_steps_each_node_is_expected_to_finish_beside_
     row_a = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("│ a "))
     a = plan["nodes"][0]
     assert f"{a['expected_local_steps']} of {a['local_steps']}" in row_a
+
+
+def test_the_config_simulate_writes_reproduces_its_run_slowdowns_and_rounds_included(tmp_path, capsys):
+    import json
+
+    from geodiloco.runtime.cli import main
+    cluster = str(Path(__file__).resolve().parents[1] / "experiments" / "configs" / "clusters" / "paper4.yaml")
+    out = tmp_path / "sim"
+    assert main(["simulate", "--cluster", cluster, "--policy", "uniform", "--rounds", "6", "--slowdown", "node1:2:2.0",
+                 "--out", str(out), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(["simulate", "--cluster", str(out / "config.yaml"), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["rounds"] == first["rounds"] == 6
+    assert again["idle_s"] == pytest.approx(first["idle_s"], rel=1e-12)
+    assert main(["simulate", "--cluster", cluster, "--policy", "uniform", "--rounds", "6", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["idle_s"] < first["idle_s"]  # the slowest node slowed: the others wait
+
+
+def test_simulating_an_async_config_says_it_models_synchronous_rounds(capsys):
+    config = str(Path(__file__).resolve().parents[1] / "experiments" / "configs" / "async.yaml")
+    assert main(["simulate", "--cluster", config, "--rounds", "2", "--json"]) == 0
+    assert "the file runs diloco.mode: async; simulate models synchronous rounds" in capsys.readouterr().err
