@@ -36,6 +36,11 @@ config="" node="" nnodes="" nproc="" endpoint="" is_host=false local_addr="" ifn
 run_id="geodiloco" secret_file="" entry="geodiloco.runtime.train" dry_run=false extra=() min_nodes=1 max_restarts=10 fixed=false
 while [[ $# -gt 0 ]]; do
     case "$1" in
+        --config|--node-name|--node|--nnodes|--nproc-per-node|--rdzv-endpoint|--min-nodes|--max-restarts|\
+        --local-addr|--ifname|--run-id|--secret-file|--entry)
+            [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value (see --help)" ;;
+    esac
+    case "$1" in
         --config) config="${2:-}"; shift 2 ;;
         --node-name|--node) node="${2:-}"; shift 2 ;;
         --nnodes) nnodes="${2:-}"; shift 2 ;;

@@ -286,3 +286,11 @@ def test_bench_row_link_use_is_ideal_over_measured():
     assert row.median_s == 5.0 and row.best_s == 4.0
     assert row.link_use == pytest.approx(0.8)
     assert row.bus_mbps == pytest.approx(800.0)
+
+
+def test_launch_site_names_an_option_given_without_its_value():
+    for args, option in ((["--config"], "--config"), (["--config", "run.yaml", "--node-name"], "--node-name"),
+                         (["--node-name", "--dry-run"], "--node-name")):
+        result = run_launch(*args)
+        assert result.returncode == 2, result
+        assert result.stderr.startswith(f"launch_site.sh: error: {option} needs a value (see --help)"), result.stderr
