@@ -348,6 +348,10 @@ def analyze(results: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.results = args.results.resolve()
+    if args.analyze_only and not (args.results / "manifest.json").is_file():
+        print(f"[async] error: --analyze-only: {args.results} has no manifest.json; give the --results of an "
+              "earlier run, or leave out --analyze-only", file=sys.stderr)
+        return 2
     args.results.mkdir(parents=True, exist_ok=True)
     if not args.analyze_only:
         run_cases(args)

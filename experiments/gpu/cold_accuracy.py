@@ -102,7 +102,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=Path, metavar="DIR",
                         help="a GPU check's output folder (experiments/gpu/run_all.sh OUT), holding */<gpu>.json")
-    for folder in parser.parse_args(argv).folders:
+    folders = parser.parse_args(argv).folders
+    for folder in folders:
+        if not folder.is_dir():
+            parser.error(f"{folder}: no such folder (give the OUT folder of experiments/gpu/run_all.sh)")
+    for folder in folders:
         text = write(folder)
         print(text if text else f"{folder}: no measured sweep points (validate.py */<gpu>.json); nothing written")
     return 0

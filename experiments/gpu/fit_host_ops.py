@@ -54,6 +54,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("host_overhead", nargs="?", type=Path, default=RESULTS / "h100-b" / "host_overhead.json",
                         help="host_overhead.json of experiments/gpu/host_overhead.py (default: the committed H100 run)")
     path = parser.parse_args(argv).host_overhead
+    if not path.is_file():
+        parser.error(f"{path}: no such file (experiments/gpu/host_overhead.py writes host_overhead.json)")
     data = json.loads(path.read_text())
     probe = data["probe"]
     host_bound = [row for row in data["rows"] if row["gpu_busy_ms"] < HOST_BOUND_SHARE * row["step_ms"]]

@@ -159,6 +159,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of per-machine result folders")
     args = parser.parse_args(argv)
+    if not args.results.is_dir():
+        parser.error(f"--results {args.results}: no such folder (it holds one result folder per machine)")
     logging.disable(logging.WARNING)
     probes = {folder.name: probe for folder in sorted(args.results.iterdir())
               if folder.is_dir() and (probe := raw_probe(folder)) is not None}

@@ -90,6 +90,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("sweeps", nargs="*", type=Path,
                         help="validate.py sweep files (<gpu>.json); default: every one under experiments/results/gpu/")
     files = parser.parse_args(argv).sweeps or sweep_files()
+    for path in files:
+        if not path.is_file():
+            parser.error(f"{path}: no such sweep file (validate.py writes <gpu>.json)")
     if not files:
         print("no sweep files under experiments/results/gpu/ (run experiments/gpu/validate.py on a GPU first)")
         return 1

@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="folder with manifest.json and runs/")
     args = parser.parse_args(argv)
+    if not (args.results / "manifest.json").is_file():
+        parser.error(f"--results {args.results}: no manifest.json; give the folder reproduce.py wrote")
     analyze(args.results)
     print((args.results / "summary.md").read_text())
     return 0

@@ -351,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         print(combine())
         replace_marked_block(README, README_START, README_END, readme_table())
     elif args.results:
+        if not (args.results / "manifest.json").is_file():
+            parser.error(f"{args.results}: no manifest.json; give an evidence folder written by reproduce.py")
         print(analyze(args.results))
     else:
         parser.error("give RESULTS or --combine")

@@ -116,7 +116,9 @@ def plan_runs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         policies = [name.strip() for name in args.policies.split(",") if name.strip()]
         unknown = sorted(set(policies) - set(configs.POLICIES))
         if unknown:
-            raise SystemExit(f"reproduce: unknown policies {unknown}; known: {', '.join(configs.POLICIES)}")
+            print(f"reproduce: error: --policies: unknown {unknown}; known: {', '.join(configs.POLICIES)}",
+                  file=sys.stderr)
+            raise SystemExit(2)
     slowdown = [] if (args.quick or args.no_slowdown or evidence_mode(args)) else list(configs.SLOWDOWN_POLICIES)
     return policies, slowdown
 
@@ -187,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         default_results, suffix = evidence.EVIDENCE_ROOT / label, f"-{label}"
     results = (args.results or default_results).resolve()
     runs_dir = (args.runs_dir or configs.ROOT / f"runs/paper4{suffix}").resolve()
+    if args.analyze_only and not (results / "manifest.json").is_file():
+        print(f"reproduce: error: --analyze-only: {results} has no manifest.json; give the --results of an earlier "
+              "run, or leave out --analyze-only", file=sys.stderr)
+        return 2
     results.mkdir(parents=True, exist_ok=True)
     if not args.analyze_only:
         manifest = run_all(args, results, runs_dir)

@@ -267,6 +267,10 @@ def readme_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.results = args.results.resolve()
+    if args.analyze_only and not (args.results / "manifest.json").is_file():
+        print(f"[sync] error: --analyze-only: {args.results} has no manifest.json; give the --results of an "
+              "earlier run, or leave out --analyze-only", file=sys.stderr)
+        return 2
     args.results.mkdir(parents=True, exist_ok=True)
     if not args.analyze_only:
         run_cases(args)
