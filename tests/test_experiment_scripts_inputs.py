@@ -26,3 +26,11 @@ def test_a_missing_input_is_one_line_and_exit_2(tmp_path, script, args, message)
     assert result.returncode == 2, result.stderr
     assert message.format(tmp=tmp_path) in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "none").exists()  # nothing was made on the way
+
+
+def test_paper4_run_sh_takes_relative_result_paths_from_where_it_is_started(tmp_path):
+    result = subprocess.run(["bash", str(REPO / "experiments" / "paper4" / "run.sh"), "--analyze-only", "--results",
+                             "mine"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
+    assert result.returncode == 2, result.stderr
+    assert f"{tmp_path / 'mine'} has no manifest.json" in result.stderr  # not REPO/mine
