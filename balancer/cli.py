@@ -122,12 +122,10 @@ def simulated_config(config: dict, rounds: int, slowdown_texts: list[str]) -> di
 
 
 def run_simulate(args) -> int:
-    from geodiloco.balancer.setup import parse_slowdown
+    from geodiloco.balancer.setup import first_given, parse_slowdown
     from geodiloco.balancer.simulate import simulate
     from geodiloco.balancer.views import print_simulation
     from geodiloco.predictor.schema import ConfigError
-    if args.rounds is not None and not 1 <= args.rounds <= MAX_SIMULATED_ROUNDS:
-        raise ConfigError(f"--rounds must be between 1 and {MAX_SIMULATED_ROUNDS:,}, got {args.rounds}")
     if args.out:
         check_simulation_out(Path(args.out))
     simulation = {key: value for key, value in (("model_error", args.model_error), ("step_noise", args.step_noise),
@@ -135,11 +133,10 @@ def run_simulate(args) -> int:
                                                 ("drift_per_round", args.drift_per_round),
                                                 ("seed", args.seed)) if value is not None}
     setup = _setup(args, simulation)
-    if args.rounds is None:
-        args.rounds = setup.rounds if setup.rounds is not None else DEFAULT_SIMULATED_ROUNDS
-        if not 1 <= args.rounds <= MAX_SIMULATED_ROUNDS:
-            raise ConfigError(f"{args.cluster}: diloco.rounds {args.rounds} is more than simulate runs "
-                              f"({MAX_SIMULATED_ROUNDS:,}); pass --rounds")
+    source = "--rounds" if args.rounds is not None else f"{args.cluster}: diloco.rounds"
+    args.rounds = first_given(args.rounds, setup.rounds, DEFAULT_SIMULATED_ROUNDS)
+    if not 1 <= args.rounds <= MAX_SIMULATED_ROUNDS:
+        raise ConfigError(f"{source} must be between 1 and {MAX_SIMULATED_ROUNDS:,} to simulate, got {args.rounds}")
     if setup.mode == "async":
         print("note: the file runs diloco.mode: async; simulate models synchronous rounds (each round ends at the "
               "outer sync), so its waiting is a barrier's; geodiloco plan says whether async would idle less",

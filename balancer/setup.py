@@ -120,10 +120,10 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     model_section, diloco = _section(file_data, "model"), _section(file_data, "diloco")
     model_name = model or model_section.get("preset") or model_section.get("file") or hf_config_file(model_section) \
         or DEFAULT_MODEL
-    resolved_seq_len = _first_given(seq_len, model_section.get("seq_len"), DEFAULT_SEQ_LEN)
-    steps = _first_given(local_steps, diloco.get("local_steps"), DEFAULT_LOCAL_STEPS)
-    precision = _first_given(precision, model_section.get("precision"), DEFAULT_PRECISION)
-    batch = _first_given(batch_size, diloco.get("batch_size"), DEFAULT_BATCH_SIZE)
+    resolved_seq_len = first_given(seq_len, model_section.get("seq_len"), DEFAULT_SEQ_LEN)
+    steps = first_given(local_steps, diloco.get("local_steps"), DEFAULT_LOCAL_STEPS)
+    precision = first_given(precision, model_section.get("precision"), DEFAULT_PRECISION)
+    batch = first_given(batch_size, diloco.get("batch_size"), DEFAULT_BATCH_SIZE)
     for flag, value, field, flag_value in (("--seq-len", resolved_seq_len, "model.seq_len", seq_len),
                                            ("--local-steps", steps, "diloco.local_steps", local_steps),
                                            ("--batch-size", batch, "diloco.batch_size", batch_size)):
@@ -150,7 +150,7 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
                          mode=diloco.get("mode", "sync"), rounds=diloco.get("rounds"))
 
 
-def _first_given(*values):
+def first_given(*values):
     """The first value that is not None (0 is a value, and is then refused, not replaced by a default)."""
     return next(value for value in values if value is not None)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 if TYPE_CHECKING:
     from geodiloco.runtime.metrics_sinks import MetricSinks
@@ -44,16 +44,17 @@ class RunLog:
 
     def logged_keys(self, log_name: str) -> set[tuple[int, str]]:
         """(round, node) of every row of ``log_name`` (rows without both are left out)."""
+        return {(row["round"], row["node"]) for _, row in self._rows(log_name)
+                if isinstance(row, dict) and "round" in row and "node" in row}
+
+    def _rows(self, log_name: str) -> Iterable[tuple[str, Any]]:
+        """(line, parsed row) of every readable line of ``log_name`` (none when it does not exist)."""
         path = self.run_dir / log_name
-        keys = set()
         for line in path.read_text().splitlines() if path.is_file() else []:
             try:
-                row = json.loads(line)
+                yield line, json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(row, dict) and "round" in row and "node" in row:
-                keys.add((row["round"], row["node"]))
-        return keys
 
     def drop_rounds_from(self, log_name: str, first_dropped_round: int,
                          relogged_nodes: Optional[Iterable[str]] = None) -> None:
@@ -67,11 +68,7 @@ class RunLog:
             return
         relogged = None if relogged_nodes is None else set(relogged_nodes)
         kept = []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for line, row in self._rows(log_name):
             round_idx = row.get("round", -1)
             if round_idx < first_dropped_round or (
                     round_idx == first_dropped_round and relogged is not None and row.get("node") not in relogged):
