@@ -27,6 +27,7 @@ import yaml
 from geodiloco.balancer.cluster import NodeSpec, SlowdownEvent
 from geodiloco.balancer.config import SimulationConfig
 from geodiloco.balancer.estimates import StepTimeBank
+from geodiloco.balancer.network import OuterSyncModel
 from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.records import IdleRecord, append_records
 from geodiloco.balancer.step_time import (GpuModelFactory, declared_key, declared_step_model, measured_step_model,
@@ -353,9 +354,9 @@ def simulate(planner: Planner, rounds: int, slowdowns: Sequence[Slowdown] = (),
                                                stragglers)
         phase_s = float(np.max(spent_s))
         steps_done[round_idx], batch[round_idx] = done, plan.batch_size
-        exposed_s = planner.sync.exposed_s(phase_s)
+        exposed_s, round_hidden_s = overlapped_sync_s(planner.sync, plan.sync_s, phase_s, round_idx, rounds)
         compute_s[round_idx], wait_s[round_idx], comm_s[round_idx] = spent_s, phase_s - spent_s, exposed_s
-        hidden_s[round_idx] = max(0.0, plan.sync_s - exposed_s)
+        hidden_s[round_idx] = round_hidden_s
         predicted_compute_s[round_idx], predicted_idle_s[round_idx] = plan.compute_s, plan.idle_s
         round_start[round_idx] = clock_s
         clock_s += phase_s + exposed_s
@@ -367,6 +368,28 @@ def simulate(planner: Planner, rounds: int, slowdowns: Sequence[Slowdown] = (),
         compute_s=compute_s, wait_s=wait_s, comm_s=comm_s, round_start=round_start, round_end=round_end,
         predicted_compute_s=predicted_compute_s, predicted_idle_s=predicted_idle_s, plans=plans,
         comm_hidden_s=hidden_s, sync_bytes=ring_sent_bytes(planner.sync.payload_bytes, len(nodes)))
+
+
+def overlapped_sync_s(sync: OuterSyncModel, round_sync_s: float, phase_s: float, round_idx: int,
+                      rounds: int) -> tuple[float, float]:
+    """(exposed, hidden) sync seconds of one round, as the runtime's overlap schedule spends them.
+
+    Blocking sync: the whole sync is exposed. ``delayed``: round r's sum runs behind round r+1's
+    local phase, so round 0 lands nothing (nothing ran behind it) and each later round exposes what
+    its phase did not hide of the previous sum. ``streaming``: each round's fragments land within it.
+    Under both, the last round drains: its own sum (``delayed``) or what moved since each fragment's
+    launch (``streaming``) goes out after the phase, one whole-model sync exposed (docs/sync.md).
+    """
+    if sync.settings.overlap == "none":
+        return sync.exposed_s(phase_s), 0.0
+    if sync.settings.overlap == "delayed" and round_idx == 0:
+        exposed_s, hidden_s = 0.0, 0.0
+    else:
+        exposed_s = sync.exposed_s(phase_s)
+        hidden_s = max(0.0, round_sync_s - exposed_s)
+    if round_idx == rounds - 1:
+        exposed_s += round_sync_s
+    return exposed_s, hidden_s
 
 
 def ring_sent_bytes(payload_bytes: int, num_nodes: int) -> int:

@@ -200,10 +200,28 @@ def test_simulated_records_carry_the_hidden_sync_and_the_bytes_each_node_sends(t
     hidden_s = sum(record["comm_hidden_s"] for record in records)
     assert hidden_s == pytest.approx(summary["comm_hidden_s"])
     if hidden:
-        # the sync, whole, is hidden behind the local phase: nothing of it is idle
-        assert hidden_s > 0 and summary["comm_s"] == pytest.approx(0.0, abs=1e-9)
+        # each round's fragments hide behind its phase, and the last round drains one more whole sync, exposed
+        by_round = {record["round"]: record for record in records if record["node"] == "a"}
+        assert by_round[0]["comm_s"] == pytest.approx(0.0, abs=1e-9)
+        assert by_round[0]["comm_hidden_s"] > 0
+        assert by_round[1]["comm_s"] == pytest.approx(by_round[0]["comm_hidden_s"])
+        assert by_round[1]["comm_hidden_s"] == pytest.approx(by_round[0]["comm_hidden_s"])
     else:
         assert hidden_s == 0 and summary["comm_s"] > 0
+
+
+def test_simulated_delayed_sync_hides_behind_the_next_round_and_the_last_round_drains_exposed(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    assert main(["simulate", "--cluster", str(cluster), "--policy", "time", "--rounds", "3", "--model", "tiny",
+                 "--seq-len", "64", "--overlap", "delayed", "--compression", "none", "--step-noise", "0",
+                 "--out", str(tmp_path / "run")]) == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "idle.jsonl").read_text().splitlines()]
+    comm = {record["round"]: (record["comm_s"], record["comm_hidden_s"]) for record in records if record["node"] == "a"}
+    assert comm[0] == (pytest.approx(0.0, abs=1e-9), pytest.approx(0.0, abs=1e-9))  # nothing runs behind round 0
+    one_sync_s = comm[1][1]
+    assert one_sync_s > 0 and comm[1][0] == pytest.approx(0.0, abs=1e-9)  # round 0's sum hid behind round 1
+    assert comm[2] == (pytest.approx(one_sync_s), pytest.approx(one_sync_s))  # hides round 1's, drains its own
 
 
 def test_a_deadline_plan_shows_the_steps_each_node_is_expected_to_finish_beside_its_cap(tmp_path, capsys,

@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
     ("paper4/analyze.py", ["--results", "{tmp}/none"], "--results {tmp}/none: no manifest.json"),
     ("async/head_to_head.py", ["--analyze-only", "--results", "{tmp}/none", "--runs-dir", "{tmp}/runs"],
      "--analyze-only: {tmp}/none has no manifest.json"),
+    ("paper4/reproduce.py", ["--policies", "uniform,bogus", "--results", "{tmp}/none", "--runs-dir", "{tmp}/runs"],
+     "--policies: unknown ['bogus']"),
 ])
 def test_a_missing_input_is_one_line_and_exit_2(tmp_path, script, args, message):
     result = subprocess.run([sys.executable, str(REPO / "experiments" / script),

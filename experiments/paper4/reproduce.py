@@ -132,13 +132,14 @@ def seeded_jobs(args: argparse.Namespace, scaling: "configs.Scaling", policies: 
             for seed in range(args.seeds or 1) for p in policies]
 
 
-def run_all(args: argparse.Namespace, results: Path, runs_dir: Path) -> dict:
+def run_all(args: argparse.Namespace, results: Path, runs_dir: Path,
+            planned: tuple[list[str], list[str]]) -> dict:
     scaling = configs.Scaling(rounds=args.rounds or (3 if args.quick else 10), local_steps=args.local_steps,
                               time_scale=args.time_scale, wan=args.wan, truth=args.truth)
     sites, sites_note = choose_sites(args.sites)
     if args.truth == "real":
         require_cpu_shares()
-    policies, slowdown_policies = plan_runs(args)
+    policies, slowdown_policies = planned
     jobs = seeded_jobs(args, scaling, policies)
     jobs += [(f"slowdown-{p}", configs.run_config(p, scaling, configs.SLOWDOWN)) for p in slowdown_policies]
     manifest = {"command": " ".join(["experiments/paper4/run.sh", *sys.argv[1:]]),
@@ -193,9 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reproduce: error: --analyze-only: {results} has no manifest.json; give the --results of an earlier "
               "run, or leave out --analyze-only", file=sys.stderr)
         return 2
+    planned = None if args.analyze_only else plan_runs(args)
     results.mkdir(parents=True, exist_ok=True)
-    if not args.analyze_only:
-        manifest = run_all(args, results, runs_dir)
+    if planned is not None:
+        manifest = run_all(args, results, runs_dir, planned)
         (results / "environment.md").write_text(environment_text(manifest) + "\n")
     if evidence_mode(args):
         print(evidence.analyze(results))
