@@ -36,3 +36,14 @@ def test_paper4_run_sh_takes_relative_result_paths_from_where_it_is_started(tmp_
                             env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
     assert result.returncode == 2, result.stderr
     assert f"{tmp_path / 'mine'} has no manifest.json" in result.stderr  # not REPO/mine
+
+
+@pytest.mark.parametrize("script", ["runtime/bench_flush.py", "predictor/select_model.py", "hf/prepare_data.py",
+                                    "runtime/bench_outer_step.py"])
+def test_script_help_gives_its_summary_once_and_then_what_it_measures_and_writes(script):
+    result = subprocess.run([sys.executable, str(REPO / "experiments" / script), "--help"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    summary = (REPO / "experiments" / script).read_text().split('"""')[1].split("\n\n")[0]
+    assert result.stdout.count(summary.splitlines()[0]) == 1  # it was printed as the description and again below
+    assert "Writes " in result.stdout or "Writes, under" in result.stdout

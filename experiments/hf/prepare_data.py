@@ -69,8 +69,8 @@ def train_tokenizer(documents: list[str], vocab_size: int, out_dir: Path) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/hf_example"), help="output directory")
     parser.add_argument("--max-bytes", type=int, default=6_000_000, help="corpus size (bytes of source text)")
     parser.add_argument("--files", type=int, default=6, help="JSONL files to split the corpus into")

@@ -79,7 +79,7 @@ def markdown(run_dir: Path, report: dict, losses: list[dict], sites: str, wall_s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sites", choices=["auto", "local", "netns"], default="auto")
     args = parser.parse_args(argv)

@@ -196,7 +196,7 @@ def markdown(rows: list[Comparison]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--presets", default="tiny,small,llama-150m", help="comma-separated model presets")
     parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
     parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")

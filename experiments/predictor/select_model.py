@@ -120,7 +120,7 @@ def markdown(scores: list[Score], seconds: float) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--no-write", action="store_true", help="print the table only; write no result files")
     args = parser.parse_args()
     data = yaml.safe_load(DATA_FILE.read_text(encoding="utf-8"))

@@ -152,11 +152,12 @@ def markdown(logs: list[RunLog]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lambda-repo", type=Path, required=True,
                         help="a clone of https://github.com/lambdal/deeplearning-benchmark (it must hold "
                              f"commit {COMMIT[:8]})")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the table (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the table (default: experiments/results/predictor/source_warmup.md)")
     args = parser.parse_args(argv)
     try:
         git(args.lambda_repo, "cat-file", "-e", f"{COMMIT}^{{commit}}")

@@ -175,7 +175,7 @@ def demo_table_rows(demo: list[dict], setting: str, modes: tuple) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--presets", nargs="+", default=["tiny", "small", "llama-150m"])
     parser.add_argument("--repeats", type=int, default=5, help="rounds saved per mode and preset (default 5)")
     parser.add_argument("--demo-runs", type=int, default=2, help="demo runs per mode (default 2; 0 skips the demo)")

@@ -63,7 +63,7 @@ def markdown(demo: list[dict], load: tuple[float, float]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--pairs", type=int, default=2, help="demo runs per setting, alternating (default 2)")
     parser.add_argument("--no-write", action="store_true", help="print only; write no result files")
     args = parser.parse_args()

@@ -161,7 +161,8 @@ def machine() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", type=float, nargs="+", default=[25e6, 100e6],
                         help="parameter counts of the model (default: 25e6 100e6)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],

@@ -81,7 +81,8 @@ def write(rows: list[dict], baseline: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default="88335c6", help="git revision to compare with (default 88335c6)")
     parser.add_argument("--runs", type=int, default=1, help="runs of each (default 1)")
     parser.add_argument("--rounds", type=int, default=5, help="outer rounds per run (default 5)")

@@ -111,7 +111,7 @@ def write(rows: list[dict], rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--runs", type=int, default=2, help="runs of each setting (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=4, help="outer rounds per run (default: %(default)s)")
     args = parser.parse_args()

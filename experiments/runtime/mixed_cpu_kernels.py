@@ -167,7 +167,7 @@ def write(runs: list[dict], steps: list[dict], baseline: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--baseline", default="7973afa", help="commit to compare with (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per run (default: %(default)s)")
     parser.add_argument("--params", type=float, nargs="+", default=[25e6, 100e6],
