@@ -56,23 +56,13 @@ class RunLog:
             except json.JSONDecodeError:
                 continue
 
-    def drop_rounds_from(self, log_name: str, first_dropped_round: int,
-                         relogged_nodes: Optional[Iterable[str]] = None) -> None:
-        """Remove rows of rounds >= ``first_dropped_round`` (they are redone after a resume).
-
-        ``relogged_nodes``: at ``first_dropped_round`` itself drop only these nodes' rows (the nodes that
-        will log that round again); the other nodes' rows of that round stay. The file is replaced
-        atomically, so a process killed meanwhile leaves the old log, not an empty one."""
+    def drop_rounds_from(self, log_name: str, first_dropped_round: int) -> None:
+        """Remove rows of rounds >= ``first_dropped_round`` (they are redone after a resume). The file is
+        replaced atomically, so a process killed meanwhile leaves the old log, not an empty one."""
         path = self.run_dir / log_name
         if not path.is_file():
             return
-        relogged = None if relogged_nodes is None else set(relogged_nodes)
-        kept = []
-        for line, row in self._rows(log_name):
-            round_idx = row.get("round", -1)
-            if round_idx < first_dropped_round or (
-                    round_idx == first_dropped_round and relogged is not None and row.get("node") not in relogged):
-                kept.append(line)
+        kept = [line for line, row in self._rows(log_name) if row.get("round", -1) < first_dropped_round]
         temp_path = path.with_name(f"{path.name}.tmp{os.getpid()}")
         temp_path.write_text("".join(line + "\n" for line in kept))
         os.replace(temp_path, path)

@@ -298,17 +298,18 @@ def test_nodes_started_by_the_launcher_do_not_repeat_its_gpu_notices(caplog):
         _resolved.pop("Lab Card 9002", None)
 
 
-def test_a_resume_keeps_the_resume_rounds_idle_row_of_a_member_that_is_gone(tmp_path):
+def test_a_resume_drops_the_rows_of_rounds_it_redoes_and_keeps_the_others(tmp_path):
     import json
 
     from geodiloco.runtime.runlog import RunLog
     rows = [{"round": round_idx, "node": node} for round_idx in (2, 3) for node in "abc"] + [
-        {"round": 4, "node": node} for node in "ab"]
+        {"round": 4, "node": node} for node in "ab"] + [{"note": "no round"}]
     (tmp_path / "idle.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    # resuming after round 3 with a and b back: they log round 3 again from their saved records; c is gone
-    RunLog(tmp_path).drop_rounds_from("idle.jsonl", 3, relogged_nodes=["a", "b"])
+    # resuming after round 3: round 4 is redone; round 3's rows stay as the run logged them
+    RunLog(tmp_path).drop_rounds_from("idle.jsonl", 4)
     kept = [json.loads(line) for line in (tmp_path / "idle.jsonl").read_text().splitlines()]
-    assert [(row["round"], row["node"]) for row in kept] == [(2, "a"), (2, "b"), (2, "c"), (3, "c")]
+    assert [(row.get("round"), row.get("node")) for row in kept] == [
+        (2, "a"), (2, "b"), (2, "c"), (3, "a"), (3, "b"), (3, "c"), (None, None)]
     assert list(tmp_path.iterdir()) == [tmp_path / "idle.jsonl"]  # the temporary file was renamed into place
 
 

@@ -286,3 +286,20 @@ def test_resuming_a_finished_run_leaves_its_last_records_as_they_were(four_node_
         assert record["round_end"] - record["round_start"] < 3.0, record
     # byte for byte: the rows the run's end logged (its last wait and checkpoint write included) stay
     assert (run_dir / "idle.jsonl").read_bytes() == logged_bytes
+
+
+def test_extending_a_finished_run_keeps_the_rows_its_end_logged_and_adds_the_new_rounds(four_node_run, tmp_path):
+    # the last round's rows were closed at the run's end (its final wait and checkpoint write included);
+    # a resume with more rounds must not swap them for the shorter records the checkpoint saved
+    run_dir = tmp_path / "run"
+    shutil.copytree(four_node_run[0], run_dir)
+    logged_bytes = (run_dir / "idle.jsonl").read_bytes()
+    nodes = {r["node"] for r in read_jsonl(run_dir / "idle.jsonl")}
+    result = geodiloco("run", "--sites", "local", "--no-report", "--resume", "--config",
+                       str(four_node_run[0].parent / "run.yaml"), "--run-dir", str(run_dir),
+                       "--set", "diloco.rounds=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run_dir / "idle.jsonl").read_bytes().startswith(logged_bytes)
+    rows = read_jsonl(run_dir / "idle.jsonl")
+    assert sorted((r["round"], r["node"]) for r in rows) == sorted((round_idx, node) for round_idx in range(4)
+                                                                    for node in nodes)

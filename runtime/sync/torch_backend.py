@@ -73,7 +73,6 @@ class TorchOuterSync:
     def __init__(self, topology: Topology, diloco: DilocoSection, elastic: Optional[ElasticSection] = None,
                  transfer_timeout_s: Optional[float] = None, sync_threads: Optional[int] = None) -> None:
         self.topology = topology
-        self.total_rounds = diloco.rounds
         self.sync_threads_setting = sync_threads
         self.sync_threads = torch.get_num_threads()
         """Intra-op threads of this rank's sync work while the node's other ranks wait (leader: see ``start``)."""
@@ -179,14 +178,14 @@ class TorchOuterSync:
         if not returning:
             node_state = self._rejoin_state(point, own_report, lent_inner_state)
         run_id, pending = handles.restore(global_state, node_state, same_members)
+        # round point.round's idle rows stay where the run logged them (at the next round's exchange or at
+        # the run's end, both later than the record the checkpoint saved); a returning member whose row was
+        # never logged logs its saved record instead
+        logged_nodes = broadcast_value(self._nodes_logged_in(point.round) if topology.is_coordinator else None,
+                                       src=0)
         if topology.is_coordinator:
             log = RunLog(run_dir)
-            # round point.round's idle rows: the returning members log theirs again (the record they saved);
-            # a member that is absent now keeps its row, and so does every node of a run with no round left
-            # (its row was closed at the run's end, later than the saved record)
-            finished = point.round + 1 >= self.total_rounds
-            log.drop_rounds_from("idle.jsonl", point.round, relogged_nodes=[] if finished else
-                                 [name for name in point.members if name in topology.present_names])
+            log.drop_rounds_from("idle.jsonl", point.round + 1)
             log.drop_rounds_from("metrics.jsonl", point.round + 1)
             log.drop_rounds_from("plan.jsonl", point.round + 1)
         if topology.is_leader:
@@ -197,7 +196,13 @@ class TorchOuterSync:
             log_membership_event(run_dir, "resumed", after_round=point.round, present=topology.present_names,
                                  members_before=point.members, source=point.source_node)
         lost_since = pending.get("round_end") if (restarted and returning and pending) else None
-        return StartPoint(run_id, point.round + 1, pending if returning else None, lost_since=lost_since)
+        relogged = pending if returning and topology.node_name not in logged_nodes else None
+        return StartPoint(run_id, point.round + 1, relogged, lost_since=lost_since)
+
+    def _nodes_logged_in(self, round_idx: int) -> list[str]:
+        """Nodes whose idle row of ``round_idx`` is in the run's ``idle.jsonl`` already."""
+        return sorted(node for logged_round, node in RunLog(self.handles.run_dir).logged_keys("idle.jsonl")
+                      if logged_round == round_idx)
 
     def _rejoin_state(self, point: ResumePoint, own_report: Optional[SavedRounds],
                       lent_inner_state: Optional[dict]) -> dict:
