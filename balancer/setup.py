@@ -12,6 +12,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from pydantic import TypeAdapter, ValidationError
+
 
 from geodiloco.balancer.cluster import ClusterSpec, load_cluster
 from geodiloco.balancer.config import BalancingConfig
@@ -120,10 +122,10 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     model_section, diloco = _section(file_data, "model"), _section(file_data, "diloco")
     model_name = model or model_section.get("preset") or model_section.get("file") or hf_config_file(model_section) \
         or DEFAULT_MODEL
-    resolved_seq_len = first_given(seq_len, model_section.get("seq_len"), DEFAULT_SEQ_LEN)
-    steps = first_given(local_steps, diloco.get("local_steps"), DEFAULT_LOCAL_STEPS)
+    resolved_seq_len = first_given(seq_len, file_integer(model_section.get("seq_len")), DEFAULT_SEQ_LEN)
+    steps = first_given(local_steps, file_integer(diloco.get("local_steps")), DEFAULT_LOCAL_STEPS)
     precision = first_given(precision, model_section.get("precision"), DEFAULT_PRECISION)
-    batch = first_given(batch_size, diloco.get("batch_size"), DEFAULT_BATCH_SIZE)
+    batch = first_given(batch_size, file_integer(diloco.get("batch_size")), DEFAULT_BATCH_SIZE)
     for flag, value, field, flag_value in (("--seq-len", resolved_seq_len, "model.seq_len", seq_len),
                                            ("--local-steps", steps, "diloco.local_steps", local_steps),
                                            ("--batch-size", batch, "diloco.batch_size", batch_size)):
@@ -147,7 +149,21 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     return PlanningSetup(cluster=cluster, balancing=balancing, model=model_name, dims=dims,
                          seq_len=resolved_seq_len, local_steps=steps, batch_size=batch, precision=precision,
                          sync=sync_settings(diloco, balancing, overlap, compression, run_sync_defaults(file_data)),
-                         mode=diloco.get("mode", "sync"), rounds=diloco.get("rounds"))
+                         mode=diloco.get("mode", "sync"), rounds=file_integer(diloco.get("rounds")))
+
+
+_INTEGER = TypeAdapter(int)
+
+
+def file_integer(value: Any) -> Any:
+    """A whole number read from the file as a run reads it (``4``, ``4.0`` and ``'4'`` are 4); anything else is
+    returned as it is, for the caller to refuse with its field named."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return _INTEGER.validate_python(value)
+    except ValidationError:
+        return value
 
 
 def first_given(*values):
@@ -181,12 +197,12 @@ def sync_settings(diloco: dict, balancing: BalancingConfig, overlap: Optional[st
     default_overlap, default_codec = run_defaults or ("none", SYNC_DTYPE_CODEC[balancing.sync_dtype])
     chosen_overlap = overlap or diloco.get("overlap") or default_overlap
     codec = compression or diloco.get("compression") or default_codec
-    fragments = diloco.get("fragments", 4)
+    fragments = file_integer(diloco.get("fragments", 4))
     if chosen_overlap not in OVERLAP_MODES:
         raise ConfigError(f"diloco.overlap: {chosen_overlap!r} is not one of {', '.join(OVERLAP_MODES)}")
     if codec not in CODEC_BITS:
         raise ConfigError(f"diloco.compression: {codec!r} is not one of {', '.join(CODEC_BITS)}")
-    if not isinstance(fragments, int) or fragments < 1:
+    if not isinstance(fragments, int) or isinstance(fragments, bool) or fragments < 1:
         raise ConfigError(f"diloco.fragments must be a positive integer, got {fragments!r}")
     return SyncSettings(chosen_overlap, codec, fragments if chosen_overlap == "streaming" else 1)
 

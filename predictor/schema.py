@@ -9,14 +9,35 @@ from pathlib import Path
 from typing import Any, Optional, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 
 class StrictModel(BaseModel):
     """Config section: unknown keys are errors, values are validated on assignment, numbers are finite (an
-    infinite step time or round budget planned inf and nan seconds)."""
+    infinite step time or round budget planned inf and nan seconds), and a number is not a boolean (pydantic
+    reads ``true`` as 1, so ``rounds: true`` ran one round)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and _takes_numbers_not_booleans(cls.model_fields[info.field_name].annotation):
+            raise ValueError("expected a number, not a boolean")
+        return value
+
+
+def _takes_numbers_not_booleans(annotation: Any) -> bool:
+    """Whether a field's annotation (``int``, ``Optional[float]``, ``Union[int, str]``, ...) holds numbers and no bool."""
+    leaves, pending = set(), [annotation]
+    while pending:
+        item = pending.pop()
+        arguments = get_args(item)
+        if arguments:
+            pending.extend(arguments)
+        else:
+            leaves.add(item)
+    return bool(leaves & {int, float}) and bool not in leaves
 
 
 class ConfigError(ValueError):
