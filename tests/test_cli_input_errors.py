@@ -2,6 +2,7 @@
 exit status 2 (or 141 when the reader of the output went away), never in a traceback or a silent run."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -121,11 +122,20 @@ def two_node_file(tmp_path, head: str, node_a: str = '{name: a, gpus: ["A30"]}')
     ("balancing: time", "balancing: Input should be a valid dictionary"),
     ("balancing: {policy: time, round_time_s: .inf}", "balancing.round_time_s: Input should be a finite number"),
     ('diloco: {local_steps: "0"}', "diloco.local_steps: Input should be greater than"),
+    ("diloco: {overlap: streaming, fragments: true}", "diloco.fragments: expected a number, not a boolean (got True)"),
+    ("diloco: {rounds: true}", "diloco.rounds: expected a number, not a boolean (got True)"),
 ])
 def test_plan_checks_a_run_configs_sections_as_a_run_does(tmp_path, capsys, head, message):
     path = two_node_file(tmp_path, head)
     code, out, err = run(capsys, "plan", "--cluster", path)
     assert code == 2 and out == "" and err.startswith(f"geodiloco plan: error: {path}: ") and message in err, err
+
+
+def test_plan_reads_a_files_whole_numbers_as_a_run_reads_them(tmp_path, capsys):
+    path = two_node_file(tmp_path, "diloco: {overlap: streaming, fragments: '8', local_steps: 40.0}")
+    code, out, err = run(capsys, "plan", "--cluster", path, "--json")
+    assert code == 0, err  # both were refused ("must be a positive integer, got 40.0")
+    assert max(node["local_steps"] for node in json.loads(out)["nodes"]) >= 40
 
 
 def test_a_cluster_files_own_notes_are_left_alone_and_its_precision_is_planned(tmp_path, capsys):
