@@ -83,6 +83,9 @@ def test_a_killed_site_costs_the_round_in_progress_and_the_others_finish(tmp_pat
     assert "sites that did not finish: c" in result.stderr
 
     idle = read_jsonl(run_dir / "idle.jsonl")
+    # every round a node trained has its idle row: c's round 1, saved before it was killed, included
+    trained = {(row["round"], row["node"]) for row in read_jsonl(run_dir / "metrics.jsonl") if row["node"] != "global"}
+    assert sorted((row["round"], row["node"]) for row in idle) == sorted(trained)
     resumed = [row for row in idle if row["lost_s"] > 0]
     assert {row["node"] for row in resumed} == {"a", "b", "d"} and {row["round"] for row in resumed} == {2}
     assert all(row["present_nodes"] == ["a", "b", "d"] for row in resumed)

@@ -12,6 +12,7 @@ import contextlib
 import uuid
 from dataclasses import asdict
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -186,6 +187,8 @@ class TorchOuterSync:
         if topology.is_coordinator:
             log = RunLog(run_dir)
             log.drop_rounds_from("idle.jsonl", point.round + 1)
+            absent = [name for name in point.members if name not in topology.present_names + logged_nodes]
+            log.append("idle.jsonl", saved_records(run_dir, point.round, absent))
             log.drop_rounds_from("metrics.jsonl", point.round + 1)
             log.drop_rounds_from("plan.jsonl", point.round + 1)
         if topology.is_leader:
@@ -401,3 +404,18 @@ class TorchOuterSync:
             self.schedule.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def saved_records(run_dir: Path, round_idx: int, node_names: list[str]) -> list[dict]:
+    """The idle records these nodes' checkpoints of ``round_idx`` saved: a member that stopped after its round
+    was saved logs no row of it itself (rows go out at the next round's exchange), so its round is logged from
+    its file, where the run directory holds it (one shared directory; across machines each site keeps its own)."""
+    records = []
+    for name in node_names:
+        try:
+            record = checkpoint.load_node(run_dir, round_idx, name).get("pending_record")
+        except (OSError, ValueError):  # not in this run directory, or damaged: nothing to log
+            continue
+        if record:
+            records.append(record)
+    return records
