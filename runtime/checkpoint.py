@@ -41,6 +41,9 @@ def node_file_name(node_name: str) -> str:
     return f"node_{node_name}.safetensors"
 
 
+NODE_FILE_GLOB = node_file_name("*")
+
+
 def round_dir(run_dir: Path, round_idx: int) -> Path:
     return run_dir / "checkpoints" / f"round_{round_idx:05d}"
 
@@ -112,11 +115,22 @@ def mark_latest(run_dir: Path, round_idx: int, keep: int) -> None:
     """Point ``latest`` at ``round_idx`` and delete the checkpoints older than the newest ``keep`` of those up
     to it (``checkpoint.keep`` counts checkpoints, so with ``every_rounds: 2`` two are two saves apart).
 
-    Newer rounds are left alone: nodes may already be writing the next one."""
+    Newer rounds are left alone: nodes may already be writing the next one. A node's newest own file stays
+    where it is, alone in its round's folder, while the node is away: it holds the node's data position, which
+    the node needs when it rejoins (docs/elastic.md), so no rounds deleted here make it train its data again."""
     point_latest(run_dir, round_idx)
     saved = [saved_round for saved_round in _saved_rounds(run_dir) if saved_round <= round_idx]
-    for old_round in saved[:-keep]:
-        shutil.rmtree(round_dir(run_dir, old_round), ignore_errors=True)
+    newer_node_files = {path.name for kept in saved[-keep:] for path in round_dir(run_dir, kept).glob(NODE_FILE_GLOB)}
+    for old_round in reversed(saved[:-keep]):
+        folder = round_dir(run_dir, old_round)
+        node_files = {path.name for path in folder.glob(NODE_FILE_GLOB)}
+        if node_files <= newer_node_files:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            for entry in folder.iterdir():
+                if entry.name not in node_files - newer_node_files:
+                    shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        newer_node_files |= node_files
 
 
 def point_latest(run_dir: Path, round_idx: int) -> None:

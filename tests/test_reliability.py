@@ -183,6 +183,27 @@ def test_checkpoint_keep_counts_checkpoints_not_rounds(tmp_path):
     assert (tmp_path / "checkpoints" / checkpoint.LATEST_FILE).read_text().strip() == "5"
 
 
+def test_checkpoint_keep_spares_the_newest_file_of_a_node_that_is_away(tmp_path):
+    from geodiloco.runtime import checkpoint
+    # c trained rounds 0-1 and left; a and b went on to round 4; d left after round 0
+    for round_idx in range(5):
+        folder = checkpoint.round_dir(tmp_path, round_idx)
+        folder.mkdir(parents=True)
+        for name in ("global.safetensors", "members.json", *(checkpoint.node_file_name(node) for node in "ab")):
+            (folder / name).write_text("x")
+        for node, last_round in (("c", 1), ("d", 0)):
+            if round_idx <= last_round:
+                (folder / checkpoint.node_file_name(node)).write_text(str(round_idx))
+    checkpoint.mark_latest(tmp_path, 4, keep=2)
+    left = {path.parent.name + "/" + path.name for path in (tmp_path / "checkpoints").glob("round_*/*")}
+    newest = {f"round_0000{r}/{name}" for r in (3, 4) for name in
+              ("global.safetensors", "members.json", "node_a.safetensors", "node_b.safetensors")}
+    # the away nodes' data positions stay (alone in their folders); every other old file is gone
+    assert left == newest | {"round_00001/node_c.safetensors", "round_00000/node_d.safetensors"}
+    checkpoint.mark_latest(tmp_path, 4, keep=2)  # a second pass changes nothing
+    assert {path.parent.name + "/" + path.name for path in (tmp_path / "checkpoints").glob("round_*/*")} == left
+
+
 def test_a_metrics_service_that_cannot_start_is_left_out_and_training_goes_on(tmp_path, monkeypatch, capsys):
     import types
 
