@@ -12,10 +12,11 @@
 # Runs on every site with the same --rdzv-endpoint and --run-id. The rendezvous store runs
 # either in `geodiloco rendezvous` on a reliable machine (recommended: then any site may fail)
 # or in the one site that passes --is-host (HOST is its address; if it fails, the run stops).
-# Elastic by default (docs/elastic.md): --nnodes M:N with M = --min-nodes (default 1, set it to
-# the config's comm.min_nodes), --max-restarts 10, rendezvous timeouts for a WAN (the defaults of
-# comm.elastic); a site that fails is left out and may come back with the same command.
-# --fixed: --nnodes N:N and no restarts (one failed site stops every site).
+# Elastic by default (docs/elastic.md): --nnodes M:N with M = --min-nodes, --max-restarts and the
+# rendezvous timeouts taken from the config (comm.min_nodes, comm.elastic.max_restarts, last_call_s,
+# keep_alive_s, join_timeout_s; the options override the first two); a site that fails is left out
+# and may come back with the same command.
+# --fixed (or comm.elastic.enabled: false): --nnodes N:N and no restarts (one failed site stops every site).
 # It avoids the ways a cross-site torchrun job hangs:
 #   * --rdzv-conf=is_host=true|false: HOST often resolves to 127.0.0.1 locally,
 #     so the store host must be told it is the host;
@@ -33,7 +34,7 @@ usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exi
 die() { echo "launch_site.sh: error: $*" >&2; exit 2; }
 
 config="" node="" nnodes="" nproc="" endpoint="" is_host=false local_addr="" ifname=""
-run_id="geodiloco" secret_file="" entry="geodiloco.runtime.train" dry_run=false extra=() min_nodes=1 max_restarts=10 fixed=false
+run_id="geodiloco" secret_file="" entry="geodiloco.runtime.train" dry_run=false extra=() min_nodes="" max_restarts="" fixed=false
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --config|--node-name|--node|--nnodes|--nproc-per-node|--rdzv-endpoint|--min-nodes|--max-restarts|\
@@ -65,8 +66,8 @@ done
 [[ -n "$config" ]] || die "--config is required: the run's YAML file (the same file on every site)"
 [[ -n "$node" ]] || die "--node-name is required: this site's node name from the config's nodes: list"
 [[ "$nnodes" =~ ^[1-9][0-9]*$ ]] || die "--nnodes must be a positive integer: the number of sites (got '$nnodes')"
-[[ "$min_nodes" =~ ^[1-9][0-9]*$ && "$min_nodes" -le "$nnodes" ]] || die "--min-nodes must be an integer from 1 to --nnodes (got '$min_nodes')"
-[[ "$max_restarts" =~ ^[0-9]+$ ]] || die "--max-restarts must be a non-negative integer (got '$max_restarts')"
+[[ -z "$min_nodes" || ( "$min_nodes" =~ ^[1-9][0-9]*$ && "$min_nodes" -le "$nnodes" ) ]] || die "--min-nodes must be an integer from 1 to --nnodes (got '$min_nodes')"
+[[ -z "$max_restarts" || "$max_restarts" =~ ^[0-9]+$ ]] || die "--max-restarts must be a non-negative integer (got '$max_restarts')"
 [[ "$nproc" =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node must be a positive integer: GPUs (or processes) at this site (got '$nproc')"
 [[ "$endpoint" =~ ^[^:]+:[0-9]+$ ]] || die "--rdzv-endpoint must be HOST:PORT of the site passing --is-host (got '$endpoint')"
 [[ "$ifname" =~ ^[^/[:space:]]{0,15}$ ]] || die "--ifname must be an interface name of at most 15 characters (got '$ifname')"
@@ -111,20 +112,33 @@ else
     launcher=("${PYTHON:-python3}" -m geodiloco.runtime.agent)
 fi
 
+# Without the config's values (another --entry): comm's defaults (tests/test_sites_unit.py keeps them equal).
+cfg_min_nodes=1 cfg_max_restarts=10 cfg_elastic=true
+cfg_timeouts="join_timeout=600,last_call_timeout=8,close_timeout=30,keep_alive_interval=2,keep_alive_max_attempt=3"
 if [[ "$entry" == "geodiloco.runtime.train" ]]; then
     [[ -r "$config" ]] || die "--config $config is not a readable file (the run's YAML, the same file on every site)"
-    "${PYTHON:-python3}" - "$config" "$node" <<'PY' || exit 2
+    settings="$("${PYTHON:-python3}" - "$config" "$node" <<'PY'
 import sys
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.config import load_config
+from geodiloco.runtime.elastic_launch import rendezvous_conf
 try:
-    names = [node.name for node in load_config(sys.argv[1]).nodes]
+    config = load_config(sys.argv[1])
 except ConfigError as err:
     sys.exit(f"launch_site.sh: error: {err}")
+names = [node.name for node in config.nodes]
 if sys.argv[2] not in names:
     sys.exit(f"launch_site.sh: error: --node-name {sys.argv[2]!r} is not one of the config's nodes ({', '.join(names)})")
+elastic = config.comm.elastic
+print(config.comm.min_nodes, elastic.max_restarts, str(elastic.enabled).lower(),
+      rendezvous_conf(config).removeprefix("is_host=false,"))
 PY
+)" || exit 2
+    read -r cfg_min_nodes cfg_max_restarts cfg_elastic cfg_timeouts <<<"$settings"
 fi
+min_nodes="${min_nodes:-$cfg_min_nodes}" max_restarts="${max_restarts:-$cfg_max_restarts}"
+[[ "$cfg_elastic" == true ]] || fixed=true
+[[ "$min_nodes" -le "$nnodes" ]] || die "comm.min_nodes ($min_nodes) is above --nnodes ($nnodes): pass --nnodes with every site of the run, or --min-nodes"
 if [[ -n "$secret_file" ]]; then
     [[ -r "$secret_file" ]] || die "--secret-file $secret_file is not a readable file"
     export GEODILOCO_SECRET_FILE="$secret_file"
@@ -136,14 +150,14 @@ elif [[ "$entry" == "geodiloco.runtime.train" ]]; then
     die "no shared secret: set GEODILOCO_SECRET (the same value at every site) or pass --secret-file FILE"
 fi
 
-# The rendezvous timeouts are comm.elastic's defaults (tests/test_sites_unit.py keeps them equal).
 rdzv_conf="is_host=$is_host"
 nnodes_range="$min_nodes:$nnodes"
 if $fixed; then
     nnodes_range="$nnodes" max_restarts=0
 else
-    rdzv_conf+=",join_timeout=600,last_call_timeout=8,close_timeout=30,keep_alive_interval=2,keep_alive_max_attempt=3"
+    rdzv_conf+=",$cfg_timeouts"
 fi
+join_timeout_s="$(sed -n 's/.*join_timeout=\([0-9]*\).*/\1/p' <<<"$cfg_timeouts")"
 command=("${launcher[@]}"
     "--nnodes=$nnodes_range" "--nproc-per-node=$nproc"
     "--rdzv-backend=c10d" "--rdzv-endpoint=$endpoint" "--rdzv-id=$run_id"
@@ -164,6 +178,6 @@ export GEODILOCO_NODE="$node" GLOO_SOCKET_IFNAME="$ifname" TP_SOCKET_IFNAME="$if
 if $fixed; then
     echo "[geodiloco] site $node: joining the rendezvous at $endpoint; training starts when all $nnodes sites have joined" >&2
 else
-    echo "[geodiloco] site $node: joining the rendezvous at $endpoint; training starts once at least $min_nodes of $nnodes sites have joined (waits up to 600 s: join_timeout)" >&2
+    echo "[geodiloco] site $node: joining the rendezvous at $endpoint; training starts once at least $min_nodes of $nnodes sites have joined (waits up to $join_timeout_s s: comm.elastic.join_timeout_s)" >&2
 fi
 exec "${command[@]}"

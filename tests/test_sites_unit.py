@@ -190,6 +190,27 @@ def test_launch_site_fixed_and_min_nodes():
     assert too_many.returncode == 2 and "--min-nodes must be an integer from 1 to --nnodes" in too_many.stderr
 
 
+def test_launch_site_takes_min_nodes_restarts_and_timeouts_from_the_config(tmp_path):
+    config = yaml.safe_load((SITES_CONFIG_DIR / "run.yaml").read_text())
+    config["comm"] = {"min_nodes": 2, "elastic": {"max_restarts": 2, "last_call_s": 3, "keep_alive_s": 5,
+                                                  "join_timeout_s": 30}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    common = ["--config", str(tmp_path / "run.yaml"), "--node", "a", "--nnodes", "3", "--nproc-per-node", "1",
+              "--rdzv-endpoint", "10.1.0.1:29400", "--local-addr", "10.1.0.2", "--ifname", "eth1", "--dry-run"]
+    words = shlex.split(run_launch(*common).stdout)
+    assert "--nnodes=2:3" in words and "--max-restarts=2" in words
+    assert ("--rdzv-conf=is_host=false,join_timeout=30,last_call_timeout=3,close_timeout=30,keep_alive_interval=5,"
+            "keep_alive_max_attempt=3") in words
+    overridden = shlex.split(run_launch(*common, "--min-nodes", "1", "--max-restarts", "7").stdout)
+    assert "--nnodes=1:3" in overridden and "--max-restarts=7" in overridden
+    config["comm"]["elastic"]["enabled"] = False
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    fixed = shlex.split(run_launch(*common).stdout)
+    assert "--nnodes=3" in fixed and "--max-restarts=0" in fixed and "--rdzv-conf=is_host=false" in fixed
+    too_few = run_launch(*common[:5], "1", *common[6:])  # --nnodes 1 below the config's comm.min_nodes 2
+    assert too_few.returncode == 2 and "comm.min_nodes (2) is above --nnodes (1)" in too_few.stderr
+
+
 def test_torchrun_accepts_the_composed_entry_arguments():
     """torchrun's parser must pass everything after the module through to the entry untouched."""
     from torch.distributed.run import get_args_parser
@@ -254,7 +275,7 @@ def test_launch_site_says_what_it_waits_for_before_torchrun_goes_quiet():
                              text=True, timeout=30, env=env, cwd=SITES_CONFIG_DIR)
     assert elastic.returncode == 0, elastic.stderr
     assert ("[geodiloco] site seoul: joining the rendezvous at 10.1.0.1:29400; training starts once at least 2 of 3 "
-            "sites have joined (waits up to 600 s: join_timeout)") in elastic.stderr
+            "sites have joined (waits up to 600 s: comm.elastic.join_timeout_s)") in elastic.stderr
 
 
 @pytest.mark.parametrize("config, node, message", [
