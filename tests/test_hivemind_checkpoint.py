@@ -132,7 +132,8 @@ def test_a_drifted_writer_that_found_no_peer_to_reload_from_withholds_the_global
     sync.topology = node_topology("a", NAMES, 60, use_cuda=False)
     sync.handles = SimpleNamespace(params=[], outer=None)
     sync.init_timeout_s, sync.diverged, sync.global_withheld = 1.0, True, None
-    sync.download_state = lambda timeout_s, min_round: None
+    sync.download_state = lambda timeout_s, min_round, checksum=None: None
+    sync.averager = None
     sync.end_round(3, "run-x")
     assert sync.global_withheld == ("its parameters differ from the majority's and no peer shared the global state "
                                     "to reload")

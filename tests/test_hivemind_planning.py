@@ -85,6 +85,36 @@ def test_two_nodes_disagreeing_defer_to_the_earlier_one():
     assert not sync._is_outlier(present, "a")
 
 
+@pytest.mark.parametrize("order", ["abc", "cba", "bca"])
+def test_when_no_two_nodes_agree_every_node_defers_to_the_first_in_the_config(order):
+    # 8-bit rounding: three checksums, no two within the tolerance; the posted order differs between nodes
+    sync = follower_sync(resync_tolerance=1e-6)
+    checksums = {"a": 8579.1132, "b": 8579.0473, "c": 8579.2001}
+    present = [{"node": name, "start_checksum": checksums[name]} for name in order]
+    assert [sync._is_outlier(present, name) for name in "abc"] == [False, True, True]
+    assert sync.majority_checksum == checksums["a"]
+
+
+class StatesOnOffer:
+    """hivemind's averager as download_state sees it: each call returns the next peer's published state."""
+
+    def __init__(self, checksums):
+        self.checksums, self.calls, self.allow_state_sharing = list(checksums), 0, True
+
+    def load_state_from_peers(self, timeout):
+        checksum = self.checksums[self.calls % len(self.checksums)]
+        self.calls += 1
+        return {"round": 4, "param_checksum": checksum}, []
+
+
+def test_a_drifted_node_reloads_only_a_state_that_agrees_with_the_majority():
+    sync = follower_sync(resync_tolerance=1e-6)
+    sync.averager = StatesOnOffer([8579.0473, 8579.2001, 8579.1132])  # two drifted peers answer first
+    loaded = sync.download_state(5.0, min_round=4, checksum=8579.1132)
+    assert loaded[0]["param_checksum"] == 8579.1132 and sync.averager.calls == 3
+    assert sync.download_state(0.5, min_round=4, checksum=1.0) is None  # nobody holds it: give up in time
+
+
 def test_request_timeout_must_stay_below_matchmaking_time(tmp_path):
     config = small_config([{"name": "a"}, {"name": "b"}])
     config["comm"] = {"backend": "hivemind", "hivemind": {"matchmaking_time_s": 1.0, "request_timeout_s": 2.0}}

@@ -335,6 +335,7 @@ class HivemindOuterSync:
         self.writes_round = True
         self.writes_global_file = True
         self.global_withheld: Optional[str] = None
+        self.majority_checksum: Optional[float] = None
         self.node_names = list(node_names)
         self.prefix = "geodiloco_" + run_name.replace(".", "_").replace("-", "_")
         self.current_round = -1
@@ -599,16 +600,29 @@ class HivemindOuterSync:
         if self.averager is not None:
             self.averager.publish(metadata, tensors)
 
-    def download_state(self, timeout_s: float, min_round: int = -1) -> Optional[tuple[dict, list[torch.Tensor]]]:
+    def download_state(self, timeout_s: float, min_round: int = -1,
+                       checksum: Optional[float] = None) -> Optional[tuple[dict, list[torch.Tensor]]]:
         """(metadata, tensors) from a peer that published its state after round ``min_round`` or
-        later; None if none could give it within ``timeout_s``."""
+        later (and, given ``checksum``, whose parameters agree with it within ``resync_tolerance``);
+        None if none could give it within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             loaded = self.averager.load_state_from_peers(timeout=self.options.chunk_timeout_s)
-            if loaded is not None and loaded[0] and loaded[0]["round"] >= min_round:
+            if loaded is not None and loaded[0] and loaded[0]["round"] >= min_round and (
+                    checksum is None or self._agree(loaded[0].get("param_checksum"), checksum)):
                 return loaded
             time.sleep(0.2)
         return None
+
+    def last_round_members(self) -> list[str]:
+        """The nodes of the last round's group (its readiness exchange), in config order."""
+        return list(self._present)
+
+    def share_state(self, allowed: bool) -> None:
+        """Offer this node's state to peers that download one, or stop offering it (a node whose parameters
+        left the majority's must not be the state another such node reloads)."""
+        if self.averager is not None:
+            self.averager.allow_state_sharing = allowed
 
     # ----- the round loop's seam (runtime/sync/protocol.py) ------------------------------
 
@@ -826,19 +840,28 @@ class HivemindOuterSync:
         return awaited
 
     def _is_outlier(self, present: list[dict], me: str) -> bool:
-        """Whether this node's parameters at the round start differ from the majority's (the
-        earliest node's group on a tie) by more than ``resync_tolerance`` (relative)."""
-        checksums = {item["node"]: item["start_checksum"] for item in present if "start_checksum" in item}
+        """Whether this node's parameters differ from the majority's (the group of the node first in the
+        config on a tie) by more than ``resync_tolerance`` (relative). Every node orders the checksums the
+        same way, so all agree on the majority even when no two agree (8-bit rounding); the majority's
+        first node's checksum is kept as ``majority_checksum``."""
+        order = {name: index for index, name in enumerate(self.node_names)}
+        checksums = {item["node"]: item["start_checksum"]
+                     for item in sorted(present, key=lambda item: order.get(item.get("node"), len(order)))
+                     if "start_checksum" in item}
+        self.majority_checksum = None
         if me not in checksums or len(checksums) < 2:
             return False
-        tolerance = self.options.resync_tolerance
-
-        def agree(first: float, second: float) -> bool:
-            return abs(first - second) <= tolerance * max(abs(first), abs(second), 1e-30)
-
-        clusters = [[name for name in checksums if agree(checksums[name], checksums[anchor])] for anchor in checksums]
+        clusters = [[name for name in checksums if self._agree(checksums[name], checksums[anchor])]
+                    for anchor in checksums]
         majority = max(clusters, key=len)
+        self.majority_checksum = checksums[majority[0]]
         return me not in majority
+
+    def _agree(self, first: Optional[float], second: float) -> bool:
+        """Two parameter checksums within ``resync_tolerance`` of each other (relative)."""
+        if first is None:
+            return False
+        return abs(first - second) <= self.options.resync_tolerance * max(abs(first), abs(second), 1e-30)
 
     def reduce_weighted(self, flat: torch.Tensor, weight: float,
                         total_weight: Optional[float] = None) -> torch.Tensor:

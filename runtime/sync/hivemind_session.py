@@ -7,7 +7,7 @@ the peers' reloads the global state from one of them.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime import checkpoint
@@ -136,16 +136,19 @@ def join_from_peers(sync: "HivemindOuterSync", first_join: bool = False) -> Star
     return StartPoint(info["run_id"], next_round)
 
 
-def reload_global_state(sync: "HivemindOuterSync", round_idx: int) -> bool:
+def reload_global_state(sync: "HivemindOuterSync", round_idx: int, checksum: Optional[float] = None) -> bool:
     """This node's parameters drifted from the majority's (a partial all-reduce, codec rounding):
-    take a peer's global state after ``round_idx`` instead of its own. Returns False when the leader
-    found no peer to take it from and kept its own (the other ranks follow their leader: True)."""
+    take a peer's global state after ``round_idx`` instead of its own (given ``checksum``, only a state
+    whose parameters agree with it: the majority's, not another drifted node's). Returns False when the
+    leader found no peer to take it from and kept its own (the other ranks follow their leader: True)."""
     handles, topology = sync.handles, sync.topology
     print(f"[geodiloco] node {topology.node_name}: parameters differ from the peers' at round {round_idx + 1}; "
           "reloading the global state from a peer", flush=True)
     reloaded = True
     if topology.is_leader:
-        loaded = sync.download_state(sync.init_timeout_s, min_round=round_idx)
+        sync.share_state(False)
+        loaded = sync.download_state(sync.init_timeout_s, min_round=round_idx, checksum=checksum)
+        sync.share_state(True)
         reloaded = loaded is not None
         if loaded is None:
             print(f"[geodiloco] node {topology.node_name}: no peer shared its state; keeping this node's",
@@ -163,7 +166,10 @@ def finish_hivemind(sync: "HivemindOuterSync", run_id: str, last_round: int) -> 
     handles, topology = sync.handles, sync.topology
     differs = sync.final_parameters_differ(run_id, handles.checksum()) if topology.is_leader else None
     if sync.share_in_node(differs):
-        reload_global_state(sync, last_round)
+        reloaded = reload_global_state(sync, last_round, checksum=sync.majority_checksum)
+        if reloaded and sync.writes_round and topology.is_leader and handles.save_final_global is not None:
+            # the round's global file was written from this node's drifted parameters: the majority's replace it
+            handles.save_final_global(last_round, run_id, sync.last_round_members())
     checksum = handles.checksum()
     if topology.is_leader:
         sync.wait_for_peers_to_finish(run_id)
