@@ -176,6 +176,13 @@ def test_hivemind_run_matches_the_torch_backend(tmp_path):
     peers = (hivemind_dir / "hivemind_peers.txt").read_text().split()
     assert peers and all(addr.startswith("/ip4/127.0.0.1/tcp/") for addr in peers), peers
 
+    # a resume with no round left keeps the rows the run's end logged (its last wait included), byte for byte
+    logged = (hivemind_dir / "idle.jsonl").read_bytes()
+    resumed = geodiloco("run", "--sites", "local", "--no-report", "--resume", "--run-dir", str(hivemind_dir),
+                        timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (hivemind_dir / "idle.jsonl").read_bytes() == logged
+
 
 EMULATED = [{"name": "a", "emulate": {"step_time_s": 0.15}},
             {"name": "b", "emulate": {"step_time_s": 0.15}},

@@ -76,9 +76,11 @@ def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
             checkpoint.point_latest(run_dir, decision["resume_round"])
         if topology.is_leader and decision["node"] == topology.node_name:
             log = RunLog(run_dir)
-            log.drop_rounds_from("idle.jsonl", decision["resume_round"])
+            log.drop_rounds_from("idle.jsonl", first_round)
             log.drop_rounds_from("metrics.jsonl", first_round)
             log.drop_rounds_from("plan.jsonl", first_round)
+        if topology.is_leader and (first_round - 1, topology.node_name) in RunLog(run_dir).logged_keys("idle.jsonl"):
+            pending = None  # the row the run logged for that round (at the next round or its end) stays
     sync.set_round(first_round, joined=first_round)
     if handles.outer is not None:
         sync.publish_state(*handles.export_state(first_round - 1, run_id))
