@@ -84,6 +84,8 @@ def run_command(args: argparse.Namespace) -> int:
     # a resumed run starts from its own saved config (--set changes on top of it), not the demo's
     base = args.config or (saved_config(Path(args.run_dir)) if args.resume else None)
     config = load_config(base, args.overrides)
+    if args.elastic is not None and config.comm.backend == "torch":
+        config.comm.elastic.enabled = args.elastic  # saved in config.yaml: a --resume keeps the membership
     run_dir = Path(args.run_dir) if args.run_dir else (
         Path(config.run.out_dir) / f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     code = launch_local(config, run_dir, args.sites, args.resume, args.elastic, args.drill)

@@ -200,3 +200,12 @@ def test_a_node_that_fits_no_sample_is_named_and_the_advice_leaves_out_what_was_
                        "--batch-size", "1", "--seq-len", "1024", "--activation-checkpointing")
     assert code == 2 and err.rstrip().endswith("even at batch 1 with activation checkpointing; use a smaller model "
                                                "or a larger GPU"), err
+
+
+def test_no_elastic_is_saved_with_the_run_so_a_resume_keeps_fixed_membership(tmp_path, monkeypatch):
+    from geodiloco.runtime import launch
+    started = []
+    monkeypatch.setattr(launch, "launch_local", lambda config, run_dir, *rest: started.append(config) or 1)
+    assert main(["run", "--no-elastic", "--run-dir", str(tmp_path / "r")]) == 1
+    assert main(["run", "--run-dir", str(tmp_path / "r2")]) == 1
+    assert [config.comm.elastic.enabled for config in started] == [False, True]
