@@ -142,9 +142,9 @@ def describe_failure(err: BaseException, args, site: str, fatal: Optional[str],
                 "joined again; start a new run with another --run-id, or restart `geodiloco rendezvous` and every "
                 "site with --resume to continue the saved one", 1)
     if isinstance(err, RendezvousTimeoutError):
-        return (f"site {site}: no world formed for the {run} within the join timeout: fewer sites than --min-nodes "
-                "joined, or a running run already holds every place under this --run-id (give this run its own "
-                "--run-id)", 1)
+        return (f"site {site}: no world formed for the {run} within the join timeout (comm.elastic.join_timeout_s): "
+                "fewer sites than comm.min_nodes joined, or a running run already holds every place under this run "
+                "ID (give this run its own: launch_site.sh --run-id)", 1)
     store_error = isinstance(err, (RendezvousConnectionError, RendezvousStateError)) or _store_lost(err)
     if store_error and not joined:
         return (f"site {site}: cannot reach the rendezvous store at {args.rdzv_endpoint} (nothing listens there, or this site "

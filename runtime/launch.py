@@ -296,7 +296,7 @@ def print_tail(name: str, output: Optional[NodeOutput]) -> None:
     """The last lines a failed node wrote, and where the rest is."""
     if output is None:
         return
-    lines = output.tail()
+    lines = [line for line in output.tail() if line.strip()]
     shown = "\n".join(f"    {line}" for line in lines) if lines else "    (it wrote nothing)"
     print(f"[geodiloco] last lines of node {name} (all of it: {output.log_path}):\n{shown}", file=sys.stderr,
           flush=True)
@@ -433,7 +433,17 @@ def elastic_exit_code(config: RunConfig, codes: list[int], outputs: Optional[dic
                 print_tail(name, (outputs or {}).get(name))
     if enough:
         return 0
-    return next(iter(failed.values()), 1)
+    return failed_run_status(list(failed.values()))
+
+
+def failed_run_status(codes: list[int]) -> int:
+    """The launcher's exit status for sites that failed with ``codes``: the first site's own error (a positive
+    code), else 128 + the signal that ended the first site, as a shell reports it (a negative code, -9, became
+    status 247)."""
+    errors = [code for code in codes if code > 0]
+    if errors:
+        return errors[0]
+    return 128 - codes[0] if codes else 1
 
 
 def machine_gpu_count() -> int:

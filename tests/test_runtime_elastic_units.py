@@ -248,6 +248,9 @@ def test_the_run_succeeds_when_min_nodes_sites_finish(capsys):
     err = capsys.readouterr().err
     assert "b (exit 75: it lost a peer), c (killed by SIGKILL)" in err
     assert "fewer than comm.min_nodes (3) finished: the run failed" in err
+    # the first site's own error, not the signal of a site killed before it (exit status 247 for -9)
+    assert elastic_exit_code(config, [-9, -9, 1, 0]) == 1
+    assert elastic_exit_code(config, [-9, -15, 0, 0]) == 137
 
 
 def test_a_fixed_run_names_the_node_that_failed_and_why(capsys):
