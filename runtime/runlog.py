@@ -47,6 +47,10 @@ class RunLog:
         return {(row["round"], row["node"]) for _, row in self._rows(log_name)
                 if isinstance(row, dict) and "round" in row and "node" in row}
 
+    def rows(self, log_name: str) -> list[dict]:
+        """The readable rows of ``log_name`` that are JSON objects."""
+        return [row for _, row in self._rows(log_name) if isinstance(row, dict)]
+
     def _rows(self, log_name: str) -> Iterable[tuple[str, Any]]:
         """(line, parsed row) of every readable line of ``log_name`` (none when it does not exist)."""
         path = self.run_dir / log_name

@@ -37,6 +37,7 @@ from geodiloco.runtime.host_threads import warn_if_oversubscribed
 from geodiloco.runtime.run_dir import resume_changes
 from geodiloco.runtime.recovery import elastic_job, log_membership_event, trained_in_job
 from geodiloco.runtime.idle import RoundClock
+from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint import latest_round
 from geodiloco.runtime.agent import stop_own_agent
 from geodiloco.runtime.fatal import record_fatal
@@ -185,6 +186,8 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         log.write_config(config.to_yaml())
         if start.first_round > 0:
             print(f"[geodiloco] resuming {run_id} after round {start.first_round}", flush=True)
+    if log is not None and start.first_round > 0:
+        _redo_lost_global_row(trainer, log, run_id, start.first_round - 1)
     round_idx, lost_since = start.first_round, start.lost_since
     training_started = time.time()
     last_round = ran_a_round = False
@@ -396,6 +399,30 @@ def _idle_record(trainer: NodeTrainer, run_id: str, plan: Plan, result: LocalRes
         round_end=clock.marks["end"], staleness=outcome.staleness, mode=trainer.config.diloco.mode,
         gpus=list(node.gpus), num_gpus=node.num_gpus, source="runtime", **gpu_values)
     return asdict(record)
+
+
+def _redo_lost_global_row(trainer: NodeTrainer, log: RunLog, run_id: str, round_idx: int) -> None:
+    """Coordinator, resuming after ``round_idx``: a run stopped while that round's evaluation ran in the
+    background logged no global row of it (the row goes out when the evaluation ends). The restored global
+    model is that round's, so its row is logged now, evaluated again where the round was due one."""
+    sync = trainer.sync
+    if sync.barrier_free or sync.logs_own_idle_only or (round_idx, "global") in log.logged_keys("metrics.jsonl"):
+        return
+    node_rows = [row for row in log.rows("metrics.jsonl") if row.get("round") == round_idx and row.get("node") != "global"]
+    if not node_rows:
+        return
+    global_file = checkpoint.round_dir(trainer.run_dir, round_idx) / checkpoint.GLOBAL_FILE
+    row = {"run_id": run_id, "round": round_idx, "node": "global", "eval_loss": None,
+           "tokens": sum(item.get("tokens", 0) for item in node_rows),
+           "wall_s": global_file.stat().st_mtime if global_file.is_file() else time.time()}
+    every = trainer.config.data.eval_every_rounds
+    due = every and ((round_idx + 1) % every == 0 or round_idx + 1 == trainer.config.diloco.rounds)
+    if trainer.eval_set and due:
+        print(f"[geodiloco] evaluating round {round_idx + 1} again: the run stopped before its evaluation was "
+              "logged", flush=True)
+        trainer.evaluate_in_background(row)
+    else:
+        log.append("metrics.jsonl", [row])
 
 
 def _node_rows(run_id: str, reported: list[dict]) -> list[dict]:

@@ -1,4 +1,5 @@
 """`geodiloco run` end to end: 4 nodes, emulated GPUs, per-node plans, logs, kill and resume."""
+import json
 import os
 from pathlib import Path
 import re
@@ -303,3 +304,24 @@ def test_extending_a_finished_run_keeps_the_rows_its_end_logged_and_adds_the_new
     rows = read_jsonl(run_dir / "idle.jsonl")
     assert sorted((r["round"], r["node"]) for r in rows) == sorted((round_idx, node) for round_idx in range(4)
                                                                     for node in nodes)
+
+
+def test_a_resume_evaluates_again_a_round_whose_evaluation_the_stop_cut_off(four_node_run, tmp_path):
+    # a run stopped while round 2's evaluation ran in the background: no global row of round 2 was logged
+    run_dir = tmp_path / "run"
+    shutil.copytree(four_node_run[0], run_dir)
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    evaluated = next(row for row in metrics if row["node"] == "global" and row["round"] == 2)
+    kept = [row for row in metrics if not (row["node"] == "global" and row["round"] == 2)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in kept))
+    result = geodiloco("run", "--sites", "local", "--no-report", "--resume", "--config",
+                       str(four_node_run[0].parent / "run.yaml"), "--run-dir", str(run_dir),
+                       "--set", "diloco.rounds=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "evaluating round 3 again" in result.stdout
+    rows = [row for row in read_jsonl(run_dir / "metrics.jsonl") if row["node"] == "global"]
+    assert [row["round"] for row in rows] == [0, 1, 2, 3]
+    again = rows[2]
+    # the same global model, scored on the same held-out set: the same loss, and the round's tokens
+    assert again["eval_loss"] == pytest.approx(evaluated["eval_loss"], rel=1e-6)
+    assert again["tokens"] == evaluated["tokens"]
