@@ -12,6 +12,7 @@ import os
 import sys
 
 from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.fatal import LaunchError
 
 DESCRIPTION = """\
 GeoDiLoCo: train one language model across sites with different GPUs.
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"geodiloco {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except LaunchError as err:
+        print(f"geodiloco {args.command}: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"geodiloco {args.command}: interrupted", file=sys.stderr)
         return 130

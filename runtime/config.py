@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names, load_gpu_files
 from geodiloco.balancer.config import BalancingConfig
@@ -243,6 +243,17 @@ class HivemindSection(StrictModel):
     target_group_size: Optional[int] = Field(default=None, ge=2)
     compression: Literal["none", "fp16", "8bit"] = "none"
     resync_tolerance: float = Field(default=1.0e-6, gt=0)
+
+    @field_validator("initial_peers", "host_maddrs", "announce_maddrs")
+    @classmethod
+    def _multiaddrs(cls, addrs: list[str], info: ValidationInfo) -> list[str]:
+        """Each a multiaddr (bootstrap peers with their /p2p/ID), checked before any node starts; only given
+        lists are checked (the default needs no hivemind import)."""
+        from geodiloco.runtime.sync.multiaddrs import checked_multiaddrs
+        try:
+            return checked_multiaddrs(addrs, "", names_peer=info.field_name == "initial_peers")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
 
     @model_validator(mode="after")
     def _timeouts_ordered(self) -> "HivemindSection":

@@ -36,3 +36,7 @@ def read_fatal(path: Path) -> Optional[str]:
     except OSError:
         return None
     return text or None
+
+
+class LaunchError(RuntimeError):
+    """A node the launcher waits for never came up (its own error is in its output above): one line, exit 1."""

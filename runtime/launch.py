@@ -43,7 +43,7 @@ from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
 from geodiloco.runtime.store_socket import STORE_FD_ENV, reserve_port
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
-from geodiloco.runtime.fatal import FATAL_FILE, FATAL_FILE_ENV, read_fatal
+from geodiloco.runtime.fatal import FATAL_FILE, FATAL_FILE_ENV, LaunchError, read_fatal
 from geodiloco.lab.drill import DrillRunner, parse_drill
 from geodiloco.lab.process_tree import descendants
 
@@ -64,7 +64,7 @@ def choose_sites(requested: str) -> tuple[str, str]:
     from geodiloco.lab import sites
     usable, reason = sites.can_use_netns()
     if requested == "netns" and not usable:
-        raise RuntimeError(f"--sites netns is not possible here: {reason}; use --sites local")
+        raise ConfigError(f"--sites netns is not possible here: {reason}; use --sites local")
     if usable:
         return "netns", "network namespaces are available"
     return "local", f"network namespaces unavailable ({reason})"
@@ -214,9 +214,9 @@ def wait_for_file(path: Path, writer: subprocess.Popen, timeout_s: float, what: 
     deadline = time.monotonic() + timeout_s
     while not path.is_file():
         if writer.poll() is not None:
-            raise RuntimeError(f"{what} exited (code {writer.returncode}) before it was up")
+            raise LaunchError(f"{what} exited (code {writer.returncode}) before it was up; its error is above")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not come up within comm.init_timeout_s ({timeout_s:g} s)")
+            raise LaunchError(f"{what} did not come up within comm.init_timeout_s ({timeout_s:g} s)")
         time.sleep(0.1)
 
 
@@ -348,7 +348,8 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
     config_path.write_text(config.to_yaml())
     train_args = ["--config", str(config_path), "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
     membership = (f"elastic (torchrun agents, at least {config.comm.min_nodes} of {len(config.nodes)} nodes)"
-                  if elastic else "fixed")
+                  if elastic else "hivemind (whoever is alive; nodes may stop and come back)"
+                  if config.comm.backend == "hivemind" else "fixed")
     print(f"[geodiloco] {len(config.nodes)} nodes on this machine, sites: {mode} ({reason}); membership: "
           f"{membership}; run directory {run_dir}", flush=True)
 

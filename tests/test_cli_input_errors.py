@@ -209,3 +209,20 @@ def test_no_elastic_is_saved_with_the_run_so_a_resume_keeps_fixed_membership(tmp
     assert main(["run", "--no-elastic", "--run-dir", str(tmp_path / "r")]) == 1
     assert main(["run", "--run-dir", str(tmp_path / "r2")]) == 1
     assert [config.comm.elastic.enabled for config in started] == [False, True]
+
+
+def test_a_node_the_launcher_waits_for_that_never_comes_up_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    import subprocess as sp
+
+    from geodiloco.runtime import launch
+    exited = sp.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    exited.wait()
+
+    def first_node_fails(config, run_dir, *rest):
+        launch.wait_for_file(tmp_path / "never", exited, 5.0, "the first node's hivemind peer")
+
+    monkeypatch.setattr(launch, "launch_local", first_node_fails)
+    code, _, err = run(capsys, "run", "--run-dir", str(tmp_path / "r"))
+    assert code == 1
+    assert err == ("geodiloco run: error: the first node's hivemind peer exited (code 3) before it was up; its error "
+                   "is above\n")

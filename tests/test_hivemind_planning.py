@@ -127,3 +127,29 @@ def test_unknown_codec_is_rejected(tmp_path):
     config["comm"] = {"backend": "hivemind", "hivemind": {"compression": "4bit"}}
     with pytest.raises(ConfigError, match="compression"):
         load_config(write_config(tmp_path, config))
+
+
+@pytest.mark.parametrize("field, addrs, message", [
+    ("initial_peers", ["garbage"], "comm.hivemind.initial_peers: [0]: 'garbage' is not a multiaddr"),
+    ("initial_peers", ["/ip4/127.0.0.1/tcp/31337"], "[0]: '/ip4/127.0.0.1/tcp/31337' names no peer"),
+    ("host_maddrs", ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/tcp/99999"], "comm.hivemind.host_maddrs: [1]: "),
+])
+def test_a_peer_address_that_is_not_a_multiaddr_is_refused_before_any_node_starts(tmp_path, field, addrs, message):
+    config = small_config([{"name": "a"}, {"name": "b"}])
+    config["comm"] = {"backend": "hivemind", "hivemind": {field: addrs}}
+    with pytest.raises(ConfigError) as err:
+        load_config(write_config(tmp_path, config))
+    assert message in str(err.value)
+
+
+def test_peer_addresses_from_the_environment_are_checked_when_a_node_starts(monkeypatch):
+    from geodiloco.runtime.sync.hivemind_backend import host_maddrs, initial_peers
+    peer = "/ip4/127.0.0.1/tcp/31337/p2p/QmXfAkeXRfx7nW4b6mQCyKCmcn9LU4ZpTvi4kqeN1yTbCj"
+    monkeypatch.setenv("GEODILOCO_INITIAL_PEERS", f"{peer},/ip4/127.0.0.1/tcp/1")
+    with pytest.raises(ConfigError, match=r"GEODILOCO_INITIAL_PEERS\[1\]: '/ip4/127.0.0.1/tcp/1' names no peer"):
+        initial_peers(HivemindSection())
+    monkeypatch.setenv("GEODILOCO_INITIAL_PEERS", peer)
+    assert initial_peers(HivemindSection()) == [peer]
+    monkeypatch.setenv("GEODILOCO_HOST_MADDRS", "garbage")
+    with pytest.raises(ConfigError, match=r"GEODILOCO_HOST_MADDRS\[0\]: 'garbage' is not a multiaddr"):
+        host_maddrs(HivemindSection())

@@ -43,6 +43,7 @@ from geodiloco.runtime import checkpoint
 from geodiloco.runtime.auth import SECRET_ENV, AuthError
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import HivemindSection
+from geodiloco.runtime.sync.multiaddrs import checked_multiaddrs
 from geodiloco.runtime.diloco import group_average_scale, group_average_terms
 from geodiloco.runtime.host_threads import choose_leader_threads, intra_op_threads
 from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
@@ -161,13 +162,16 @@ def host_maddrs(options: HivemindSection) -> list[str]:
     the host, and dials to addresses that do not answer stall all-reduces until their chunk
     timeout."""
     override = [addr.strip() for addr in os.environ.get(HOST_MADDRS_ENV, "").split(",") if addr.strip()]
-    return override or list(options.host_maddrs)
+    if override:
+        return checked_multiaddrs(override, HOST_MADDRS_ENV, names_peer=False)
+    return checked_multiaddrs(list(options.host_maddrs), "comm.hivemind.host_maddrs", names_peer=False)
 
 
 def initial_peers(options: HivemindSection) -> list[str]:
     """Peers to bootstrap from: the config's, plus GEODILOCO_INITIAL_PEERS (comma separated)."""
     extra = [addr.strip() for addr in os.environ.get(INITIAL_PEERS_ENV, "").split(",") if addr.strip()]
-    return list(options.initial_peers) + extra
+    return (checked_multiaddrs(list(options.initial_peers), "comm.hivemind.initial_peers", names_peer=True)
+            + checked_multiaddrs(extra, INITIAL_PEERS_ENV, names_peer=True))
 
 
 class TooFewNodes(RuntimeError):
