@@ -252,31 +252,39 @@ def exit_cause(code: int) -> str:
         code, f"exit {code}: see its output above")
 
 
-def watch(processes: list[subprocess.Popen], stop_on_failure: bool = True,
-          names: Optional[list[str]] = None, outputs: Optional[dict[str, NodeOutput]] = None) -> int:
-    """Wait for all to finish; the first failure stops the rest and is returned (without
-    ``stop_on_failure`` the others go on, and the first failure is returned at the end).
-    The failed node is named with its exit cause and the last lines of its output (``names``:
-    the nodes of ``processes``; ``outputs``: their kept output by name)."""
-    cleaned: set = set()
+def watch(processes: list[subprocess.Popen], names: Optional[list[str]] = None,
+          outputs: Optional[dict[str, NodeOutput]] = None) -> int:
+    """Wait for all to finish; the first failure stops the rest and is returned. The failed node is named
+    with its exit cause and the last lines of its output (``names``: the nodes of ``processes``;
+    ``outputs``: their kept output by name)."""
     names = names or [f"#{index}" for index in range(len(processes))]
     while True:
         codes = [process.poll() for process in processes]
         failed = [(name, code) for name, code in zip(names, codes) if code not in (None, 0)]
         failed.sort(key=lambda item: item[1] == PEER_FAILED_EXIT_CODE)  # the cause before those that lost it
-        if failed and (stop_on_failure or None not in codes):
+        if failed:
             name, code = failed[0]
-            others = "; the other nodes were stopped" if stop_on_failure and len(processes) > 1 else ""
+            others = "; the other nodes were stopped" if len(processes) > 1 else ""
             print(f"[geodiloco] node {name} failed ({exit_cause(code)}){others}", file=sys.stderr, flush=True)
             print_tail(name, (outputs or {}).get(name))
             return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell reports it
-        if not stop_on_failure:
-            for process, code in zip(processes, codes):
-                if code is not None and process.pid not in cleaned:
-                    kill_session(process)
-                    cleaned.add(process.pid)
         if all(code == 0 for code in codes):
             return 0
+        time.sleep(0.2)
+
+
+def watch_until_all_end(processes: list[subprocess.Popen]) -> list[int]:
+    """hivemind: wait until every node has ended (one failing stops nobody), clearing what each left of its
+    process group (its DHT, averager and p2pd) as it ends; their exit codes."""
+    cleaned: set = set()
+    while True:
+        codes = [process.poll() for process in processes]
+        for process, code in zip(processes, codes):
+            if code is not None and process.pid not in cleaned:
+                kill_session(process)
+                cleaned.add(process.pid)
+        if None not in codes:
+            return codes
         time.sleep(0.2)
 
 
@@ -387,9 +395,14 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
 def watch_sites(config: RunConfig, run_dir: Path, processes: list[subprocess.Popen], launcher: NodeLauncher,
                 elastic: bool, drill_events: list) -> int:
     """Wait for the started sites (fixed or elastic membership, drills fired on the way); the run's exit code."""
+    if config.comm.backend == "hivemind":
+        # a failed node stops nobody: the run succeeds when comm.min_nodes of them finished it
+        code = elastic_exit_code(config, watch_until_all_end(processes), launcher.outputs)
+        if code not in (0, 2):
+            say_how_to_resume(run_dir)
+        return code
     if not elastic:
-        code = watch(processes, stop_on_failure=config.comm.backend != "hivemind",
-                     names=[node.name for node in config.nodes], outputs=launcher.outputs)
+        code = watch(processes, names=[node.name for node in config.nodes], outputs=launcher.outputs)
         if code not in (0, 2):
             say_how_to_resume(run_dir)
         return code

@@ -319,3 +319,27 @@ def test_report_counts_lost_time_as_idle_and_says_so(tmp_path, capsys):
     # a: 2 x (3 wait + 1 sync) + (3 + 1 + 14.5) = 26.5 s idle; b: 2 x 1.5 = 3 s; 14 s of it lost
     assert "14.0 s of the idle lost to site failures and restarts" in out
     assert "26.5" in out
+
+
+def test_a_hivemind_run_that_comm_min_nodes_finished_succeeds_though_a_node_was_killed(tmp_path, capsys):
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from geodiloco.runtime.launch import watch_sites
+    config = four_node_config(backend="hivemind", min_nodes=3)
+    finishing = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"], start_new_session=True)
+                 for _ in range(3)]
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    killed.kill()
+    processes = finishing[:2] + [killed] + finishing[2:]
+    launcher = SimpleNamespace(outputs={})
+    assert watch_sites(config, tmp_path, processes, launcher, elastic=False, drill_events=[]) == 0
+    err = capsys.readouterr().err
+    assert "sites that did not finish: c (killed by SIGKILL); the run went on without them" in err
+    assert "--resume" not in err  # nothing is left to resume
+    # below comm.min_nodes the run failed: the killed node's status, and how to go on
+    config = four_node_config(backend="hivemind", min_nodes=4)
+    processes = [subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True) for _ in range(3)]
+    processes.insert(2, killed)
+    assert watch_sites(config, tmp_path, processes, launcher, elastic=False, drill_events=[]) == 137
