@@ -153,3 +153,16 @@ def test_peer_addresses_from_the_environment_are_checked_when_a_node_starts(monk
     monkeypatch.setenv("GEODILOCO_HOST_MADDRS", "garbage")
     with pytest.raises(ConfigError, match=r"GEODILOCO_HOST_MADDRS\[0\]: 'garbage' is not a multiaddr"):
         host_maddrs(HivemindSection())
+
+
+def test_a_node_that_would_join_after_the_last_round_is_told_the_run_is_ending(monkeypatch):
+    from geodiloco.runtime.sync.protocol import CannotStart
+    topology = Topology(rank=0, world_size=1, node_name="c", node_index=2, local_rank=0, local_world_size=1,
+                        node_ranks=[0], leader_ranks=[0])
+    sync = HivemindOuterSync(topology, HivemindSection(), "unit", ["a", "b", "c"], 10, "none", total_rounds=7)
+    beats = []
+    monkeypatch.setattr(sync, "_beat", lambda: beats.append(sync.joined_round))
+    monkeypatch.setattr(sync, "running_round", lambda: 6)  # the peers are in round 7 of 7
+    with pytest.raises(CannotStart, match=r"node c: the peers are in the run's last round \(7 of 7\): nothing is left"):
+        sync.announce_join()
+    assert beats == []  # it never announced itself, so no peer waits for it at the end

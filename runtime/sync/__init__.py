@@ -33,7 +33,8 @@ def build_outer_sync(config: RunConfig, topology: Topology, num_params: int, pla
     from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync
     return HivemindOuterSync(topology, config.comm.hivemind, config.run.name, [node.name for node in config.nodes],
                              num_params, config.diloco.compression, config.comm.init_timeout_s,
-                             config.comm.min_nodes, sync_threads=config.comm.sync_threads)
+                             config.comm.min_nodes, sync_threads=config.comm.sync_threads,
+                             total_rounds=config.diloco.rounds)
 
 
 def join_world(config: RunConfig, node_name: str, use_cuda: bool, secret: Optional[bytes] = None) -> Topology:

@@ -47,8 +47,8 @@ from geodiloco.runtime.sync.multiaddrs import checked_multiaddrs
 from geodiloco.runtime.diloco import group_average_scale, group_average_terms
 from geodiloco.runtime.host_threads import choose_leader_threads, intra_op_threads
 from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
-from geodiloco.runtime.sync.protocol import (OutOfSync, RoundSync, StartPoint, SyncHandles, SyncOutcome,
-                                              TooFewToGoOn)
+from geodiloco.runtime.sync.protocol import (CannotStart, OutOfSync, RoundSync, StartPoint, SyncHandles,
+                                              SyncOutcome, TooFewToGoOn)
 
 POLL_S = 0.1
 STATE_DECLARE_PERIOD_S = 10.0
@@ -326,8 +326,9 @@ class HivemindOuterSync:
 
     def __init__(self, topology: Topology, options: HivemindSection, run_name: str, node_names: list[str],
                  num_params: int, diloco_compression: str = "none", init_timeout_s: float = 120.0,
-                 min_nodes: int = 1, sync_threads: Optional[int] = None) -> None:
+                 min_nodes: int = 1, sync_threads: Optional[int] = None, total_rounds: Optional[int] = None) -> None:
         self.topology = topology
+        self.total_rounds = total_rounds
         self.sync_threads_setting = sync_threads
         self.sync_threads = torch.get_num_threads()
         """Intra-op threads of the leader's outer step while the node's other ranks wait (``start``)."""
@@ -589,6 +590,10 @@ class HivemindOuterSync:
         running = self.running_round()
         if running is None:
             return -1
+        if self.total_rounds is not None and running + 1 >= self.total_rounds:
+            raise CannotStart(f"node {self.topology.node_name}: the peers are in the run's last round ({running + 1} "
+                              f"of {self.total_rounds}): nothing is left to join; once it ends, continue it with "
+                              "--resume and more diloco.rounds, or start a new run")
         self.current_round, self.joined_round = -1, running + 1
         self._beat()
         print(f"[geodiloco] node {self.topology.node_name}: peers are in round {running + 1}; "

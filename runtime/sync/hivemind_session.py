@@ -114,18 +114,10 @@ def join_from_peers(sync: "HivemindOuterSync", first_join: bool = False) -> Star
     of it before that round starts and none averages without it by a stale view.
     """
     handles, topology = sync.handles, sync.topology
-    info = None
-    if topology.is_leader:
-        after_round = sync.announce_join() if first_join else -1
-        loaded = sync.download_state(sync.init_timeout_s, min_round=after_round)
-        if loaded is None:
-            info = {"error": f"node {topology.node_name}: peers are training but none shared its state within "
-                             f"comm.init_timeout_s ({sync.init_timeout_s:g} s)"}
-        else:
-            metadata, tensors = loaded
-            handles.import_state(metadata, tensors)
-            info = metadata
+    info = _take_peers_state(sync, first_join) if topology.is_leader else None
     info = sync.share_in_node(info)
+    if "cannot_start" in info:
+        raise CannotStart(info["cannot_start"])
     if "error" in info:
         raise RuntimeError(info["error"])
     if not topology.is_leader:
@@ -136,6 +128,22 @@ def join_from_peers(sync: "HivemindOuterSync", first_join: bool = False) -> Star
     print(f"[geodiloco] node {topology.node_name} joined run {info['run_id']} at round {next_round + 1} "
           "with its peers' global state", flush=True)
     return StartPoint(info["run_id"], next_round)
+
+
+def _take_peers_state(sync: "HivemindOuterSync", first_join: bool) -> dict:
+    """Leader: the peers' state taken into this node (its metadata), or why not (``cannot_start``: the run is in
+    its last round; ``error``: no peer shared its state in time)."""
+    try:
+        after_round = sync.announce_join() if first_join else -1
+    except CannotStart as ending:
+        return {"cannot_start": str(ending)}
+    loaded = sync.download_state(sync.init_timeout_s, min_round=after_round)
+    if loaded is None:
+        return {"error": f"node {sync.topology.node_name}: peers are training but none shared its state within "
+                         f"comm.init_timeout_s ({sync.init_timeout_s:g} s)"}
+    metadata, tensors = loaded
+    sync.handles.import_state(metadata, tensors)
+    return metadata
 
 
 def reload_global_state(sync: "HivemindOuterSync", round_idx: int, checksum: Optional[float] = None) -> bool:
