@@ -51,7 +51,9 @@ class NodeSummary:
     comm_hidden_s: float = 0.0
     sync_bytes: int = 0
     lost_s: float = 0.0
-    """Part of ``overhead_s``: work thrown away and restarts after a site failed or rejoined."""
+    """Part of ``overhead_s``: work thrown away and restarts after a site failed or rejoined (node-seconds)."""
+    lost_gpu_s: float = 0.0
+    """``lost_s`` in GPU-seconds (each node's times its GPUs), the unit of ``idle_gpu_s``."""
     compute_utilization: float = 0.0
     """Compute over node time (GPU-weighted in the total): 1 - idle share."""
 
@@ -195,6 +197,7 @@ def summarize_node(node: str, site: str, gpus: list[str], records: list[NodeRoun
         comm_hidden_s=sum(record.comm_hidden_s for record in records),
         sync_bytes=sum(record.sync_bytes for record in records),
         lost_s=sum(record.lost_s for record in records),
+        lost_gpu_s=sum(record.lost_s * record.gpu_count for record in records),
         compute_utilization=sum(record.compute_s for record in records) / wall_s if wall_s > 0 else 0.0,
         idle_gpu_s=idle_gpu_s,
         wall_gpu_s=sum(record.wall_s * record.gpu_count for record in records),
@@ -233,7 +236,7 @@ def summarize_total(nodes: list[NodeSummary], records: list[NodeRound], rounds: 
         idle_s=idle_s, wall_s=wall_s, tokens=sum(node.tokens for node in nodes),
         idle_share=idle_gpu_s / wall_gpu_s if wall_gpu_s > 0 else (idle_s / wall_s if wall_s > 0 else 0.0),
         comm_hidden_s=sum(node.comm_hidden_s for node in nodes), sync_bytes=sum(node.sync_bytes for node in nodes),
-        lost_s=sum(node.lost_s for node in nodes),
+        lost_s=sum(node.lost_s for node in nodes), lost_gpu_s=sum(node.lost_gpu_s for node in nodes),
         compute_utilization=(sum(record.compute_s * record.gpu_count for record in records) / wall_gpu_s
                              if wall_gpu_s > 0 else 0.0),
         idle_gpu_s=idle_gpu_s, wall_gpu_s=wall_gpu_s,

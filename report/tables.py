@@ -56,9 +56,11 @@ def waste_line(summary: RunSummary) -> Text:
                 f"{fmt.number(total.idle_gpu_h_per_1k_rounds, 3)} GPU-h per 1,000 rounds; "
                 f"compute utilization {fmt.percent(total.compute_utilization)}")
     if total.comm_hidden_s > 0:
-        text.append(f"; {fmt.seconds(total.comm_hidden_s)} s of sync hidden behind compute")
-    if total.lost_s > 0:
-        text.append(f"; {fmt.seconds(total.lost_s)} s of the idle lost to site failures and restarts", style=IDLE_STYLE)
+        text.append(f"; {fmt.seconds(total.comm_hidden_s)} s of sync hidden behind compute (summed over nodes)")
+    if total.lost_gpu_s > 0:
+        share = total.lost_gpu_s / total.idle_gpu_s if total.idle_gpu_s > 0 else 0.0
+        text.append(f"; {fmt.seconds(total.lost_gpu_s)} GPU-s of the idle ({fmt.percent(share)}) lost to site failures "
+                    "and restarts", style=IDLE_STYLE)
     if total.idle_cost_usd is not None:
         text.append("; ")
         text.append(f"{fmt.usd(total.idle_cost_usd)} idle", style=IDLE_STYLE)

@@ -196,6 +196,10 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         try:
             pending_record, last_round = _run_round(trainer, log, run_id, round_idx, pending_record, lost_since,
                                                     training_started)
+        except StopRequested:
+            if log is not None and sync.barrier_free:
+                _log_unlogged_phases(trainer, log, run_id)
+            raise
             ran_a_round = True
         except OutOfSync as behind:
             print(f"[geodiloco] node {topology.node_name}: {behind}; reloading the global state from peers",
@@ -471,13 +475,20 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, repor
           f"steps x batch {steps}{stale}", flush=True)
 
 
+def _log_unlogged_phases(trainer: NodeTrainer, log: RunLog, run_id: str) -> list[dict]:
+    """Async host: log the phases other nodes pushed since its own last pull; returns them. At the run's end
+    (their last phases), and when the host is stopped mid-run: those phases would be logged at its next pull,
+    which will not come, and a resume keeps the rows of the rounds it resumes after (it drops the newer ones)."""
+    tail = trainer.sync.drain_reports()
+    log.append("metrics.jsonl", _node_rows(run_id, tail))
+    log.append("idle.jsonl", [item["previous_record"] for item in tail if item["previous_record"]])
+    return tail
+
+
 def _log_async_tail(trainer: NodeTrainer, log: RunLog, run_id: str, last_round: int) -> None:
     """Async host, after every node finished: the phases the others reported after the host's own
     last pull, and one evaluation of the final global model (every node holds it now)."""
-    tail = trainer.sync.drain_reports()
-    tokens = sum(item["tokens"] for item in tail)
-    log.append("metrics.jsonl", _node_rows(run_id, tail))
-    log.append("idle.jsonl", [item["previous_record"] for item in tail if item["previous_record"]])
+    tokens = sum(item["tokens"] for item in _log_unlogged_phases(trainer, log, run_id))
     final_row = {"run_id": run_id, "round": last_round, "node": "global", "eval_loss": None,
                  "tokens": tokens, "wall_s": time.time(), "final": True}
     if trainer.eval_set:

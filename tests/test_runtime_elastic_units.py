@@ -317,7 +317,8 @@ def test_report_counts_lost_time_as_idle_and_says_so(tmp_path, capsys):
     assert report_main([str(write_run(tmp_path / "run", records))]) == 0
     out = " ".join(capsys.readouterr().out.split())  # the terminal table wraps lines
     # a: 2 x (3 wait + 1 sync) + (3 + 1 + 14.5) = 26.5 s idle; b: 2 x 1.5 = 3 s; 14 s of it lost
-    assert "14.0 s of the idle lost to site failures and restarts" in out
+    # in GPU-s, as the idle beside it: a has 2 GPUs, b 4; 2 x 14 of the 2 x 26.5 + 4 x 3 = 65 idle GPU-s
+    assert "28.0 GPU-s of the idle (43.1 %) lost to site failures and restarts" in out
     assert "26.5" in out
 
 
