@@ -465,11 +465,16 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, repor
     log.append("idle.jsonl", [item["previous_record"] for item in reported if item["previous_record"]])
     latest = {item["node"]: item for item in reported}
     steps = " ".join(f"{name}:{item['steps']}x{item['batch_size']}" for name, item in latest.items())
-    train_loss = sum(item["loss"] for item in reported) / len(reported)
+    name = trainer.topology.node_name
+    if trainer.sync.barrier_free and name in latest:  # the others' phases here belong to other rounds
+        loss_text = f"phase {plan.round + 1}/{config.diloco.rounds} loss {latest[name]['loss']:.3f} ({name})"
+    else:
+        loss_text = (f"round {plan.round + 1}/{config.diloco.rounds} loss "
+                     f"{sum(item['loss'] for item in reported) / len(reported):.3f}")
     eval_text = "".join(f" eval@{row['round'] + 1} {row['eval_loss']:.3f}" for row in evaluated
                         if row["eval_loss"] is not None)
     stale = f" | staleness {trainer.sync_staleness}" if trainer.sync_staleness is not None else ""
-    print(f"[geodiloco] round {plan.round + 1}/{config.diloco.rounds} loss {train_loss:.3f}{eval_text} | "
+    print(f"[geodiloco] {loss_text}{eval_text} | "
           f"{trainer.topology.node_name} local {clock.compute_s:.2f}s wait {clock.wait_s:.2f}s sync {clock.comm_s:.2f}s"
           f"{f' (+{clock.comm_hidden_s:.2f}s hidden)' if clock.comm_hidden_s > 0 else ''} | "
           f"steps x batch {steps}{stale}", flush=True)
@@ -581,9 +586,10 @@ def train_from_args(args: argparse.Namespace) -> int:
         reason = str(err).splitlines()[0].split(". ")[0][-160:]
         log_membership_event(run_dir, "peer_failed", node=os.environ.get("GEODILOCO_NODE", args.node), how="connection",
                              error=reason)
-        print(f"[geodiloco] lost a peer site ({reason}): it failed, or is re-forming the world with a site that "
-              "joined or left; stopping this worker so the present sites restart "
-              "from the last complete round", file=sys.stderr, flush=True)
+        why = ("it failed, or is re-forming the world with a site that joined or left; stopping this worker so the "
+               "present sites restart from the last complete round" if elastic_job() else
+               "it failed or was stopped; with fixed membership the run stops here, its last complete checkpoint kept")
+        print(f"[geodiloco] lost a peer site ({reason}): {why}", file=sys.stderr, flush=True)
         return PEER_FAILED_EXIT_CODE
 
 
