@@ -196,11 +196,11 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         try:
             pending_record, last_round = _run_round(trainer, log, run_id, round_idx, pending_record, lost_since,
                                                     training_started)
+            ran_a_round = True
         except StopRequested:
             if log is not None and sync.barrier_free:
                 _log_unlogged_phases(trainer, log, run_id)
             raise
-            ran_a_round = True
         except OutOfSync as behind:
             print(f"[geodiloco] node {topology.node_name}: {behind}; reloading the global state from peers",
                   flush=True)
