@@ -12,6 +12,7 @@ the hivemind backend (no world across nodes; nodes join, fall behind and rejoin)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections import Counter
 import signal
@@ -81,6 +82,17 @@ def install_stop_handlers() -> None:
         os._exit(128 + signum)
 
     threading.Thread(target=force_exit_after_grace, name="geodiloco-stop", daemon=True).start()
+    os.register_at_fork(after_in_child=restore_default_stop_signals)
+
+
+def restore_default_stop_signals() -> None:
+    """In a forked child (hivemind's DHT and averager processes): SIGTERM and SIGINT end it again. It inherited
+    the handler above, whose StopRequested the child's event loop swallowed, so a SIGTERM to a node's process
+    group left it running."""
+    with contextlib.suppress(ValueError):  # not the child's main thread: nothing to undo there
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @dataclass

@@ -402,3 +402,29 @@ def test_a_hivemind_site_that_did_not_found_the_resume_drops_its_own_newer_round
     start = start_hivemind(sync, resume=True)
     assert start.first_round == 3
     assert not checkpoint.round_dir(tmp_path, 3).exists() and checkpoint.latest_round(tmp_path) == 2
+
+
+def test_a_process_a_node_forks_ends_on_sigterm(tmp_path):
+    """hivemind's DHT and averager processes are forked from the node: they must not keep the node's SIGTERM
+    handler (its StopRequested was swallowed in their event loops, and a node's process group outlived a SIGTERM)."""
+    import signal
+    import subprocess
+    import sys
+    script = (
+        "import os, signal, time\n"
+        "from geodiloco.runtime.train import install_stop_handlers\n"
+        "install_stop_handlers()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    try:\n"
+        "        time.sleep(30)\n"
+        "    except BaseException:\n"
+        "        time.sleep(30)  # what an event loop that swallows the exception amounts to\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.5)\n"
+        "os.kill(pid, signal.SIGTERM)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else -1)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(int(signal.SIGTERM))
