@@ -21,10 +21,12 @@ import re
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
 from geodiloco.runtime.fatal import FATAL_FILE_ENV, read_fatal
+from geodiloco.runtime.recovery import AGENT_STARTED_ENV
 
 AGENT_PID_ENV = "GEODILOCO_AGENT_PID"
 LEAVE_SIGNAL_ENV = "GEODILOCO_AGENT_LEAVE_SIGNAL"
@@ -200,6 +202,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m geodiloco.runtime.agent TORCHRUN_ARGS...\n\n" + __doc__.strip())
         return 0
+    os.environ[AGENT_STARTED_ENV] = repr(time.time())  # a site that rejoins counts its wait from here
     for key, value in QUIET_ENV.items():  # read when torch loads
         os.environ.setdefault(key, value)
     workers_cpp_level = os.environ["TORCH_CPP_LOG_LEVEL"]

@@ -53,6 +53,18 @@ class ResumePoint:
     members: list[str]
 
 
+AGENT_STARTED_ENV = "GEODILOCO_AGENT_STARTED"
+"""Unix time the site's elastic agent (runtime/agent.py) started: a site that rejoins counts its wait from it."""
+
+
+def agent_started() -> Optional[float]:
+    """When this worker's site agent started (None outside one, or unreadable)."""
+    try:
+        return float(os.environ[AGENT_STARTED_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
 def elastic_job() -> Optional[str]:
     """The torchrun rendezvous id of this worker's job (None outside torchrun's elastic agent).
     Workers that find rounds written by their own job were restarted by their agents (a site

@@ -136,3 +136,8 @@ def test_a_frozen_site_is_left_out_and_a_restarted_one_rejoins_and_is_planned_fo
     assert with_c["c"] < with_c["a"]
     idle_nodes = {row["node"] for row in read_jsonl(run_dir / "idle.jsonl") if row["round"] == rejoined[0]}
     assert "c" in idle_nodes
+    # c's wait from its restart until its first round (agent start, rendezvous, the others' round) is its lost time
+    first = next(row for row in read_jsonl(run_dir / "idle.jsonl") if row["node"] == "c" and row["round"] == rejoined[0])
+    restart = next(event for event in read_drill(run_dir) if event["action"] == "restart")
+    assert restart["time"] <= first["round_start"] < restart["time"] + 10, (first, restart)
+    assert first["lost_s"] > 3.0 and first["overhead_s"] >= first["lost_s"]

@@ -25,8 +25,8 @@ from geodiloco.runtime.finite_guard import non_finite_nodes
 from geodiloco.runtime.diloco import outer_weights
 from geodiloco.runtime.heartbeat import Heartbeat, exit_on_peer_failure, open_store
 from geodiloco.runtime.host_threads import choose_leader_threads, intra_op_threads
-from geodiloco.runtime.recovery import (ResumePoint, SavedRounds, choose_resume_point, elastic_job, log_membership_event,
-                              newest_node_round, saved_rounds)
+from geodiloco.runtime.recovery import (ResumePoint, SavedRounds, agent_started, choose_resume_point, elastic_job,
+                                        log_membership_event, newest_node_round, saved_rounds)
 from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
 from geodiloco.runtime.sync.overlap import OverlapSchedule, launch_steps, split_fragments
@@ -199,6 +199,8 @@ class TorchOuterSync:
             log_membership_event(run_dir, "resumed", after_round=point.round, present=topology.present_names,
                                  members_before=point.members, source=point.source_node)
         lost_since = pending.get("round_end") if (restarted and returning and pending) else None
+        if restarted and not returning:
+            lost_since = rejoin_lost_since(node_state)
         relogged = pending if returning and topology.node_name not in logged_nodes else None
         return StartPoint(run_id, point.round + 1, relogged, lost_since=lost_since)
 
@@ -217,8 +219,9 @@ class TorchOuterSync:
         if lent_inner_state is not None:
             state["inner_optimizer"] = lent_inner_state
         if older is not None:
-            state["data_position"] = checkpoint.load_node(self.handles.run_dir, older,
-                                                          self.topology.node_name)["data_position"]
+            own = checkpoint.load_node(self.handles.run_dir, older, self.topology.node_name)
+            state["data_position"] = own["data_position"]
+            state["own_round_end"] = (own.get("pending_record") or {}).get("round_end")
         return state
 
     def _say_how_resumed(self, point: ResumePoint, returning: bool, same_members: bool,
@@ -419,3 +422,11 @@ def saved_records(run_dir: Path, round_idx: int, node_names: list[str]) -> list[
         if record:
             records.append(record)
     return records
+
+
+def rejoin_lost_since(node_state: dict) -> Optional[float]:
+    """Where a site that rejoins an elastic run starts losing time (unix seconds), counted into its first round as
+    lost: its agent's start (a site started again) or the end of its own last round (one that was left out while
+    its agent ran on, such as a frozen one), whichever is later; None when neither is known."""
+    known = [moment for moment in (agent_started(), node_state.get("own_round_end")) if moment is not None]
+    return max(known) if known else None
