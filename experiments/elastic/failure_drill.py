@@ -86,8 +86,9 @@ def measure(run_dir: Path) -> dict:
     resumed_at = min(row["round_start"] + row["lost_s"] for row in survivors if row["round"] == resumed_round)
     done_before = [row["round"] for row in idle if row["round_end"] <= failure["time"] and row["node"] != failure["node"]]
     in_progress = max(done_before) + 1 if done_before else 0
-    returned = [row for row in idle if row["node"] == failure["node"] and row["round_start"] > comeback["time"]]
-    rejoined_at = min(row["round_start"] for row in returned) if returned else None
+    # a returning site's first round counts its wait since it came back as lost: its training starts at the end of that
+    returned = [row for row in idle if row["node"] == failure["node"] and row["round_start"] + row["lost_s"] > comeback["time"]]
+    rejoined_at = min(row["round_start"] + row["lost_s"] for row in returned) if returned else None
     let_in = [row["lost_s"] for row in idle if returned and row["round"] == min(r["round"] for r in returned)
               and row["node"] != failure["node"]]
     wall = sum(row["compute_s"] + row["wait_s"] + row["comm_s"] + row["overhead_s"] for row in idle)
