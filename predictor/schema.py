@@ -113,7 +113,8 @@ def format_validation_error(err: ValidationError, source: str, prefix: str = "",
         if problem["type"] == "missing" and (tuple(problem["loc"][:-1]), problem["loc"][-1]) in named:
             continue
         path = _field_path(tuple(prefix.split(".")) + problem["loc"] if prefix else problem["loc"])
-        message = problem["msg"].removeprefix("Value error, ")  # a validator's own sentence, not pydantic's label
+        # a validator's own sentence, not pydantic's label; one that names its field already is not prefixed twice
+        message = problem["msg"].removeprefix("Value error, ").removeprefix(f"{path}: ")
         if tuple(problem["loc"]) in meant:
             key = meant[tuple(problem["loc"])]
             required = " (required, and missing)" if (tuple(problem["loc"][:-1]), key) in missing else ""
@@ -122,8 +123,8 @@ def format_validation_error(err: ValidationError, source: str, prefix: str = "",
             message = "unknown key; remove it or check its spelling against the documented keys"
         elif "input" in problem and not isinstance(problem["input"], (dict, list)):
             message = f"{message} (got {problem['input']!r})"
-        lines.append(f"{source}: {message}" if path == "(top level)" and problem["type"] == "value_error"
-                     else f"{source}: {path}: {message}")
+        names_its_field = problem["type"] == "value_error" and (path == "(top level)" or message.startswith(f"{path}."))
+        lines.append(f"{source}: {message}" if names_its_field else f"{source}: {path}: {message}")
     return "\n".join(lines)
 
 
@@ -167,12 +168,23 @@ def load_yaml_mapping(path: str | Path, what: str = "a YAML config") -> dict[str
     except DuplicateKey as err:
         raise ConfigError(f"{file_path}: {err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{file_path}: not valid YAML: {err}") from None
+        raise ConfigError(f"{file_path}: not valid YAML{yaml_error_text(err)}") from None
     if data is None:
         raise ConfigError(f"{file_path}: the file is empty; it must hold a YAML mapping")
     if not isinstance(data, dict):
         raise ConfigError(f"{file_path}: the top level must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def yaml_error_text(err: Exception) -> str:
+    """A YAML or JSON parse error as one line: where (line and column, counted from 1) and what (PyYAML's own text
+    runs to several lines and names "<unicode string>" instead of the file)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    if getattr(err, "lineno", None) is not None:  # json.JSONDecodeError
+        where = f" at line {err.lineno}, column {err.colno}"
+    problem = getattr(err, "problem", None) or getattr(err, "msg", None) or str(err).splitlines()[0]
+    return f"{where}: {problem}"
 
 
 def parse_set_value(key_path: str, raw_value: str) -> Any:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import yaml
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.predictor.schema import ConfigError, yaml_error_text
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,8 @@ def dims_from_mapping(data: dict, source: str = "model dims") -> ModelDims:
         name = _HF_KEYS.get(key, key)
         if name in known and value is not None:
             values[name] = value
+    if "tie_embeddings" not in values and isinstance(data.get("model_type"), str):
+        values["tie_embeddings"] = hf_default_tie(data["model_type"])
     if "intermediate_size" not in values and "hidden_size" in values and data.get("n_inner") is None:
         values["intermediate_size"] = 4 * int(values["hidden_size"])
     missing = [name for name in _REQUIRED if name not in values]
@@ -110,7 +112,32 @@ def dims_from_mapping(data: dict, source: str = "model dims") -> ModelDims:
     if values["hidden_size"] % values["num_heads"]:
         raise ConfigError(f"{source}: hidden_size {values['hidden_size']} must be divisible by "
                           f"num_heads {values['num_heads']}")
+    kv_heads = values.get("num_kv_heads")
+    if kv_heads is not None and (not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads < 1
+                                 or values["num_heads"] % kv_heads):
+        raise ConfigError(f"{source}: num_kv_heads must be a positive integer that divides num_heads "
+                          f"{values['num_heads']} (each key/value head serves a group of query heads), got {kv_heads!r}")
     return ModelDims(**values)
+
+
+# model_type -> tie_word_embeddings where its transformers config class does not tie (PretrainedConfig ties),
+# for reading a config.json without transformers installed
+_UNTIED_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gpt_neox", "phi3",
+                                 "olmo", "olmo2"})
+
+
+def hf_default_tie(model_type: str) -> bool:
+    """Whether a transformers model of ``model_type`` ties its output head to its embeddings when its config.json
+    leaves ``tie_word_embeddings`` out, as ``save_pretrained`` does when it equals the class's default: that
+    default, from transformers when it is installed (GPT-2 and OPT tie; LLaMA, Mistral and Qwen2 do not)."""
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        return model_type not in _UNTIED_MODEL_TYPES
+    try:
+        return bool(AutoConfig.for_model(model_type).tie_word_embeddings)
+    except (ValueError, KeyError):  # a model type this transformers does not know
+        return model_type not in _UNTIED_MODEL_TYPES
 
 
 def hf_config_json(config: Optional[str], pretrained: Optional[str]) -> Path:
@@ -133,7 +160,7 @@ def resolve_dims(name_or_path: str) -> ModelDims:
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path}: cannot parse model dims: {err}") from None
+        raise ConfigError(f"{path}: cannot parse model dims{yaml_error_text(err)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: model dims must be a mapping of keys such as hidden_size, num_layers")
     return dims_from_mapping(data, str(path))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names, load_gpu_files
 from geodiloco.balancer.config import BalancingConfig
@@ -244,17 +244,6 @@ class HivemindSection(StrictModel):
     compression: Literal["none", "fp16", "8bit"] = "none"
     resync_tolerance: float = Field(default=1.0e-6, gt=0)
 
-    @field_validator("initial_peers", "host_maddrs", "announce_maddrs")
-    @classmethod
-    def _multiaddrs(cls, addrs: list[str], info: ValidationInfo) -> list[str]:
-        """Each a multiaddr (bootstrap peers with their /p2p/ID), checked before any node starts; only given
-        lists are checked (the default needs no hivemind import)."""
-        from geodiloco.runtime.sync.multiaddrs import checked_multiaddrs
-        try:
-            return checked_multiaddrs(addrs, "", names_peer=info.field_name == "initial_peers")
-        except ConfigError as err:
-            raise ValueError(str(err)) from None
-
     @model_validator(mode="after")
     def _timeouts_ordered(self) -> "HivemindSection":
         if self.request_timeout_s >= self.matchmaking_time_s:
@@ -334,6 +323,23 @@ class CommSection(StrictModel):
     min_nodes: int = Field(default=1, ge=1)
     elastic: ElasticSection = Field(default_factory=ElasticSection)
     hivemind: HivemindSection = Field(default_factory=HivemindSection)
+
+    @model_validator(mode="after")
+    def _hivemind_addresses(self) -> "CommSection":
+        """The hivemind backend's peer addresses, each a multiaddr (bootstrap peers with their /p2p/ID), checked
+        before any node starts; only on that backend (the check imports hivemind, an extra the torch backend
+        does without, and every saved config.yaml carries the section's defaults)."""
+        if self.backend != "hivemind":
+            return self
+        from geodiloco.runtime.sync.multiaddrs import checked_multiaddrs
+        options = self.hivemind
+        try:
+            for field_name in ("initial_peers", "host_maddrs", "announce_maddrs"):
+                checked_multiaddrs(getattr(options, field_name), f"comm.hivemind.{field_name}",
+                                   names_peer=field_name == "initial_peers")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return self
 
 
 class CheckpointSection(StrictModel):
@@ -488,9 +494,15 @@ def parse_config(data: dict, source: str) -> RunConfig:
         dims = config.model.dims()
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+    if config.model.hf is None and dims.num_kv_heads not in (None, dims.num_heads):
+        raise ConfigError(f"{source}: model.file: num_kv_heads {dims.num_kv_heads}: the built-in model trains full "
+                          f"multi-head attention ({dims.num_heads} key/value heads); leave num_kv_heads out, or train "
+                          "a transformers model with grouped-query attention (model.hf)")
     if config.model.seq_len > dims.max_seq_len:
+        larger = ("raise max_position_embeddings in its config.json" if config.model.hf is not None
+                  else "raise its max_seq_len" if config.model.file else "pick a larger preset")
         raise ConfigError(f"{source}: model.seq_len: {config.model.seq_len} exceeds the model's "
-                          f"max_seq_len {dims.max_seq_len}; lower seq_len or pick a larger preset")
+                          f"max_seq_len {dims.max_seq_len}; lower seq_len or {larger}")
     return config
 
 

@@ -226,3 +226,17 @@ def test_a_node_the_launcher_waits_for_that_never_comes_up_is_one_line_not_a_tra
     assert code == 1
     assert err == ("geodiloco run: error: the first node's hivemind peer exited (code 3) before it was up; its error "
                    "is above\n")
+
+
+def test_config_errors_name_their_field_once_and_fit_the_model_kind(tmp_path, capsys):
+    import json as json_module
+    dims = {"hidden_size": 256, "intermediate_size": 512, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+            "vocab_size": 256, "max_seq_len": 256}
+    (tmp_path / "kv.json").write_text(json_module.dumps(dims))
+    code, _, err = run(capsys, "run", "--set", f"model={{file: {tmp_path / 'kv.json'}, seq_len: 128}}",
+                       "--run-dir", str(tmp_path / "r"))
+    assert code == 2 and "model.file: num_kv_heads 2: the built-in model trains full multi-head attention" in err
+    code, _, err = run(capsys, "run", "--set", "model={preset: tiny, file: x.json}", "--run-dir", str(tmp_path / "r"))
+    assert code == 2 and ": model: give exactly one of model.preset, model.file or model.hf" in err
+    assert "model: model:" not in err  # the validator's own sentence names the field already
+    assert not (tmp_path / "r").exists()

@@ -130,9 +130,9 @@ def test_unknown_codec_is_rejected(tmp_path):
 
 
 @pytest.mark.parametrize("field, addrs, message", [
-    ("initial_peers", ["garbage"], "comm.hivemind.initial_peers: [0]: 'garbage' is not a multiaddr"),
+    ("initial_peers", ["garbage"], "comm.hivemind.initial_peers[0]: 'garbage' is not a multiaddr"),
     ("initial_peers", ["/ip4/127.0.0.1/tcp/31337"], "[0]: '/ip4/127.0.0.1/tcp/31337' names no peer"),
-    ("host_maddrs", ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/tcp/99999"], "comm.hivemind.host_maddrs: [1]: "),
+    ("host_maddrs", ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/tcp/99999"], "comm.hivemind.host_maddrs[1]: "),
 ])
 def test_a_peer_address_that_is_not_a_multiaddr_is_refused_before_any_node_starts(tmp_path, field, addrs, message):
     config = small_config([{"name": "a"}, {"name": "b"}])
@@ -166,3 +166,18 @@ def test_a_node_that_would_join_after_the_last_round_is_told_the_run_is_ending(m
     with pytest.raises(CannotStart, match=r"node c: the peers are in the run's last round \(7 of 7\): nothing is left"):
         sync.announce_join()
     assert beats == []  # it never announced itself, so no peer waits for it at the end
+
+
+def test_a_torch_run_config_loads_without_hivemind_installed(tmp_path):
+    """hivemind is an extra: a torch run's saved config.yaml (which writes out the hivemind section's defaults)
+    must load where it is not installed (the nodes of the README's first command failed to start)."""
+    import subprocess
+    import sys
+    saved = tmp_path / "config.yaml"
+    saved.write_text(load_config(None).to_yaml())
+    script = ("import sys\nsys.modules['hivemind'] = None  # as if it were not installed\n"
+              "from geodiloco.runtime.config import load_config\n"
+              f"print(load_config({str(saved)!r}).comm.hivemind.host_maddrs)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "/ip4/0.0.0.0/tcp/0" in result.stdout

@@ -100,3 +100,39 @@ def test_a_gpt2_config_with_n_inner_null_takes_four_times_the_hidden_size():
     dims = dims_from_mapping(gpt2, "config.json")
     assert dims.intermediate_size == 3072 and dims.hidden_size == 768 and dims.max_seq_len == 1024
     assert dims_from_mapping({**gpt2, "n_inner": 1024}, "config.json").intermediate_size == 1024
+
+
+def test_a_hf_config_without_tie_word_embeddings_ties_as_its_model_class_does(tmp_path):
+    import json
+
+    from geodiloco.predictor.workload import dims_from_mapping
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
+    llama = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "vocab_size": 1000}
+    # save_pretrained leaves the key out when it equals the class default: GPT-2 ties, LLaMA does not
+    assert dims_from_mapping(gpt2).tie_embeddings is True
+    assert dims_from_mapping(llama).tie_embeddings is False
+    assert dims_from_mapping({**gpt2, "tie_word_embeddings": False}).tie_embeddings is False
+    own = {"hidden_size": 256, "intermediate_size": 512, "num_layers": 2, "num_heads": 4, "vocab_size": 1000}
+    assert dims_from_mapping(own).tie_embeddings is False  # our own names: untied unless said
+
+
+@pytest.mark.parametrize("kv_heads", [3, 0, 8])
+def test_num_kv_heads_must_divide_num_heads(kv_heads):
+    from geodiloco.predictor.workload import dims_from_mapping
+    own = {"hidden_size": 256, "intermediate_size": 512, "num_layers": 2, "num_heads": 4, "vocab_size": 1000}
+    with pytest.raises(ConfigError, match=f"num_kv_heads must be a positive integer that divides num_heads 4.*got {kv_heads}"):
+        dims_from_mapping({**own, "num_kv_heads": kv_heads})
+    assert dims_from_mapping({**own, "num_kv_heads": 2}).kv_hidden_size == 128
+
+
+def test_a_model_file_that_is_not_valid_yaml_or_json_is_one_line(tmp_path):
+    from geodiloco.predictor.workload import resolve_dims
+    (tmp_path / "dims.yaml").write_text("gpus: [a\n  b: c\n")
+    (tmp_path / "dims.json").write_text('{"a": 1,,}')
+    with pytest.raises(ConfigError) as yaml_err:
+        resolve_dims(str(tmp_path / "dims.yaml"))
+    assert str(yaml_err.value) == f"{tmp_path / 'dims.yaml'}: cannot parse model dims at line 2, column 4: expected ',' or ']', but got ':'"
+    with pytest.raises(ConfigError) as json_err:
+        resolve_dims(str(tmp_path / "dims.json"))
+    assert "\n" not in str(json_err.value) and "at line 1, column 9" in str(json_err.value)
