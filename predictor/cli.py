@@ -138,6 +138,7 @@ def print_prediction(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     gpus = expand_gpu_counts(args.gpu)
+    refuse_slices_the_parts_lack(gpus)
     model = node_step_model(gpus, dims, args.seq_len, args.precision, args.micro_batch_size, args.split,
                             args.activation_checkpointing)
     info = model.explain(args.batch_size)
@@ -150,6 +151,20 @@ def print_prediction(args: argparse.Namespace) -> int:
     else:
         print(human_prediction(info))
     return 0
+
+
+def refuse_slices_the_parts_lack(names: list[str]) -> None:
+    """A MIG, vGPU or partition name its part does not have is an error here (docs/predictor.md), where a plan or a
+    run plans it like an unknown GPU: a typo ("3g.40gb" on a 40 GB A100) must not print a stand-in's numbers."""
+    from geodiloco.predictor.gpu_slices import SliceNameError
+    from geodiloco.predictor.specs import resolve_gpu
+    for name in dict.fromkeys(names):
+        try:
+            resolve_gpu(name)
+        except SliceNameError:
+            raise
+        except ConfigError:  # an unknown GPU: planned like the stand-in, with its notice
+            continue
 
 
 def human_prediction(info: dict) -> str:
@@ -167,8 +182,8 @@ def human_prediction(info: dict) -> str:
         f"memory traffic {info['memory_s'] * ms:.2f} ms (elementwise {info['elementwise_s'] * ms:.2f}, "
         f"optimizer {info['optimizer_s'] * ms:.2f}), host overhead {info['host_overhead_s'] * ms:.2f} ms",
         f"  intra-node all-reduce {info['allreduce_s'] * ms:.2f} ms, exposed {info['allreduce_exposed_s'] * ms:.2f} ms",
-        f"samples per GPU: {info['samples_per_gpu']} ({info['split']} split), micro-batch {info['micro_batch_size']}"
-        f" x {info['grad_accum_steps']}",
+        f"samples per GPU: {info['samples_per_gpu']} ({info['split']} split), {info['grad_accum_steps']} micro-batch(es) "
+        f"of at most {info['micro_batch_size']}",
         f"memory per GPU: {info['memory_gb']:.2f} GiB; largest batch without accumulation: {info['max_batch_size']}",
     ]
     lines += [f"note: {note}" for note in info["notes"]]

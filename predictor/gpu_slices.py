@@ -23,6 +23,11 @@ Resolver = Callable[[str], Resolved]
 Siblings = Callable[[object], list]
 
 
+class SliceNameError(ConfigError):
+    """A name of a MIG instance, vGPU profile or compute partition that its part does not have (or of a part
+    that has none): an error to `geodiloco predict`; a plan or run plans it like an unknown GPU, with this reason."""
+
+
 def resolve_slice(resolve: Resolver, siblings: Siblings, name: str) -> Optional[Resolved]:
     """(row, notice) when ``name`` names a slice of a known GPU; None when it names no slice at all."""
     mig = split_mig_name(name)
@@ -42,17 +47,17 @@ def resolve_mig(resolve: Resolver, siblings: Siblings, name: str, parent_name: s
     """(row, notice) of a MIG instance (predictor/mig.py). A parent name that fits several rows
     ("A100") is narrowed to the rows the profile fits: "3g.20gb" is half of a 40 GB A100."""
     if not parent_name:
-        raise ConfigError(f"GPU {name!r} names a MIG profile but not its GPU; write the GPU's name before it, "
+        raise SliceNameError(f"GPU {name!r} names a MIG profile but not its GPU; write the GPU's name before it, "
                           f"as torch prints it (e.g. \"A100-SXM4-40GB MIG {profile.label}\")")
     try:
         parent, notice = resolve(parent_name)
     except ConfigError as err:
-        raise ConfigError(f"GPU {name!r} is a MIG instance of a GPU the table does not know: {err}") from None
+        raise SliceNameError(f"GPU {name!r} is a MIG instance of a GPU the table does not know: {err}") from None
     if notice:
         parent, notice = mig_parent_among_siblings(siblings, name, parent_name, parent, profile)
     problem = profile_problem(parent, profile)
     if problem:
-        raise ConfigError(f"GPU {name!r}: {problem}")
+        raise SliceNameError(f"GPU {name!r}: {problem}")
     return mig_spec(parent, profile, sm_count), notice
 
 
@@ -66,10 +71,10 @@ def resolve_vgpu(resolve: Resolver, siblings: Siblings, name: str, board_name: s
     try:
         board, notice = resolve(board_name)
     except ConfigError as err:
-        raise ConfigError(f"GPU {name!r} is a vGPU of a GPU the table does not know: {err}") from None
+        raise SliceNameError(f"GPU {name!r} is a vGPU of a GPU the table does not know: {err}") from None
     problem = time_sliced_problem(board, profile)
     if problem:
-        raise ConfigError(f"GPU {name!r}: {problem}")
+        raise SliceNameError(f"GPU {name!r}: {problem}")
     spec = time_sliced_spec(board, profile)
     shared = time_share_notice(name, board.name, spec.extra["vgpu_share"]) if spec.extra["vgpu_share"] < 1 else None
     return spec, "; ".join(filter(None, [notice, shared])) or None
@@ -80,13 +85,13 @@ def resolve_partition(resolve: Resolver, name: str, gpu_name: str, mode: str) ->
     try:
         row, notice = resolve(gpu_name)
     except ConfigError as err:
-        raise ConfigError(f"GPU {name!r} is a compute partition of a GPU the table does not know: {err}") from None
+        raise SliceNameError(f"GPU {name!r} is a compute partition of a GPU the table does not know: {err}") from None
     problem = partition_problem(row)
     if problem:
-        raise ConfigError(f"GPU {name!r}: {problem}")
+        raise SliceNameError(f"GPU {name!r}: {problem}")
     modes = partition_modes(row)
     if mode not in modes:
-        raise ConfigError(f"GPU {name!r}: {row.name} has no {mode} mode; its compute-partition modes: "
+        raise SliceNameError(f"GPU {name!r}: {row.name} has no {mode} mode; its compute-partition modes: "
                           + ", ".join(f"{known} ({count} device{'s' if count > 1 else ''})"
                                       for known, count in modes.items()))
     count = modes[mode]

@@ -246,8 +246,8 @@ class NodeStepModel:
             notes.append("MIG instances have no peer-to-peer path: the in-node all-reduce is modelled through host "
                          "memory over PCIe, and each rank must see its own instance (CUDA_VISIBLE_DEVICES=MIG-<uuid>)")
         if step.micro_batches > 1:
-            notes.append(f"{step.micro_batches} micro-batches of {step.micro_batch_size} per GPU "
-                         "(gradient accumulation)")
+            notes.append(f"{step.micro_batches} micro-batches of at most {step.micro_batch_size} samples per GPU "
+                         "(gradient accumulation; the last takes what is left)")
         if self.micro_batch_size is not None and self.micro_batch_size > max(shares):
             notes.append(f"micro-batch {self.micro_batch_size} is more than the {max(shares)} samples a GPU trains "
                          "per step: each GPU runs them in one pass")

@@ -240,3 +240,16 @@ def test_config_errors_name_their_field_once_and_fit_the_model_kind(tmp_path, ca
     assert code == 2 and ": model: give exactly one of model.preset, model.file or model.hf" in err
     assert "model: model:" not in err  # the validator's own sentence names the field already
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("gpu, message", [
+    ("A100-SXM4-40GB MIG 3g.40gb", "A100-SXM4-40GB has no MIG profile 3g.40gb; its profiles: 1g.5gb"),
+    ("RTX 4090 MIG 1g.5gb", "RTX 4090 does not support MIG"),
+    ("NVIDIA A10-48Q", "a 48Q vGPU needs 48 GB and A10 has 24 GB"),
+    ("MI300A QPX", "MI300A has no QPX mode"),
+])
+def test_predict_refuses_a_slice_its_part_does_not_have_and_plans_an_unknown_gpu(capsys, gpu, message):
+    code, out, err = run(capsys, "predict", "--gpu", gpu)
+    assert code == 2 and out == "" and message in err  # not a stand-in's numbers under that name
+    code, out, _ = run(capsys, "predict", "--gpu", "Tesla K80")
+    assert code == 0 and "step" in out  # an unknown GPU stays usable, planned like the stand-in
