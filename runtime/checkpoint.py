@@ -128,8 +128,12 @@ def mark_latest(run_dir: Path, round_idx: int, keep: int) -> None:
             shutil.rmtree(folder, ignore_errors=True)
         else:
             for entry in folder.iterdir():
-                if entry.name not in node_files - newer_node_files:
-                    shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+                if entry.name in node_files - newer_node_files:
+                    continue
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
         newer_node_files |= node_files
 
 

@@ -395,17 +395,21 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
 def watch_sites(config: RunConfig, run_dir: Path, processes: list[subprocess.Popen], launcher: NodeLauncher,
                 elastic: bool, drill_events: list) -> int:
     """Wait for the started sites (fixed or elastic membership, drills fired on the way); the run's exit code."""
+    if elastic:
+        return watch_elastic_sites(config, run_dir, processes, launcher, drill_events)
     if config.comm.backend == "hivemind":
         # a failed node stops nobody: the run succeeds when comm.min_nodes of them finished it
         code = elastic_exit_code(config, watch_until_all_end(processes), launcher.outputs)
-        if code not in (0, 2):
-            say_how_to_resume(run_dir)
-        return code
-    if not elastic:
+    else:
         code = watch(processes, names=[node.name for node in config.nodes], outputs=launcher.outputs)
-        if code not in (0, 2):
-            say_how_to_resume(run_dir)
-        return code
+    if code not in (0, 2):
+        say_how_to_resume(run_dir)
+    return code
+
+
+def watch_elastic_sites(config: RunConfig, run_dir: Path, processes: list[subprocess.Popen], launcher: NodeLauncher,
+                        drill_events: list) -> int:
+    """torchrun agents: every site ends by itself (drills fired on the way); a worker's bad input stops them all."""
     with DrillRunner(drill_events, processes, launcher, run_dir):
         codes = watch_all(processes, launcher.fatal_file, launcher.outputs.values())
     fatal = read_fatal(launcher.fatal_file)

@@ -422,10 +422,11 @@ def _redo_lost_global_row(trainer: NodeTrainer, log: RunLog, run_id: str, round_
     background logged no global row of it (the row goes out when the evaluation ends). The restored global
     model is that round's, so its row is logged now, evaluated again where the round was due one."""
     sync = trainer.sync
-    if sync.barrier_free or sync.logs_own_idle_only or (round_idx, "global") in log.logged_keys("metrics.jsonl"):
+    if sync.barrier_free or sync.logs_own_idle_only:
         return
-    node_rows = [row for row in log.rows("metrics.jsonl") if row.get("round") == round_idx and row.get("node") != "global"]
-    if not node_rows:
+    rows = [row for row in log.rows("metrics.jsonl") if row.get("round") == round_idx]
+    node_rows = [row for row in rows if row.get("node") != "global"]
+    if not node_rows or len(node_rows) < len(rows):  # nothing of that round, or its global row is there
         return
     global_file = checkpoint.round_dir(trainer.run_dir, round_idx) / checkpoint.GLOBAL_FILE
     row = {"run_id": run_id, "round": round_idx, "node": "global", "eval_loss": None,

@@ -519,7 +519,7 @@ class NodeTrainer:
         metadata = {"round": round_idx, "run_id": run_id, "has_momentum": has_momentum,
                     "measurements": [asdict(item) for item in self.measurements],
                     "gpu_rows_by_node": [[node, rows] for node, rows in adopted_rows()],
-                    "node": self.node.name, "config_view": self.config_view, "param_checksum": self.param_checksum()}
+                    "node": self.node.name, "config_view": self.config_view}
         return metadata, list(params) + (momentum if has_momentum else [])
 
     def load_shared_state(self, metadata: dict, tensors: list[torch.Tensor]) -> None:

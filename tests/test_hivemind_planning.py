@@ -1,6 +1,7 @@
 """Pieces of the hivemind backend that need no peers: planning for the nodes present,
 drift detection, config validation."""
 import pytest
+import torch
 
 from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.config import BalancingConfig
@@ -104,14 +105,18 @@ class StatesOnOffer:
     def load_state_from_peers(self, timeout):
         checksum = self.checksums[self.calls % len(self.checksums)]
         self.calls += 1
-        return {"round": 4, "param_checksum": checksum}, []
+        # the global parameters (|values| summing to the peer's checksum), then the outer momentum
+        return {"round": 4, "node": f"peer{self.calls}"}, [torch.tensor([-checksum / 2, checksum / 2]),
+                                                          torch.full((2,), 1000.0)]
 
 
 def test_a_drifted_node_reloads_only_a_state_that_agrees_with_the_majority():
+    from types import SimpleNamespace
     sync = follower_sync(resync_tolerance=1e-6)
+    sync.handles = SimpleNamespace(params=[torch.zeros(2)])
     sync.averager = StatesOnOffer([8579.0473, 8579.2001, 8579.1132])  # two drifted peers answer first
     loaded = sync.download_state(5.0, min_round=4, checksum=8579.1132)
-    assert loaded[0]["param_checksum"] == 8579.1132 and sync.averager.calls == 3
+    assert loaded[0]["node"] == "peer3" and sync.averager.calls == 3
     assert sync.download_state(0.5, min_round=4, checksum=1.0) is None  # nobody holds it: give up in time
 
 

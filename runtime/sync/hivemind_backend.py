@@ -162,16 +162,13 @@ def host_maddrs(options: HivemindSection) -> list[str]:
     the host, and dials to addresses that do not answer stall all-reduces until their chunk
     timeout."""
     override = [addr.strip() for addr in os.environ.get(HOST_MADDRS_ENV, "").split(",") if addr.strip()]
-    if override:
-        return checked_multiaddrs(override, HOST_MADDRS_ENV, names_peer=False)
-    return checked_multiaddrs(list(options.host_maddrs), "comm.hivemind.host_maddrs", names_peer=False)
+    return checked_multiaddrs(override, HOST_MADDRS_ENV, names_peer=False) or list(options.host_maddrs)
 
 
 def initial_peers(options: HivemindSection) -> list[str]:
     """Peers to bootstrap from: the config's, plus GEODILOCO_INITIAL_PEERS (comma separated)."""
     extra = [addr.strip() for addr in os.environ.get(INITIAL_PEERS_ENV, "").split(",") if addr.strip()]
-    return (checked_multiaddrs(list(options.initial_peers), "comm.hivemind.initial_peers", names_peer=True)
-            + checked_multiaddrs(extra, INITIAL_PEERS_ENV, names_peer=True))
+    return list(options.initial_peers) + checked_multiaddrs(extra, INITIAL_PEERS_ENV, names_peer=True)
 
 
 class TooFewNodes(RuntimeError):
@@ -618,10 +615,15 @@ class HivemindOuterSync:
         while time.monotonic() < deadline:
             loaded = self.averager.load_state_from_peers(timeout=self.options.chunk_timeout_s)
             if loaded is not None and loaded[0] and loaded[0]["round"] >= min_round and (
-                    checksum is None or self._agree(loaded[0].get("param_checksum"), checksum)):
+                    checksum is None or self._agree(self._params_checksum(loaded[1]), checksum)):
                 return loaded
             time.sleep(0.2)
         return None
+
+    def _params_checksum(self, tensors: list[torch.Tensor]) -> float:
+        """Sum of |global parameters| of a downloaded state (its leading tensors), as ``NodeTrainer.param_checksum``
+        sums a node's: computed here, on the rare reload, rather than by every node at every publish."""
+        return float(sum(tensor.detach().double().abs().sum() for tensor in tensors[:len(self.handles.params)]))
 
     def last_round_members(self) -> list[str]:
         """The nodes of the last round's group (its readiness exchange), in config order."""
