@@ -268,6 +268,11 @@ class NodeShard:
             self._corpus = None
         return self._tokens
 
+    @property
+    def corpus_array(self) -> np.ndarray:
+        """The whole corpus (every node's shard is a view of it), as an array."""
+        return self._corpus if self._corpus is not None else self.tokens.numpy()
+
     def _epoch_order(self, epoch: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, self.node_index, epoch])
         return rng.permutation(self.num_windows)

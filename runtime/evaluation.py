@@ -111,6 +111,10 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     batches = held_out_batches(config)
     if not batches:
         raise ValueError(f"{run_dir}: the run held out no eval set (data.eval_batches is 0)")
+    from geodiloco.runtime.data_record import evaluate_notice
+    notice = evaluate_notice(run_dir, batches)
+    if notice is not None:
+        print(f"[geodiloco] warning: {notice}", file=sys.stderr, flush=True)
     rounds = checkpoint.kept_rounds(run_dir)
     if not rounds:
         raise ValueError(f"{run_dir}: no checkpoints/round_*/global.safetensors; keep them with checkpoint.every_rounds: 1 "

@@ -35,6 +35,7 @@ from geodiloco.runtime.config_agreement import OtherSitesLeave
 from geodiloco.runtime.preflight import preflight, quiet_gpu_notices
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.runtime.host_threads import warn_if_oversubscribed
+from geodiloco.runtime.data_record import resume_notice, write_record
 from geodiloco.runtime.run_dir import resume_changes
 from geodiloco.runtime.recovery import elastic_job, log_membership_event, trained_in_job
 from geodiloco.runtime.idle import RoundClock
@@ -183,10 +184,24 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
         trainer.sync.close()
 
 
+def _record_or_compare_data(trainer: NodeTrainer, resumed: bool) -> None:
+    """A new run records its data's digests in the run directory; a resumed one says when its data differs
+    (``runtime/data_record.py``). One line per node leader, as for changed settings."""
+    if not trainer.topology.is_leader:
+        return
+    if not resumed:
+        write_record(trainer.run_dir, trainer.data_record)
+        return
+    notice = resume_notice(trainer.run_dir, trainer.data_record)
+    if notice is not None:
+        print(f"[geodiloco] node {trainer.topology.node_name}: {notice}", file=sys.stderr, flush=True)
+
+
 def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     config, topology, sync = trainer.config, trainer.topology, trainer.sync
     start = sync.start(resume, trainer.sync_handles())
     run_id, pending_record = start.run_id, start.pending_record
+    _record_or_compare_data(trainer, resumed=start.first_round > 0)
     if start.gpu_rows_by_node:
         trainer.adopt_founders_gpu_rows(start.gpu_rows_by_node)
     trainer.warm_up(config.diloco.batch_size)
