@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 
 from geodiloco.predictor.schema import ConfigError
 
@@ -138,10 +140,12 @@ def print_prediction(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     gpus = expand_gpu_counts(args.gpu)
-    refuse_slices_the_parts_lack(gpus)
-    model = node_step_model(gpus, dims, args.seq_len, args.precision, args.micro_batch_size, args.split,
-                            args.activation_checkpointing)
-    info = model.explain(args.batch_size)
+    with predictor_notices() as notices:
+        refuse_slices_the_parts_lack(gpus)
+        model = node_step_model(gpus, dims, args.seq_len, args.precision, args.micro_batch_size, args.split,
+                                args.activation_checkpointing)
+        info = model.explain(args.batch_size)
+    info["notices"] = notices
     info["gpus"] = [device.name for device in model.devices]
     info["model"] = args.model
     info["parameters"] = parameter_count(dims)
@@ -151,6 +155,32 @@ def print_prediction(args: argparse.Namespace) -> int:
     else:
         print(human_prediction(info))
     return 0
+
+
+@contextlib.contextmanager
+def predictor_notices():
+    """The notices the predictor logs meanwhile (an unknown GPU's stand-in, an ambiguous name's default), as a
+    list of lines: ``--json`` carries them for a script, which may not read stderr (they are still printed)."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                lines.append(record.getMessage())
+
+    predictor_log = logging.getLogger("geodiloco.predictor")
+    handlers: list[logging.Handler] = [Collect()]
+    if not predictor_log.hasHandlers():  # logging's last resort printed them, until a handler is added
+        printer = logging.StreamHandler()
+        printer.setLevel(logging.WARNING)
+        handlers.append(printer)
+    for handler in handlers:
+        predictor_log.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        for handler in handlers:
+            predictor_log.removeHandler(handler)
 
 
 def refuse_slices_the_parts_lack(names: list[str]) -> None:

@@ -75,3 +75,16 @@ def test_a_micro_batch_above_a_gpus_share_is_noted_and_the_help_gives_the_defaul
     shown = subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", "predict", "--help"], capture_output=True,
                            text=True, env={**__import__("os").environ, "COLUMNS": "200"})
     assert "default: tiny" in shown.stdout and "(default: 4)" in shown.stdout and "(default: 128)" in shown.stdout
+
+
+def test_json_carries_the_notices_a_script_would_otherwise_miss():
+    from runtime_helpers import geodiloco
+    completed = geodiloco("predict", "--gpu", "A100", "--gpu", "Quux 7", "--model", "tiny", "--json")
+    assert completed.returncode == 0, completed.stderr
+    notices = json.loads(completed.stdout)["notices"]
+    assert len(notices) == 2
+    assert notices[0].startswith("GPU 'A100' could be several parts") and "planned as A100-SXM4-80GB" in notices[0]
+    assert notices[1].startswith("GPU 'Quux 7' is not in the table") and "planned like an L4" in notices[1]
+    assert all(line in completed.stderr for line in notices)  # still said where a person reads them
+    plain = geodiloco("predict", "--gpu", "A30", "--model", "tiny", "--json")
+    assert json.loads(plain.stdout)["notices"] == []
