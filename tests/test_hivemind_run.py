@@ -165,6 +165,10 @@ def test_hivemind_run_matches_the_torch_backend(tmp_path):
     for row in idle:
         node = next(node for node in UNEQUAL_NODES if node["name"] == row["node"])
         assert row["tokens"] == node["local_steps"] * node["batch_size"] * SEQ_LEN
+    # fp32 over 3 peers: each sends 2 x 2/3 of its 4-byte-per-parameter vector, as the torch ring does
+    numel = sum(param.numel() for param in over_torch["global_params"])
+    assert {row["sync_bytes"] for row in idle} == {int(2 * 2 * 4 * numel / 3)}
+    assert {row["sync_bytes"] for row in read_jsonl(torch_dir / "idle.jsonl")} == {int(2 * 2 * 4 * numel / 3)}
     assert [plan["round"] for plan in read_jsonl(hivemind_dir / "plan.jsonl")] == [0, 1]
     metrics = read_jsonl(hivemind_dir / "metrics.jsonl")
     for round_idx in range(2):
