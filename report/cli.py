@@ -85,10 +85,31 @@ def _report(args: argparse.Namespace) -> int:
     else:
         piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
         console = PipeConsole(width=PIPE_WIDTH if piped else None)
-        for renderable in renderables:
-            console.print(renderable)
+        print_uncut(console, renderables)
     sys.stdout.flush()
     return 0
+
+
+def print_uncut(console: Console, renderables: list) -> None:
+    """Print each part no narrower than it needs: rich would squeeze a wide table into a narrow terminal by cutting
+    its numbers to "0…" without a word. A part wider than the terminal is printed at its own width (the terminal
+    wraps its lines), once said on stderr."""
+    from rich.measure import Measurement
+
+    narrowest, terminal_width = 0, console.width
+    for renderable in renderables:
+        unbounded = console.options.update(max_width=10_000)
+        needed = Measurement.get(console, unbounded, renderable).minimum if not isinstance(renderable, str) else 0
+        if needed > terminal_width:
+            narrowest = max(narrowest, needed)
+            console.width = needed  # Console.print(width=) cannot go past the console's own width
+            console.print(renderable)
+            console.width = terminal_width
+        else:
+            console.print(renderable)
+    if narrowest:
+        print(f"note: the report's tables need {narrowest} columns and the terminal has {terminal_width}: their lines "
+              "wrap; widen the terminal, or use --json or --html", file=sys.stderr)
 
 
 class PipeConsole(Console):
@@ -121,10 +142,15 @@ def run_owned_file(path: Path, run_dirs: list[str]) -> bool:
 
 def check_output_paths(args: argparse.Namespace) -> None:
     """Fail before the report is printed when a file it was asked to write cannot be written there."""
+    claimed: dict[Path, str] = {}
     for option, value in (("--json", args.json), ("--html", args.html), ("--plot", args.plot)):
         if value in (None, "-"):
             continue
         path = Path(value)
+        if path.resolve() in claimed:
+            raise ReportError(f"{option} {path}: the same file as {claimed[path.resolve()]}; one would overwrite the "
+                              "other; give each output its own name")
+        claimed[path.resolve()] = option
         if path.is_dir():
             raise ReportError(f"{option} {path}: a folder; give a file name")
         if run_owned_file(path, args.run_dirs):

@@ -46,6 +46,20 @@ def number(value: Optional[float], digits: int = 2) -> str:
     return DASH if value is None else f"{value:,.{digits}f}"
 
 
+def significant(value: Optional[float], digits: int = 3) -> str:
+    """``digits`` significant figures, in plain notation: 0.000148 kWh stays readable where a fixed 4 decimals
+    would print 0.0001 for every small run."""
+    if value is None:
+        return DASH
+    if value == 0:
+        return "0"
+    text = f"{value:.{digits}g}"
+    if "e" in text:
+        decimals = max(0, digits - 1 - int(f"{value:e}".split("e")[1]))
+        text = f"{value:.{decimals}f}"
+    return text
+
+
 def ratio(value: Optional[float]) -> str:
     return DASH if value is None else f"{value:.2f}×"
 

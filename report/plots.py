@@ -61,18 +61,19 @@ def draw_timeline(axes: Axes, summary: RunSummary) -> None:
 
 
 def draw_idle_bars(axes: Axes, summaries: list[RunSummary]) -> None:
-    """Grouped bars: idle seconds of each node, one bar per run."""
+    """Grouped bars: idle GPU-seconds of each node (its idle seconds x its GPUs, the unit of the titles' totals),
+    one bar per run."""
     names = node_names(summaries)
     positions = np.arange(len(names))
     width = 0.8 / len(summaries)
     for index, summary in enumerate(summaries):
-        idle_by_node = {node.node: node.idle_s for node in summary.nodes}
+        idle_by_node = {node.node: node.idle_gpu_s for node in summary.nodes}
         heights = [idle_by_node.get(name, 0.0) for name in names]
         bars = axes.bar(positions + (index - (len(summaries) - 1) / 2) * width, heights, width,
-                        label=f"{summary.label} ({summary.policy}), total {summary.total.idle_s:.1f} s")
+                        label=f"{summary.label} ({summary.policy}), total {summary.total.idle_gpu_s:.1f} GPU-s")
         axes.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
     axes.set_xticks(positions, names)
-    axes.set_ylabel("GPU idle per node (s)")
+    axes.set_ylabel("idle per node (GPU-s)")
     axes.set_title("Idle per node by run (wait + WAN sync + other)", loc="left", fontsize=10)
     axes.legend(fontsize=8)
     axes.grid(axis="y", alpha=0.3)
@@ -96,6 +97,10 @@ def write_plot(summaries: list[RunSummary], path: str | Path, with_bars: bool | 
     legend = [Patch(facecolor=color, label=phase) for phase, color in PHASE_COLORS.items()]
     figure.legend(handles=legend, loc="upper right", ncol=4, fontsize=8, frameon=False)
     figure.tight_layout(rect=(0, 0, 1, 0.97))
-    figure.savefig(target, dpi=120)
-    plt.close(figure)
+    try:
+        figure.savefig(target, dpi=120)
+    except OSError as err:
+        raise ReportError(f"--plot {target}: cannot write: {err.strerror or err}") from None
+    finally:
+        plt.close(figure)
     return target

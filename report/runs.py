@@ -32,6 +32,7 @@ def summarize_runs(run_dirs: list[str], price_specs: list[str], skip_rounds: int
     runs = [load_run(run_dir) for run_dir in run_dirs]
     prices = parse_prices(price_specs)
     if prices:
-        prices.check_known({gpu for logs in runs for gpu in run_gpu_names(logs)})
+        prices.check_known({gpu for logs in runs for gpu in run_gpu_names(logs)},
+                           {record.node for logs in runs for record in logs.records})
     return [summarize(logs, skip_rounds=skip_rounds, prices=prices or None, label=label)
             for logs, label in zip(runs, unique_labels(runs))]

@@ -15,7 +15,7 @@ from typing import Optional
 
 from geodiloco.report.energy import NOT_AVAILABLE, EnergyTotals, energy_totals
 from geodiloco.report.errors import ReportError
-from geodiloco.report.pricing import PriceTable
+from geodiloco.report.pricing import PriceTable, gpu_key
 from geodiloco.report.records import NodeRound
 from geodiloco.report.run_dir import RunLogs, expand_gpu_names
 
@@ -56,6 +56,10 @@ class NodeSummary:
     """``lost_s`` in GPU-seconds (each node's times its GPUs), the unit of ``idle_gpu_s``."""
     compute_utilization: float = 0.0
     """Compute over node time (GPU-weighted in the total): 1 - idle share."""
+    wait_gpu_s: float = 0.0
+    comm_gpu_s: float = 0.0
+    overhead_gpu_s: float = 0.0
+    """``wait_s``, ``comm_s`` and ``overhead_s`` in GPU-seconds: the parts of ``idle_gpu_s``."""
 
 
 @dataclass
@@ -104,6 +108,8 @@ class RunSummary:
     final_eval_loss: Optional[float] = None
     warnings: list[str] = field(default_factory=list)
     records: list[NodeRound] = field(default_factory=list, repr=False)
+    prices_used: list[tuple[str, float, str]] = field(default_factory=list)
+    """(GPU name or "node NODE", USD per GPU-hour, where the price came from) of every price the costs used."""
     stopped_s: float = 0.0
     """Seconds between the run's sessions when no node was in a round (a stop, then ``--resume``): the
     run was not running, so they count neither as run time nor as idle GPU time."""
@@ -148,15 +154,23 @@ def run_gpu_names(logs: RunLogs) -> set[str]:
 
 
 def node_usd_per_hour(node: str, gpu_names: list[str], num_gpus: int, prices: PriceTable) -> float:
-    """The node's price per hour: each named GPU's price; a count unlike the names scales the mean."""
+    """The node's price per hour: its own ``node:`` price per GPU, else each named GPU's price; a count unlike
+    the names scales the mean."""
+    node_price = prices.node_price(node)
+    if node_price is not None:
+        return node_price * num_gpus
     if not gpu_names:
         raise ReportError(f"cannot price node {node!r}: its GPUs are not named in idle.jsonl (gpus) "
-                          "or config.yaml (nodes[].gpus)")
+                          f"or config.yaml (nodes[].gpus); price it by node: --price \"node:{node}=USD_PER_GPU_HOUR\"")
     per_gpu = []
     for name in gpu_names:
         price = prices.price(name)
         if price is None:
-            raise ReportError(f"no price for GPU {name!r} of node {node!r}; add --price \"{name}=USD_PER_GPU_HOUR\"")
+            close = prices.close_names(name)
+            near = (f"; the prices have {' and '.join(repr(other) for other in close)}: if that is this GPU, write "
+                    f"its name as the run does ({name!r})") if close else ""
+            raise ReportError(f"no price for GPU {name!r} of node {node!r}; add --price \"{name}=USD_PER_GPU_HOUR\""
+                              f"{near}")
         per_gpu.append(price)
     if len(per_gpu) == num_gpus:
         return sum(per_gpu)
@@ -199,6 +213,9 @@ def summarize_node(node: str, site: str, gpus: list[str], records: list[NodeRoun
         lost_s=sum(record.lost_s for record in records),
         lost_gpu_s=sum(record.lost_s * record.gpu_count for record in records),
         compute_utilization=sum(record.compute_s for record in records) / wall_s if wall_s > 0 else 0.0,
+        wait_gpu_s=sum(record.wait_s * record.gpu_count for record in records),
+        comm_gpu_s=sum(record.comm_s * record.gpu_count for record in records),
+        overhead_gpu_s=sum(record.overhead_s * record.gpu_count for record in records),
         idle_gpu_s=idle_gpu_s,
         wall_gpu_s=sum(record.wall_s * record.gpu_count for record in records),
         idle_gpu_h_per_1k_rounds=idle_gpu_s / len(records) * ROUNDS_PER_KILO / SECONDS_PER_HOUR,
@@ -211,6 +228,16 @@ def summarize_node(node: str, site: str, gpus: list[str], records: list[NodeRoun
                                     for record in records) / SECONDS_PER_HOUR
         summary.idle_cost_usd_per_1k_rounds = summary.idle_cost_usd / len(records) * ROUNDS_PER_KILO
     return summary
+
+
+def prices_used(nodes: list[NodeSummary], prices: Optional[PriceTable]) -> list[tuple[str, float, str]]:
+    """The prices the nodes' costs came from: a node's own price, else its GPUs'."""
+    if not prices:
+        return []
+    by_node = [(f"node {node.node}", prices.node_price(node.node), prices.node_sources[node.node])
+               for node in nodes if prices.node_price(node.node) is not None]
+    gpu_keys = {gpu_key(gpu) for node in nodes if prices.node_price(node.node) is None for gpu in node.gpus}
+    return prices.applied(gpu_keys) + by_node
 
 
 def _optional_sum(values: list[Optional[float]]) -> Optional[float]:
@@ -240,13 +267,24 @@ def summarize_total(nodes: list[NodeSummary], records: list[NodeRound], rounds: 
         compute_utilization=(sum(record.compute_s * record.gpu_count for record in records) / wall_gpu_s
                              if wall_gpu_s > 0 else 0.0),
         idle_gpu_s=idle_gpu_s, wall_gpu_s=wall_gpu_s,
+        wait_gpu_s=sum(node.wait_gpu_s for node in nodes), comm_gpu_s=sum(node.comm_gpu_s for node in nodes),
+        overhead_gpu_s=sum(node.overhead_gpu_s for node in nodes),
         idle_gpu_h_per_1k_rounds=sum(node.idle_gpu_h_per_1k_rounds for node in nodes),
         predicted_idle_s=_optional_sum([node.predicted_idle_s for node in nodes]),
         usd_per_hour=_optional_sum([node.usd_per_hour for node in nodes]),
         idle_cost_usd=idle_cost,
         idle_cost_usd_per_1k_rounds=_optional_sum([node.idle_cost_usd_per_1k_rounds for node in nodes]),
-        energy=energy_totals(records),
+        energy=cluster_energy(nodes, records),
     )
+
+
+def cluster_energy(nodes: list[NodeSummary], records: list[NodeRound]) -> EnergyTotals:
+    """The run's energy: summed joules, the wall-time-weighted mean utilization, and the nodes' mean powers
+    summed (they draw at once: the mean over node-rounds would be one average node's power beside the whole
+    run's energy)."""
+    totals = energy_totals(records)
+    totals.mean_power_w = _optional_sum([node.energy.mean_power_w for node in nodes])
+    return totals
 
 
 STOPPED_MIN_S = 1.0
@@ -345,4 +383,4 @@ def summarize(logs: RunLogs, skip_rounds: int = 0, prices: Optional[PriceTable] 
         tokens_per_hour=tokens / run_wall_s * SECONDS_PER_HOUR if run_wall_s > 0 else None,
         energy_note=_energy_note(total.energy, len(records)),
         final_loss=final_loss, final_eval_loss=final_eval,
-        warnings=list(logs.warnings), records=records, stopped_s=stopped_s)
+        warnings=list(logs.warnings), records=records, stopped_s=stopped_s, prices_used=prices_used(nodes, prices))

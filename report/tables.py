@@ -52,8 +52,10 @@ def waste_line(summary: RunSummary) -> Text:
     total = summary.total
     text = Text("GPU waste: ")
     text.append(f"{fmt.seconds(total.idle_gpu_s)} GPU-s idle", style=IDLE_STYLE)
-    text.append(f" of {fmt.seconds(total.wall_gpu_s)} GPU-s ({fmt.percent(total.idle_share)}); "
-                f"{fmt.number(total.idle_gpu_h_per_1k_rounds, 3)} GPU-h per 1,000 rounds; "
+    text.append(f" of {fmt.seconds(total.wall_gpu_s)} GPU-s ({fmt.percent(total.idle_share)}): waiting "
+                f"{fmt.seconds(total.wait_gpu_s)}, exposed sync {fmt.seconds(total.comm_gpu_s)}, other "
+                f"{fmt.seconds(total.overhead_gpu_s)} GPU-s; {fmt.number(total.idle_gpu_h_per_1k_rounds, 3)} GPU-h per "
+                "1,000 rounds; "
                 f"compute utilization {fmt.percent(total.compute_utilization)}")
     if total.comm_hidden_s > 0:
         text.append(f"; {fmt.seconds(total.comm_hidden_s)} s of sync hidden behind compute (summed over nodes)")
@@ -66,6 +68,15 @@ def waste_line(summary: RunSummary) -> Text:
         text.append(f"{fmt.usd(total.idle_cost_usd)} idle", style=IDLE_STYLE)
         text.append(f" ({fmt.usd(total.idle_cost_usd_per_1k_rounds)} per 1,000 rounds)")
     return text
+
+
+def prices_line(summary: RunSummary) -> Text:
+    """Which price each cost used, grouped by where it came from (a file, or --price on the command line)."""
+    by_source: dict[str, list[str]] = {}
+    for name, usd, source in summary.prices_used:
+        by_source.setdefault(source, []).append(f"{name} {usd:g}")
+    return Text("priced in USD per GPU-hour: " + "; ".join(f"{', '.join(names)} ({source})"
+                                                          for source, names in by_source.items()), style="dim")
 
 
 def _number_column(table: Table, header: str, style: str = "") -> None:
@@ -95,13 +106,16 @@ def node_table(summary: RunSummary) -> Table:
     show_predicted = summary.total.predicted_idle_s is not None
     show_cost = summary.has_prices
     show_hidden = summary.total.comm_hidden_s > 0
-    table = Table(title="GPU time per node (sync = WAN outer sync the GPUs waited on; idle = wait + sync + other; "
-                        "util = compute share; GPU-h/1k rnd = idle GPU-hours per 1,000 rounds)"
+    table = Table(title="GPU time per node (s = seconds of the node, all its GPUs at once; GPU-s = s x GPUs; "
+                        "sync = WAN outer sync the GPUs waited on; idle = wait + sync + other; "
+                        "util = compute share (the total row's idle % and util % weigh nodes by GPUs); GPU-h/1k rnd = idle "
+                        "GPU-hours per 1,000 rounds)"
                         + ("; hidden = sync overlapped with compute, not idle" if show_hidden else ""),
                   box=box.SIMPLE_HEAVY, title_justify="left")
     table.add_column("node", style="bold", no_wrap=True)
-    table.add_column("site")
-    table.add_column("GPUs")
+    table.add_column("site", no_wrap=True)
+    gpu_parts = [part for node in summary.nodes for part in fmt.gpus(node.gpus, node.num_gpus).split(" + ")]
+    table.add_column("GPUs", min_width=max(len(part) + 2 for part in gpu_parts) if gpu_parts else None)
     for header in (["compute s", "wait s", "sync s"] + (["hidden\nsync s"] if show_hidden else [])
                    + (["other s"] if show_overhead else [])):
         _number_column(table, header)
@@ -124,8 +138,8 @@ def energy_view(summary: RunSummary) -> RenderableType:
     """Energy per node from NVML samples, or one line saying it is not available."""
     if not summary.energy_available:
         return Text(f"Energy {summary.energy_note}", style="dim")
-    table = Table(title="Energy (NVML)", box=box.SIMPLE_HEAVY, title_justify="left",
-                  caption=summary.energy_note, caption_justify="left")
+    table = Table(title="Energy (NVML; a node's power is its GPUs' mean total, the total row's the nodes' sum)",
+                  box=box.SIMPLE_HEAVY, title_justify="left", caption=summary.energy_note, caption_justify="left")
     table.add_column("node", style="bold")
     for header in ["GPU util %", "power W", "energy kWh", "idle energy kWh", "idle energy J"]:
         _number_column(table, header)
@@ -133,7 +147,7 @@ def energy_view(summary: RunSummary) -> RenderableType:
     for position, node in enumerate(rows):
         energy = node.energy
         table.add_row(node.node, fmt.number(energy.mean_gpu_util, 1), fmt.number(energy.mean_power_w, 0),
-                      fmt.number(energy.energy_kwh, 4), fmt.number(energy.idle_energy_kwh, 4),
+                      fmt.significant(energy.energy_kwh), fmt.significant(energy.idle_energy_kwh),
                       fmt.number(energy.idle_energy_j, 0),
                       end_section=position == len(rows) - 2, style="bold" if node.node == "total" else None)
     return table
@@ -193,7 +207,10 @@ def staleness_table(summary: RunSummary) -> Optional[Table]:
 
 def render_run(summary: RunSummary, show_rounds: bool = False) -> list[RenderableType]:
     """The full report of one run, top to bottom."""
-    parts: list[RenderableType] = [run_header(summary), BLANK, node_table(summary), waste_line(summary), BLANK]
+    parts: list[RenderableType] = [run_header(summary), BLANK, node_table(summary), waste_line(summary)]
+    if summary.prices_used:
+        parts.append(prices_line(summary))
+    parts.append(BLANK)
     stale = staleness_table(summary)
     if stale is not None:
         parts += [stale, BLANK]
@@ -203,13 +220,30 @@ def render_run(summary: RunSummary, show_rounds: bool = False) -> list[Renderabl
     return parts
 
 
+def run_kinds(summary: RunSummary) -> list[str]:
+    """What sets a run apart in a comparison: ``async`` (its rounds are each node's phases) and ``simulated``
+    (its times come from ``geodiloco simulate``, not from processes)."""
+    kinds = []
+    if any(record.mode == "async" for record in summary.records):
+        kinds.append("async")
+    if "simulate" in summary.sources:
+        kinds.append("simulated")
+    return kinds
+
+
+KIND_NOTES = {"async": "async: a round is each node's phase of that number, not a shared sync",
+              "simulated": "simulated: times from geodiloco simulate, not from a run"}
+
+
 def comparison_table(summaries: list[RunSummary]) -> Table:
     """One row per run: idle per round and throughput, each relative to the first run."""
     show_cost = all(summary.has_prices for summary in summaries)
     show_energy = any(summary.energy_available for summary in summaries)
     show_loss = any(summary.final_loss is not None for summary in summaries)
+    kinds = sorted({kind for summary in summaries for kind in run_kinds(summary)})
     table = Table(title=f"Comparison (relative to the first run, {summaries[0].label})", box=box.SIMPLE_HEAVY,
-                  title_justify="left")
+                  title_justify="left", caption="; ".join(KIND_NOTES[kind] for kind in kinds) or None,
+                  caption_justify="left")
     table.add_column("run", style="bold", no_wrap=True)
     table.add_column("policy", no_wrap=True)
     for header in ["rounds", "wall s", "idle\nGPU-s", "idle %", "GPU-h\n/1k rnd", "idle vs\nfirst",
@@ -225,14 +259,15 @@ def comparison_table(summaries: list[RunSummary]) -> Table:
     for summary, row in zip(summaries, compare(summaries)):
         change_style = GOOD_STYLE if (row.idle_change or 0) < 0 else (IDLE_STYLE if (row.idle_change or 0) > 0 else "")
         cells: list[RenderableType] = [
-            summary.label + (" ★" if summary is best else ""), summary.policy, str(len(summary.rounds)),
+            summary.label + (" ★" if summary is best else ""),
+            " · ".join([summary.policy] + run_kinds(summary)), str(len(summary.rounds)),
             fmt.seconds(summary.run_wall_s), fmt.seconds(summary.total.idle_gpu_s), fmt.percent(summary.total.idle_share),
             fmt.number(row.idle_gpu_h_per_1k_rounds, 3), Text(fmt.signed_percent(row.idle_change), style=change_style),
             fmt.count(row.tokens_per_hour), fmt.ratio(row.tokens_per_hour_ratio)]
         if show_cost:
             cells.append(fmt.usd(summary.total.idle_cost_usd_per_1k_rounds))
         if show_energy:
-            cells.append(fmt.number(summary.total.energy.idle_energy_kwh, 4))
+            cells.append(fmt.significant(summary.total.energy.idle_energy_kwh))
         if show_loss:
             cells.append(fmt.number(summary.final_loss, 3))
         table.add_row(*cells)
@@ -241,7 +276,7 @@ def comparison_table(summaries: list[RunSummary]) -> Table:
 
 def idle_by_node_table(summaries: list[RunSummary]) -> Table:
     """Idle seconds per node (rows) by run (columns), with totals: the paper's Table 3 layout."""
-    table = Table(title="Idle seconds per node by run", box=box.SIMPLE_HEAVY, title_justify="left")
+    table = Table(title="Idle seconds per node by run (seconds of the node, as the source paper's Table 3 counts them)", box=box.SIMPLE_HEAVY, title_justify="left")
     table.add_column("node", style="bold")
     for summary in summaries:
         table.add_column(f"{summary.label}\n({summary.policy})", justify="right")

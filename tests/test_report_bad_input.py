@@ -142,7 +142,41 @@ def test_prices_for_a_run_whose_gpus_are_not_named(tmp_path, capsys):
     for record in records:
         record["gpus"] = []
     run = write_run(tmp_path / "run", records)
-    _fails(capsys, [str(run), "--price", "A30=0.6"], "(GPUs in the logs: none named)")
+    err = _fails(capsys, [str(run), "--price", "A30=0.6"], "(GPUs in the logs: none named)")
+    assert 'price its nodes instead: --price "node:NODE=USD_PER_GPU_HOUR"' in err
+    err = _fails(capsys, [str(run), "--price", "node:a=1"], "cannot price node 'b': its GPUs are not named")
+    assert '--price "node:b=USD_PER_GPU_HOUR"' in err
+    _fails(capsys, [str(run), "--price", "node:c=1"], "unknown node 'c': the run(s) have a, b")
+    # node a: 2 GPUs x $1.80 for its 12 idle s; node b: 4 GPUs x $0.90 for 4.5 s
+    assert main([str(run), "--price", "node:a=1.8", "--price", "node:b=0.9", "--json"]) == 0
+    total = json.loads(capsys.readouterr().out)["runs"][0]["total"]
+    assert total["idle_cost_usd"] == pytest.approx((12 * 2 * 1.8 + 4.5 * 4 * 0.9) / 3600)
+
+
+def test_the_command_line_price_wins_over_a_file_in_either_order_and_a_file_prices_each_gpu_once(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("A30: 0.60\nRTX 2080 Ti: 0.25\n")
+    for order in ([str(prices), "A30=1.5"], ["A30=1.5", str(prices)]):
+        assert main([str(run), *sum((["--price", spec] for spec in order), []), "--json"]) == 0
+        nodes = json.loads(capsys.readouterr().out)["runs"][0]["nodes"]
+        assert [node["usd_per_hour"] for node in nodes] == pytest.approx([2 * 1.5, 4 * 0.25])
+    _fails(capsys, [str(run), "--price", "A30=1", "--price", "a30=2", "--price", "RTX 2080 Ti=1"],
+           "--price 'a30=2': 'a30' was priced already by --price 'A30=1'")
+    prices.write_text("A30: 0.60\nRTX 2080 Ti: 0.25\na30: 6.0\n")
+    _fails(capsys, [str(run), "--price", str(prices)], f"{prices}: line 3: 'a30' is priced twice (first at line 1)")
+    prices.write_text("A30: yes\n")
+    _fails(capsys, [str(run), "--price", str(prices)], "got the YAML boolean true")
+    prices.write_text("A30: 0.60\nRTX 2080Ti: 0.25\n")
+    err = _fails(capsys, [str(run), "--price", str(prices)], "no price for GPU 'RTX 2080 Ti' of node 'b'")
+    assert "the prices have 'RTX 2080Ti': if that is this GPU" in err
+
+
+def test_two_outputs_to_one_file_are_refused(tmp_path, capsys):
+    run = default_run(tmp_path / "run")
+    _fails(capsys, [str(run), "--json", str(tmp_path / "out"), "--html", str(tmp_path / "out")],
+           "--html " + str(tmp_path / "out") + ": the same file as --json")
+    assert not (tmp_path / "out").exists()
 
 
 def test_skip_rounds_out_of_range(tmp_path, capsys):

@@ -39,7 +39,10 @@ def test_terminal_report_shows_hand_computed_numbers(tmp_path, capsys):
     assert "2 rounds reported (1–2; from 0, as the logs count: the console's round 1 is round 0)" in out
     # a: idle 8 s of 20 s = 40 %, 16 GPU-s; total 28 GPU-s of 120 = 23.3 %, 28/2*1000/3600 = 3.889 GPU-h
     assert "40.0 %" in out and "16.0" in out
-    assert "28.0 GPU-s idle of 120 GPU-s (23.3 %); 3.889 GPU-h per 1,000 rounds" in out
+    # its parts: a waits 2 x 3 s x 2 GPUs; sync 2 x 1 s x (2 + 4 GPUs); b's other 2 x 0.5 s x 4 GPUs
+    assert ("28.0 GPU-s idle of 120 GPU-s (23.3 %): waiting 12.0, exposed sync 12.0, other 4.00 GPU-s; "
+            "3.889 GPU-h per 1,000 rounds") in out
+    assert "priced in USD per GPU-hour: A30 0.6 (--price 'A30=0.60'); RTX 2080 Ti 0.25 (--price 'RTX 2080 Ti=0.25')" in out
     # cost: (8 s x $1.20/h + 3 s x $1.00/h) / 3600 = $0.0035; per 1k rounds $1.75
     assert "$0.0035 idle ($1.75 per 1,000 rounds)" in out
     assert "4.00  H 100 B 4" in out
@@ -54,6 +57,30 @@ def test_compare_shows_reduction_and_throughput(tmp_path, capsys):
     assert "1.25×" in out  # 30 s / 24 s for the same tokens
     assert "Least idle: tuned (time)" in out
     assert "demo" in out and "tuned ★" in out
+
+
+def test_a_narrow_terminal_wraps_the_tables_lines_instead_of_cutting_their_numbers(tmp_path, capsys, monkeypatch):
+    run = default_run(tmp_path / "run")
+    monkeypatch.setenv("COLUMNS", "60")
+    assert main([str(run), *PRICES]) == 0
+    captured = capsys.readouterr()
+    [row_a] = [line for line in captured.out.splitlines() if line.startswith("  a ")]
+    # a: compute 18 s, wait 9, sync 3, other 0, idle 12 of 30 s = 40 %
+    assert row_a.split()[4:11] == ["18.0", "9.00", "3.00", "0.00", "12.0", "40.0", "%"] and "…" not in captured.out
+    assert len(row_a) > 60
+    assert "note: the report's tables need" in captured.err and "the terminal has 60" in captured.err
+
+
+def test_compare_marks_async_and_simulated_runs(tmp_path, capsys):
+    simulated = default_run(tmp_path / "sim")
+    records = [idle_record(r, node, run_id="run-2", source="runtime", mode="async") for r in range(3)
+               for node in (NODE_A, NODE_B)]
+    asynchronous = write_run(tmp_path / "async", records, config={"run": {"name": "async"}})
+    assert main([str(simulated), str(asynchronous), "--compare"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the caption wraps at the table's width
+    assert "uniform · simulated" in out and "uniform · async" in out
+    assert "async: a round is each node's phase of that number" in out
+    assert "simulated: times from geodiloco simulate, not from a run" in out
 
 
 def test_json_report(tmp_path, capsys):

@@ -32,6 +32,8 @@ def test_idle_sums_shares_and_gpu_hours(tmp_path):
     assert total.idle_gpu_s == pytest.approx(42)
     assert total.idle_share == pytest.approx(42 / 180)
     assert total.idle_gpu_h_per_1k_rounds == pytest.approx(42 / 3 * 1000 / 3600)
+    # its parts in GPU-s: waiting 9 s x 2 GPUs; sync (3 x 2) + (3 x 4); other 1.5 s x 4 GPUs
+    assert (total.wait_gpu_s, total.comm_gpu_s, total.overhead_gpu_s) == pytest.approx((18, 18, 6))
     assert summary.run_wall_s == pytest.approx(30)
     assert summary.tokens == 9000
     assert summary.tokens_per_hour == pytest.approx(9000 / 30 * 3600)
@@ -145,6 +147,8 @@ def test_energy_estimated_from_power_and_measured_when_logged(tmp_path):
     assert a.energy.idle_energy_j == pytest.approx(3 * 300 * 4)
     assert b.energy.idle_energy_j == pytest.approx(400) and b.energy.rounds_with_energy == 1
     assert summary.total.energy.idle_energy_kwh == pytest.approx((3600 + 400) / 3.6e6)
+    # the nodes draw at once: the run's power is a's 300 W plus b's 500 W (its one round with power)
+    assert summary.total.energy.mean_power_w == pytest.approx(800)
     assert summary.energy_available
     assert "covers 4 of 6 node-rounds" in summary.energy_note
 
