@@ -79,6 +79,16 @@ def test_node_off_the_majority_is_flagged_for_a_reload():
     assert not sync._is_outlier(present, "b")
 
 
+def test_the_default_tolerance_follows_the_codec_whose_rounding_parts_the_replicas():
+    # relative spreads of 2.1e-5 (a round of the 8-bit demo run) and 5e-4 (far past any codec's rounding)
+    near, far = stats(a=8810.843, b=8810.860, c=8811.028), stats(a=1000.0, b=1000.0, c=1000.5)
+    assert follower_sync(compression="8bit")._is_outlier(near, "c") is False
+    assert follower_sync(compression="8bit")._is_outlier(far, "c") is True
+    assert follower_sync(compression="fp16")._is_outlier(near, "c") is True
+    assert follower_sync()._is_outlier(near, "c") is True
+    assert follower_sync(compression="8bit", resync_tolerance=1e-6)._is_outlier(near, "c") is True
+
+
 def test_two_nodes_disagreeing_defer_to_the_earlier_one():
     sync = follower_sync()
     present = stats(a=10.0, b=11.0)

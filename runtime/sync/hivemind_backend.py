@@ -889,7 +889,8 @@ class HivemindOuterSync:
         """Two parameter checksums within ``resync_tolerance`` of each other (relative)."""
         if first is None:
             return False
-        return abs(first - second) <= self.options.resync_tolerance * max(abs(first), abs(second), 1e-30)
+        tolerance = self.options.resync_tolerance_for(self.wire_codec)
+        return abs(first - second) <= tolerance * max(abs(first), abs(second), 1e-30)
 
     def reduce_weighted(self, flat: torch.Tensor, weight: float,
                         total_weight: Optional[float] = None) -> torch.Tensor:
