@@ -75,7 +75,15 @@ _told_skipped: set = set()
 
 
 def document_texts(dataset: Any, text_field: str) -> Iterator[str]:
-    """The ``text_field`` of every record, in order; a missing field names the columns there are. Records
+    """The non-empty texts of ``indexed_document_texts``."""
+    return (text for _, text in indexed_document_texts(dataset, text_field))
+
+
+def indexed_document_texts(dataset: Any, text_field: str) -> Iterator[tuple[int, str]]:
+    """(records read so far, text) of every record with text, in order: the count is where a reader resumes
+    with ``dataset.skip`` (documents are fewer than records where records are empty or null).
+
+    The ``text_field`` of every record, in order; a missing field names the columns there are. Records
     whose field is null or not a string (JSON Lines files mixing keys read as null) are skipped and
     counted: when the dataset (or a streamed file) ends and they were most of it, it is refused (the run
     would train on a sliver of it); otherwise the count is told once per process. A record the reader
@@ -102,7 +110,7 @@ def document_texts(dataset: Any, text_field: str) -> Iterator[str]:
             skipped += 1
             continue
         if text:
-            yield text
+            yield read, text
     if skipped and 2 * skipped > read:
         raise ConfigError(f"data.hf_dataset.text_field: {skipped} of {read} records read have no text in "
                           f"{text_field!r} (null or another type); name the field that holds the text, or fix the "
@@ -155,13 +163,16 @@ def load_token_corpus(hf: Any, tokenizer_dir: str, max_tokens: int) -> np.ndarra
 class StreamCursor:
     """Where a node is in its stream: the epoch, the file (index into its own file list) and the
     next document of that file to read, how many non-eval documents of the whole stream it has
-    passed (the i.i.d. deal counts them), and the tokens read but not yet trained on."""
+    passed (the i.i.d. deal counts them), and the tokens read but not yet trained on.
+    ``record_index``: records of the file read so far, empty ones included, where a resume skips to
+    (None in checkpoints from before it: the resume then counts ``doc_index`` documents again)."""
 
     epoch: int = 0
     file_index: int = 0
     doc_index: int = 0
     dealt_docs: int = 0
     pending_tokens: list[int] = field(default_factory=list)
+    record_index: Optional[int] = 0
 
 
 @dataclass(frozen=True)
@@ -237,19 +248,28 @@ class StreamShard:
     def position_state(self) -> dict:
         cursor = self.cursor
         return {"stream": {"epoch": cursor.epoch, "file_index": cursor.file_index, "doc_index": cursor.doc_index,
-                           "dealt_docs": cursor.dealt_docs, "pending_tokens": list(cursor.pending_tokens)}}
+                           "dealt_docs": cursor.dealt_docs, "pending_tokens": list(cursor.pending_tokens),
+                           "record_index": cursor.record_index}}
 
     def load_position_state(self, state: dict) -> None:
         saved = state["stream"]
         self.cursor = StreamCursor(saved["epoch"], saved["file_index"], saved["doc_index"], saved["dealt_docs"],
-                                   list(saved["pending_tokens"]))
+                                   list(saved["pending_tokens"]), saved.get("record_index"))
         self._documents = None
 
-    def _open_file(self) -> Iterator[str]:
+    def _open_file(self) -> Iterator[tuple[int, str]]:
+        """The current file's (records read, text) pairs from the cursor on."""
         dataset = open_dataset(self.hf, self.layout.files[self.cursor.file_index], streaming=True)
-        if self.cursor.doc_index:
-            dataset = dataset.skip(self.cursor.doc_index)
-        return document_texts(dataset, self.hf.text_field)
+        skipped_records = self.cursor.record_index
+        if skipped_records is None:  # a checkpoint without the record count: pass its documents again
+            documents = indexed_document_texts(dataset, self.hf.text_field)
+            self.cursor.record_index = 0
+            for _, (read, _text) in zip(range(self.cursor.doc_index), documents):
+                self.cursor.record_index = read
+            return documents
+        if skipped_records:
+            dataset = dataset.skip(skipped_records)
+        return ((skipped_records + read, text) for read, text in indexed_document_texts(dataset, self.hf.text_field))
 
     def _next_document(self) -> str:
         """The next document of this node's share, moving through files and epochs."""
@@ -257,11 +277,11 @@ class StreamShard:
         while True:
             if self._documents is None:
                 self._documents = self._open_file()
-            text = next(self._documents, None)
-            if text is None:
+            item = next(self._documents, None)
+            if item is None:
                 self._documents = None
                 self.cursor.file_index += 1
-                self.cursor.doc_index = 0
+                self.cursor.doc_index = self.cursor.record_index = 0
                 if self.cursor.file_index == len(self.layout.files):
                     self.cursor.file_index = 0
                     self.cursor.epoch += 1
@@ -270,6 +290,7 @@ class StreamShard:
                         raise ConfigError("data.hf_dataset: this node's share of the stream holds no training "
                                           "document after the eval set; add data or lower data.eval_batches")
                 continue
+            self.cursor.record_index, text = item
             doc_index = self.cursor.doc_index
             self.cursor.doc_index += 1
             if doc_index < self.layout.held_out_docs[self.cursor.file_index]:
