@@ -106,7 +106,8 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     from geodiloco.runtime import checkpoint
     from geodiloco.runtime.config import load_config
     from geodiloco.runtime.run_dir import check_saved_tokenizer
-    config = load_config(str(run_dir / "config.yaml"))
+    from geodiloco.runtime.run_files import load_parameters, with_run_files
+    config = with_run_files(run_dir, load_config(str(run_dir / "config.yaml")))
     check_saved_tokenizer(config, run_dir / "config.yaml")
     batches = held_out_batches(config)
     if not batches:
@@ -130,8 +131,7 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
             print(f"[geodiloco] round {round_idx + 1} (logs: {round_idx}) skipped: checkpoint refused: {err}",
                   file=sys.stderr, flush=True)
             continue
-        for target, source in zip(model.parameters(), params):
-            target.copy_(source.to(target.dtype))
+        load_parameters(model, params, model_source(config))
         losses: list[float] = []
         for inputs, targets in batches:
             losses.extend(per_sequence_losses(model, inputs, targets).tolist())
@@ -143,6 +143,13 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     if not rows:
         raise ValueError(f"{run_dir}: no kept round's global checkpoint is intact ({'; '.join(refused)})")
     return rows
+
+
+def model_source(config) -> str:
+    """Where the evaluated or exported model's shape comes from, for errors."""
+    if config.model.hf is not None:
+        return f"model.hf ({config.model.hf.config or config.model.hf.pretrained})"
+    return "model" + (f".file ({config.model.file})" if config.model.file else f".preset ({config.model.preset})")
 
 
 def merged_rows(earlier: list[dict], rows: list[dict]) -> list[dict]:

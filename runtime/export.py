@@ -21,7 +21,9 @@ from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config import load_config
 from geodiloco.runtime.models import build_configured_model
+from geodiloco.runtime.evaluation import model_source
 from geodiloco.runtime.run_dir import check_saved_tokenizer
+from geodiloco.runtime.run_files import load_parameters, with_run_files
 from geodiloco.runtime.state_file import CorruptStateFile
 
 
@@ -76,13 +78,11 @@ def export_global_model(run_dir: Path, out_dir: Path, round_number: Optional[int
         raise ConfigError(f"{run_dir}: no config.yaml; pass a run directory of geodiloco run")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(f"--out {out_dir}: exists and is not empty; choose a new directory")
-    config = load_config(config_path)
+    config = with_run_files(run_dir, load_config(config_path))
     check_saved_tokenizer(config, config_path)
     round_idx, params = intact_global_params(run_dir, round_number)
     model = build_configured_model(config.model, config.run.seed)
-    with torch.no_grad():
-        for target, source in zip(model.parameters(), params, strict=True):
-            target.copy_(source)
+    load_parameters(model, params, model_source(config))
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
@@ -115,6 +115,9 @@ def write_model_files(config, model: torch.nn.Module, out_dir: Path) -> str:
     if config.model.hf is not None:
         from geodiloco.runtime.hf_model import export_pretrained
         export_pretrained(model, out_dir, config.data.tokenizer)
+        if not config.data.tokenizer:
+            return ("a transformers save_pretrained directory without a tokenizer (the run trained on bytes: "
+                    "token id = byte value of UTF-8 text)")
         return "a transformers save_pretrained directory"
     from safetensors.torch import save_model
     save_model(model, str(out_dir / "model.safetensors"))

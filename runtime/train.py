@@ -36,6 +36,7 @@ from geodiloco.runtime.preflight import preflight, quiet_gpu_notices
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.runtime.host_threads import warn_if_oversubscribed
 from geodiloco.runtime.data_record import resume_notice, write_record
+from geodiloco.runtime.run_files import save_run_files
 from geodiloco.runtime.run_dir import resume_changes
 from geodiloco.runtime.recovery import elastic_job, log_membership_event, trained_in_job
 from geodiloco.runtime.idle import RoundClock
@@ -185,12 +186,14 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
 
 
 def _record_or_compare_data(trainer: NodeTrainer, resumed: bool) -> None:
-    """A new run records its data's digests in the run directory; a resumed one says when its data differs
+    """A new run records its data's digests in the run directory, and keeps copies of a transformers model's
+    config and of its tokenizer (``runtime/run_files.py``); a resumed one says when its data differs
     (``runtime/data_record.py``). One line per node leader, as for changed settings."""
     if not trainer.topology.is_leader:
         return
     if not resumed:
         write_record(trainer.run_dir, trainer.data_record)
+        save_run_files(trainer.run_dir, trainer.config, trainer.model)
         return
     notice = resume_notice(trainer.run_dir, trainer.data_record)
     if notice is not None:

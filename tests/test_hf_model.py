@@ -139,3 +139,22 @@ def test_plan_reads_the_transformers_config_of_a_run_config(tmp_path):
     setup = load_setup(run_config)
     assert setup.dims == ModelSection(hf={"config": str(config_path)}).dims()
     assert setup.dims.vocab_size == 320 and setup.dims.num_kv_heads == 2
+
+
+def test_a_model_that_attends_to_later_tokens_is_refused_and_its_decoder_mode_accepted(tmp_path):
+    import json
+
+    from geodiloco.runtime.hf_model import build_hf_model
+    bert = {"model_type": "bert", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "vocab_size": 320, "max_position_embeddings": 64}
+    (tmp_path / "bert.json").write_text(json.dumps(bert))
+    with pytest.raises(ConfigError, match=r"model\.hf\.config: the 'bert' model attends to later tokens .* set "
+                                          r"\"is_decoder\": true"):
+        build_hf_model(str(tmp_path / "bert.json"), None, 0)
+    (tmp_path / "decoder.json").write_text(json.dumps(dict(bert, is_decoder=True)))
+    decoder = build_hf_model(str(tmp_path / "decoder.json"), None, 0)
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    changed = torch.tensor([[5, 6, 7, 9]])
+    decoder.eval()
+    assert torch.equal(decoder(tokens)[0, :3], decoder(changed)[0, :3])
+    assert decoder.hf.training is False and build_hf_model(str(llama_config(tmp_path / "llama.json")), None, 0).training

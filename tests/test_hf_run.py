@@ -47,11 +47,26 @@ def test_transformers_model_on_jsonl_with_tensorboard_wandb_and_export(tmp_path,
     assert [round(item.value, 5) for item in events.Scalars("global/eval_loss")] == [round(value, 5) for value in evals]
     assert glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
 
+    # after the run the user retrains the tokenizer in place and edits the model config: evaluate and export use
+    # the copies the run kept, not the changed files (the checkpoints no longer fit the edited config)
+    train_tokenizer(texts[:40], tmp_path / "tokenizer", vocab_size=300)
+    llama_config(tmp_path / "config.json", hidden=48)
+    scored = geodiloco("evaluate", str(run_dir), "--json", timeout=120)
+    assert scored.returncode == 0, scored.stderr
+    import json
+    assert json.loads(scored.stdout)[-1]["eval_loss"] == pytest.approx(evals[-1], abs=1e-5)
+
     exported = tmp_path / "exported"
     done = geodiloco("export", str(run_dir), "--out", str(exported), timeout=120)
     assert done.returncode == 0, done.stderr
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(exported)
-    assert len(AutoTokenizer.from_pretrained(exported)) == 320
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    assert len(tokenizer) == 320
+    # made for use: the cache on, and generation ends on the tokenizer's end of text (LLaMA's default is id 2)
+    end_of_text = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert model.config.use_cache is True and model.generation_config.use_cache is True
+    assert model.config.eos_token_id == model.generation_config.eos_token_id == end_of_text
+    assert model.config.bos_token_id is None
     final = checkpoint.load_global(run_dir, 1)["outer"]["global_params"]
     assert all(torch.equal(param, saved) for param, saved in zip(model.parameters(), final, strict=True))

@@ -1,0 +1,79 @@
+"""The model config and tokenizer a transformers run trained with, kept in its run directory.
+
+``config.yaml`` names them by path (``model.hf.config`` or ``.pretrained``, ``data.tokenizer``),
+and those files belong to the user: a tokenizer retrained in place, an edited config.json or a
+pretrained directory moved away would make ``geodiloco evaluate`` score with another tokenizer,
+``export`` bundle the wrong one, or both fail on shapes that no longer match the checkpoints.
+So a new run copies them into ``RUN_DIR/hf_model/config.json`` and ``RUN_DIR/tokenizer/`` (the
+tokenizer's own files only: a model directory given as the tokenizer is not copied whole), and
+``evaluate`` and ``export`` read the copies. Runs from before the copies read the paths, as before.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from torch import nn
+
+from geodiloco.predictor.schema import ConfigError
+
+MODEL_DIR = "hf_model"
+TOKENIZER_DIR = "tokenizer"
+
+
+def save_run_files(run_dir: Path, config, model: nn.Module) -> None:
+    """At a new run's start: the transformers config of ``model`` (an ``HFCausalLM``) and the run's tokenizer,
+    each written once (several node leaders may share the run directory; the first to finish keeps it)."""
+    if config.model.hf is not None and hasattr(model, "hf"):
+        _write_folder(run_dir / MODEL_DIR, lambda folder: model.hf.config.save_pretrained(folder))
+    if config.data.tokenizer:
+        from geodiloco.runtime.hf_data import load_tokenizer
+        tokenizer = load_tokenizer(config.data.tokenizer)
+        _write_folder(run_dir / TOKENIZER_DIR, lambda folder: tokenizer.save_pretrained(folder))
+
+
+def _write_folder(target: Path, write: Callable[[Path], object]) -> None:
+    if target.is_dir():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        write(partial)
+        partial.rename(target)
+    except OSError:
+        if not target.is_dir():  # not another node's copy in place: a real failure
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def with_run_files(run_dir: Path, config):
+    """``config`` with ``model.hf`` and ``data.tokenizer`` pointing at the run's own copies where it has them
+    (the model is then built from its config: the checkpoints hold every weight, so a moved pretrained
+    directory is not needed)."""
+    model_config = run_dir / MODEL_DIR / "config.json"
+    tokenizer_dir = run_dir / TOKENIZER_DIR
+    updates = {}
+    if config.model.hf is not None and model_config.is_file():
+        hf = config.model.hf.model_copy(update={"config": str(model_config), "pretrained": None})
+        updates["model"] = config.model.model_copy(update={"hf": hf})
+    if config.data.tokenizer and tokenizer_dir.is_dir():
+        updates["data"] = config.data.model_copy(update={"tokenizer": str(tokenizer_dir)})
+    return config.model_copy(update=updates) if updates else config
+
+
+def load_parameters(model: nn.Module, params: list, source: str) -> None:
+    """Copy checkpoint ``params`` into ``model``, refusing a model of another shape in one line: the model
+    config the run names changed since it trained (``source`` says where the model came from)."""
+    targets = list(model.parameters())
+    if len(targets) != len(params):
+        raise ConfigError(f"{source}: builds a model of {len(targets)} parameter tensors, the run's checkpoint "
+                          f"holds {len(params)}; the model config changed since the run trained: restore it")
+    for index, (target, saved) in enumerate(zip(targets, params)):
+        if tuple(target.shape) != tuple(saved.shape):
+            raise ConfigError(f"{source}: parameter tensor {index} is {tuple(target.shape)} in the model it builds "
+                              f"but {tuple(saved.shape)} in the run's checkpoint; the model config changed since "
+                              "the run trained: restore it")
+        target.data.copy_(saved.to(target.dtype))
