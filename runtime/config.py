@@ -104,7 +104,8 @@ class HFDatasetSection(StrictModel):
     only if it is in the local cache). ``data_files``: local files (globs allowed) for the builder.
     ``text_field``: the field holding each document's text. ``streaming``: read the corpus as it
     streams instead of loading it (corpora larger than memory; see runtime/hf_data.py for how the
-    eval set and shards are taken then)."""
+    eval set and shards are taken then). ``sample_by`` (``path: text`` only): what one document is,
+    ``document`` (a whole file, the default here), ``paragraph`` or ``line``."""
 
     path: str = Field(min_length=1)
     name: Optional[str] = None
@@ -112,6 +113,28 @@ class HFDatasetSection(StrictModel):
     split: str = "train"
     text_field: str = Field(default="text", min_length=1)
     streaming: bool = False
+    sample_by: Optional[Literal["document", "paragraph", "line"]] = None
+
+    @field_validator("data_files", mode="before")
+    @classmethod
+    def _one_file(cls, value):
+        """One file or glob may be written as a string, as ``load_dataset`` takes it."""
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _sample_by_for_text(self) -> "HFDatasetSection":
+        if self.sample_by is not None and self.path != "text":
+            raise ValueError(f"data.hf_dataset.sample_by: read only by the text builder (path: text), not by "
+                             f"{self.path!r}; remove it")
+        return self
+
+    def builder_options(self) -> dict:
+        """Options of ``load_dataset`` beyond the common ones: the text builder reads each file as one document
+        (``sample_by: document``) unless told otherwise, where datasets' own default made every line a
+        document, with an end of text after each and the newlines gone."""
+        if self.path != "text":
+            return {}
+        return {"sample_by": self.sample_by or "document"}
 
 
 class DataSection(StrictModel):

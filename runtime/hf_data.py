@@ -55,7 +55,7 @@ def open_dataset(hf: Any, data_files: Optional[list[str]] = None, streaming: Opt
     files = data_files if data_files is not None else (hf.data_files or None)
     try:
         return load_dataset(hf.path, hf.name, data_files=files, split=hf.split,
-                            streaming=hf.streaming if streaming is None else streaming)
+                            streaming=hf.streaming if streaming is None else streaming, **hf.builder_options())
     except ConfigError:
         raise
     except Exception as err:  # datasets' own errors: a corpus that cannot be read fails the same on every restart

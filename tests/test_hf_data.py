@@ -292,3 +292,25 @@ def test_a_tokenizer_without_a_boundary_token_is_told_once_by_the_launchers_pref
     config.data.tokenizer = corpus["tokenizer"]
     preflight(config)
     assert "eos_token" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("sample_by, documents_read", [(None, ["first line\nsecond line\n\nnew paragraph\n",
+                                                               "other file\n"]),
+                                                       ("line", ["first line", "second line", "new paragraph",
+                                                                 "other file"]),
+                                                       ("paragraph", ["first line\nsecond line",
+                                                                      "new paragraph\n", "other file\n"])])
+def test_the_text_builder_reads_a_file_as_one_document_unless_told_otherwise(corpus, tmp_path, sample_by,
+                                                                              documents_read):
+    from geodiloco.runtime.hf_data import document_texts, open_dataset
+    (tmp_path / "a.txt").write_text("first line\nsecond line\n\nnew paragraph\n")
+    (tmp_path / "b.txt").write_text("other file\n")
+    data = {"path": "text", "data_files": str(tmp_path / "*.txt"), **({"sample_by": sample_by} if sample_by else {})}
+    config = hf_config(corpus, hf_dataset=data)
+    assert config.data.hf_dataset.data_files == [str(tmp_path / "*.txt")]  # one glob given as a string
+    assert list(document_texts(open_dataset(config.data.hf_dataset), "text")) == documents_read
+
+
+def test_sample_by_belongs_to_the_text_builder_only(corpus):
+    with pytest.raises(ConfigError, match="data.hf_dataset.sample_by: read only by the text builder"):
+        hf_config(corpus, hf_dataset={"path": "json", "data_files": corpus["files"], "sample_by": "line"})
