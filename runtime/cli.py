@@ -20,7 +20,7 @@ GeoDiLoCo: train one language model across sites with different GPUs.
   geodiloco run        launch every node of a config on this machine (default: embedded demo)
   geodiloco train      one site's entry under torchrun (same as python -m geodiloco.runtime.train)
   geodiloco evaluate   eval loss (+- standard error) of every kept round's global model
-  geodiloco export     a round's global model as a transformers directory or safetensors
+  geodiloco export     a round's global model: a transformers directory (model.hf runs) or safetensors
   geodiloco predict    predict a node's step time from its GPUs and the model
   geodiloco plan       per-node local steps and batch sizes for a balancing policy
   geodiloco simulate   simulate rounds of a cluster under a policy (no processes)

@@ -54,7 +54,8 @@ def register(subparsers) -> None:
     evaluate.set_defaults(func=evaluate_command)
 
     export = subparsers.add_parser(
-        "export", help="write a round's global model as a transformers directory or safetensors",
+        "export", help="write a round's global model (a transformers directory for a model.hf run, safetensors "
+                       "for the built-in model)",
         description="Write the global model of a kept round: a transformers model (model.hf) as a "
                     "save_pretrained directory with the run's tokenizer (from_pretrained loads it); the built-in "
                     "decoder as model.safetensors + dims.json.")
@@ -121,8 +122,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
-        print(f"geodiloco evaluate: error: {run_dir}: no such directory; pass a run directory of geodiloco run",
-              file=sys.stderr)
+        what = "a file, not a run directory" if run_dir.exists() else "no such directory"
+        print(f"geodiloco evaluate: error: {run_dir}: {what}; pass a run directory of geodiloco run", file=sys.stderr)
         return 2
     if not (run_dir / "config.yaml").is_file():
         print(f"geodiloco evaluate: error: {run_dir} has no config.yaml; pass a run directory of geodiloco run",

@@ -117,6 +117,9 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     if notice is not None:
         print(f"[geodiloco] warning: {notice}", file=sys.stderr, flush=True)
     rounds = checkpoint.kept_rounds(run_dir)
+    if not rounds and not checkpoint.saved_global_rounds(run_dir):
+        raise ValueError(f"{run_dir}: no checkpoint yet: the run has not saved a round (a running one saves after "
+                         f"every {config.checkpoint.every_rounds} round(s)); evaluate it again later")
     if not rounds:
         raise ValueError(f"{run_dir}: no checkpoints/round_*/global.safetensors; keep them with checkpoint.every_rounds: 1 "
                          "and checkpoint.keep >= diloco.rounds")

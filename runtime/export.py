@@ -74,6 +74,9 @@ def export_global_model(run_dir: Path, out_dir: Path, round_number: Optional[int
     """Write the global model after round ``round_number`` (default: the latest) to ``out_dir``;
     returns a one-line description."""
     config_path = run_dir / "config.yaml"
+    if not run_dir.is_dir():
+        what = "a file, not a run directory" if run_dir.exists() else "no such directory"
+        raise ConfigError(f"{run_dir}: {what}; pass a run directory of geodiloco run")
     if not config_path.is_file():
         raise ConfigError(f"{run_dir}: no config.yaml; pass a run directory of geodiloco run")
     if out_dir.exists() and any(out_dir.iterdir()):
