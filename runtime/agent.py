@@ -19,8 +19,10 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -112,6 +114,42 @@ class TorchrunLog(logging.Handler):
         return handler
 
 
+UNREACHABLE_NOTICE_S = 10.0
+"""How long a site tries the rendezvous endpoint before it says that nothing answers there: torchrun itself
+retries for minutes (72-147 s measured) before it gives up, in silence."""
+
+
+def watch_the_endpoint(args, site: str, notices: "TorchrunLog", after_s: float = UNREACHABLE_NOTICE_S,
+                       poll_s: float = 1.0) -> Optional[threading.Thread]:
+    """Try to connect to the rendezvous endpoint now and then until it answers or this site joins; if it has
+    not answered after ``after_s``, say so once (torchrun goes on trying: a store started late is still met).
+    None on the site that hosts the store (``is_host=true``: its agent starts it)."""
+    if "is_host=true" in (args.rdzv_conf or "").replace(" ", "").lower() or not args.rdzv_endpoint:
+        return None
+    host, _, port = args.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+
+    def watch() -> None:
+        started = time.monotonic()
+        while not notices.joined:
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=min(poll_s * 2, 5.0)).close()
+                return
+            except OSError as err:
+                reason = err.strerror or type(err).__name__
+            if time.monotonic() - started >= after_s:
+                print(f"[geodiloco] site {site}: nothing answers at {args.rdzv_endpoint} after {after_s:g} s "
+                      f"({reason.lower()}): check --rdzv-endpoint, and that `geodiloco rendezvous` (or the --is-host "
+                      "site) runs there; torchrun keeps trying for a few minutes", file=sys.stderr, flush=True)
+                return
+            time.sleep(poll_s)
+
+    thread = threading.Thread(target=watch, name="geodiloco-endpoint-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_label(args) -> str:
     """The run a site's agent meets, from torchrun's parsed arguments (``--rdzv-id``, ``--rdzv-endpoint``)."""
     return f"run {args.rdzv_id} at {args.rdzv_endpoint}"
@@ -136,13 +174,16 @@ def describe_failure(err: BaseException, args, site: str, fatal: Optional[str],
                     "this site again", 2)
         return f"site {site} stopped by {err.sigval.name}", 128 + int(err.sigval)
     if isinstance(err, ChildFailedError):
-        exit_codes = sorted({failure.exitcode for failure in err.failures.values()})
-        return (f"site {site}: its workers failed (exit code {', '.join(map(str, exit_codes))}) and used up "
-                "their restarts (--max-restarts); their own error is above", 1)
+        exit_codes = ", ".join(map(str, sorted({failure.exitcode for failure in err.failures.values()})))
+        how = ("the run has fixed membership (--fixed, or comm.elastic.enabled: false), so they are not restarted"
+               if args.max_restarts == 0 else "used up their restarts (--max-restarts)")
+        return (f"site {site}: its workers failed (exit code {exit_codes}) and {how}; their own error is above; "
+                "to continue from the last complete checkpoint, start every site with its command plus --resume "
+                "and a new --run-id", 1)
     if isinstance(err, RendezvousClosedError):
-        return (f"site {site}: the {run} has ended (its rendezvous is closed): a finished or stopped run is not "
-                "joined again; start a new run with another --run-id, or restart `geodiloco rendezvous` and every "
-                "site with --resume to continue the saved one", 1)
+        return (f"site {site}: the {run} has ended (its rendezvous is closed), and a closed run is not joined "
+                "again: if it finished, there is nothing left to do; to continue a stopped one, start every site "
+                "with --resume and a new --run-id; for a new run, give it a new --run-id", 1)
     if isinstance(err, RendezvousTimeoutError):
         return (f"site {site}: no world formed for the {run} within the join timeout (comm.elastic.join_timeout_s): "
                 "fewer sites than comm.min_nodes joined, or a running run already holds every place under this run "
@@ -216,6 +257,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = torchrun.parse_args(argv)
     tell_workers_the_rendezvous(args)
     notices = TorchrunLog.install(site, run_label(args))
+    watch_the_endpoint(args, site, notices)
     try:
         torchrun.run(args)
     except Exception as err:  # a torchrun failure: told in one line (others re-raised by describe_failure)

@@ -121,6 +121,10 @@ class RoundStats:
     """Seconds since training started on this node (``run.max_wall_s``)."""
 
 
+RESUME_HINT = ("to continue, start every site with its command plus --resume (under torchrun with a new --run-id: "
+               "a rendezvous that closed is not joined again)")
+
+
 def restarts_left(environ=os.environ) -> bool:
     """Whether torchrun's elastic agent will restart this worker when it exits (so a world can form again)."""
     if not elastic_job():
@@ -607,7 +611,7 @@ def train_from_args(args: argparse.Namespace) -> int:
         return PEER_FAILED_EXIT_CODE
     except StopRequested as stop:
         why = " (its elastic agent re-forms the world when a site joins or leaves, or the site is stopping)" \
-            if elastic_job() else ""
+            if restarts_left() else ""
         print(f"[geodiloco] node stopped by {stop}{why}; the last complete checkpoint is kept in {run_dir}",
               file=sys.stderr, flush=True)
         return 143
@@ -618,8 +622,9 @@ def train_from_args(args: argparse.Namespace) -> int:
         log_membership_event(run_dir, "peer_failed", node=os.environ.get("GEODILOCO_NODE", args.node), how="connection",
                              error=reason)
         why = ("it failed, or is re-forming the world with a site that joined or left; stopping this worker so the "
-               "present sites restart from the last complete round" if elastic_job() else
-               "it failed or was stopped; with fixed membership the run stops here, its last complete checkpoint kept")
+               "present sites restart from the last complete round" if restarts_left() else
+               "it failed or was stopped; with no restart left (fixed membership, or --max-restarts used up) this "
+               f"site stops here, its last complete checkpoint kept in {run_dir}; {RESUME_HINT}")
         print(f"[geodiloco] lost a peer site ({reason}): {why}", file=sys.stderr, flush=True)
         return PEER_FAILED_EXIT_CODE
 

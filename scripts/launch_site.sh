@@ -16,7 +16,9 @@
 # rendezvous timeouts taken from the config (comm.min_nodes, comm.elastic.max_restarts, last_call_s,
 # keep_alive_s, join_timeout_s; the options override the first two); a site that fails is left out
 # and may come back with the same command.
-# --fixed (or comm.elastic.enabled: false): --nnodes N:N and no restarts (one failed site stops every site).
+# --fixed (or comm.elastic.enabled: false): --nnodes N:N and no restarts (one failed site stops every site;
+# continue with every site's command plus --resume and a new --run-id). Give each run its own --run-id:
+# a rendezvous store does not let a run id that ended be joined again.
 # It avoids the ways a cross-site torchrun job hangs:
 #   * --rdzv-conf=is_host=true|false: HOST often resolves to 127.0.0.1 locally,
 #     so the store host must be told it is the host;
@@ -69,7 +71,7 @@ done
 [[ -z "$min_nodes" || ( "$min_nodes" =~ ^[1-9][0-9]*$ && "$min_nodes" -le "$nnodes" ) ]] || die "--min-nodes must be an integer from 1 to --nnodes (got '$min_nodes')"
 [[ -z "$max_restarts" || "$max_restarts" =~ ^[0-9]+$ ]] || die "--max-restarts must be a non-negative integer (got '$max_restarts')"
 [[ "$nproc" =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node must be a positive integer: GPUs (or processes) at this site (got '$nproc')"
-[[ "$endpoint" =~ ^[^:]+:[0-9]+$ ]] || die "--rdzv-endpoint must be HOST:PORT of the site passing --is-host (got '$endpoint')"
+[[ "$endpoint" =~ ^[^:]+:[0-9]+$ ]] || die "--rdzv-endpoint must be HOST:PORT of the rendezvous store: where \`geodiloco rendezvous\` runs, or the site passing --is-host (got '$endpoint')"
 [[ "$ifname" =~ ^[^/[:space:]]{0,15}$ ]] || die "--ifname must be an interface name of at most 15 characters (got '$ifname')"
 [[ "$entry" =~ ^[A-Za-z_][A-Za-z0-9_.]*$ ]] || die "--entry must be a Python module name (got '$entry')"
 rdzv_host="${endpoint%:*}"
@@ -150,12 +152,10 @@ elif [[ "$entry" == "geodiloco.runtime.train" ]]; then
     die "no shared secret: set GEODILOCO_SECRET (the same value at every site) or pass --secret-file FILE"
 fi
 
-rdzv_conf="is_host=$is_host"
+rdzv_conf="is_host=$is_host,$cfg_timeouts"
 nnodes_range="$min_nodes:$nnodes"
 if $fixed; then
     nnodes_range="$nnodes" max_restarts=0
-else
-    rdzv_conf+=",$cfg_timeouts"
 fi
 join_timeout_s="$(sed -n 's/.*join_timeout=\([0-9]*\).*/\1/p' <<<"$cfg_timeouts")"
 command=("${launcher[@]}"

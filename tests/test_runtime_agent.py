@@ -25,7 +25,7 @@ from geodiloco.runtime.launch import free_port, wait_for_file
 from tests.runtime_helpers import REPO_ROOT, read_jsonl, small_config, write_config
 
 SECRET = "the-runs-shared-secret-123456"
-ARGV = ["--nnodes=1:3", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv_id=exp7", "-m", "geodiloco.runtime.train",
+ARGV = ["--nnodes=1:3", "--max-restarts=3", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv_id=exp7", "-m", "geodiloco.runtime.train",
         "--rdzv-id", "not-torchrun's"]
 RUN = "run exp7 at 10.0.0.1:29400"
 ARGS = get_args_parser().parse_args(ARGV)
@@ -59,6 +59,36 @@ def test_each_torchrun_failure_is_one_line_naming_the_run_and_what_to_do(error, 
     line, code = describe_failure(error, ARGS, "a", fatal=None)
     assert line.startswith(expected) and "\n" not in line
     assert code == exit_code
+
+
+def test_failed_workers_say_how_to_continue_and_why_a_fixed_run_did_not_restart_them():
+    failed = ChildFailedError("geodiloco.runtime.train", {0: ProcessFailure(0, 4242, 75, "<N/A>")})
+    fixed = get_args_parser().parse_args([arg.replace("--max-restarts=3", "--max-restarts=0") for arg in ARGV])
+    line, _ = describe_failure(failed, fixed, "a", fatal=None)
+    assert line.startswith("site a: its workers failed (exit code 75) and the run has fixed membership (--fixed, or "
+                           "comm.elastic.enabled: false), so they are not restarted")
+    assert line.endswith("start every site with its command plus --resume and a new --run-id")
+    closed, _ = describe_failure(RendezvousClosedError(), ARGS, "a", fatal=None)
+    assert "if it finished, there is nothing left to do" in closed and "restart `geodiloco rendezvous`" not in closed
+
+
+def test_a_site_says_within_seconds_that_nothing_answers_at_the_endpoint_and_nothing_when_something_does(capsys):
+    import socket
+    from types import SimpleNamespace
+
+    from geodiloco.runtime.agent import watch_the_endpoint
+    port = free_port()
+    args = get_args_parser().parse_args([f"--rdzv-endpoint=127.0.0.1:{port}", "-m", "x"])
+    watch_the_endpoint(args, "a", SimpleNamespace(joined=False), after_s=0.3, poll_s=0.1).join(5)
+    err = capsys.readouterr().err
+    assert err.startswith(f"[geodiloco] site a: nothing answers at 127.0.0.1:{port} after 0.3 s (connection refused)")
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        args = get_args_parser().parse_args([f"--rdzv-endpoint=127.0.0.1:{port}", "-m", "x"])
+        watch_the_endpoint(args, "a", SimpleNamespace(joined=False), after_s=0.3, poll_s=0.1).join(5)
+    assert capsys.readouterr().err == ""
+    hosting = get_args_parser().parse_args(["--rdzv-endpoint=127.0.0.1:1", "--rdzv-conf=is_host=true", "-m", "x"])
+    assert watch_the_endpoint(hosting, "a", SimpleNamespace(joined=False)) is None
 
 
 def test_a_store_never_reached_is_told_apart_from_one_lost():

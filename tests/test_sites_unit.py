@@ -185,7 +185,8 @@ def test_launch_site_fixed_and_min_nodes():
     elastic = shlex.split(run_launch(*common, "--min-nodes", "3", "--max-restarts", "5").stdout)
     assert "--nnodes=3:4" in elastic and "--max-restarts=5" in elastic
     fixed = shlex.split(run_launch(*common, "--fixed").stdout)
-    assert "--nnodes=4" in fixed and "--max-restarts=0" in fixed and "--rdzv-conf=is_host=false" in fixed
+    assert "--nnodes=4" in fixed and "--max-restarts=0" in fixed
+    assert f"--rdzv-conf=is_host=false,{DEFAULT_RDZV_TIMEOUTS}" in fixed
     too_many = run_launch(*common, "--min-nodes", "5")
     assert too_many.returncode == 2 and "--min-nodes must be an integer from 1 to --nnodes" in too_many.stderr
 
@@ -206,7 +207,10 @@ def test_launch_site_takes_min_nodes_restarts_and_timeouts_from_the_config(tmp_p
     config["comm"]["elastic"]["enabled"] = False
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     fixed = shlex.split(run_launch(*common).stdout)
-    assert "--nnodes=3" in fixed and "--max-restarts=0" in fixed and "--rdzv-conf=is_host=false" in fixed
+    # a fixed run waits for its sites as long as the config says too
+    assert "--nnodes=3" in fixed and "--max-restarts=0" in fixed
+    assert ("--rdzv-conf=is_host=false,join_timeout=30,last_call_timeout=3,close_timeout=30,keep_alive_interval=5,"
+            "keep_alive_max_attempt=3") in fixed
     too_few = run_launch(*common[:5], "1", *common[6:])  # --nnodes 1 below the config's comm.min_nodes 2
     assert too_few.returncode == 2 and "comm.min_nodes (2) is above --nnodes (1)" in too_few.stderr
 
