@@ -147,6 +147,31 @@ def present_nodes(reports: list[str], config_node_names: list[str], min_nodes: i
     return ranks_by_node
 
 
+def settle_double_claims(claims: list[list], node_name: str, config_node_names: list[str]) -> None:
+    """Refuse a node name that two sites started: every rank's (node name, its torchrun agent's GROUP_RANK)
+    are ``claims``; ranks of two agents under one name would otherwise be merged into one node and train it
+    with DDP across the WAN, while the node the second site meant never trains. Both claimants stop (which
+    one was meant cannot be told); the other sites, when their agents will restart them, form a world
+    without that node (``OtherSitesLeave``), else stop too."""
+    agents_by_node: dict[str, set] = {}
+    for reported, agent in claims:
+        if agent is not None:
+            agents_by_node.setdefault(reported, set()).add(agent)
+    doubled = {name: sorted(agents, key=str) for name, agents in agents_by_node.items() if len(agents) > 1}
+    if not doubled:
+        return
+    from geodiloco.runtime.config_agreement import OtherSitesLeave
+    from geodiloco.runtime.recovery import restarts_left
+    told = "; ".join(f"node {name} was started by {len(agents)} sites (torchrun agents {', '.join(map(str, agents))})"
+                     for name, agents in doubled.items())
+    fix = (f"each site needs its own --node-name from the config's nodes ({', '.join(config_node_names)})")
+    if node_name in doubled:
+        raise ConfigError(f"{told}: {fix}; this site stops: start it again with the right name")
+    if restarts_left():
+        raise OtherSitesLeave(f"{told}: {fix}; those sites stop, and the run goes on without them")
+    raise ConfigError(f"{told}: {fix}")
+
+
 def build_topology(node_name: str, config_node_names: list[str], min_nodes: Optional[int] = None,
                    secret: Optional[bytes] = None) -> Topology:
     """Agree on which ranks form which node, and create the node and leader groups.
@@ -156,7 +181,9 @@ def build_topology(node_name: str, config_node_names: list[str], min_nodes: Opti
     the fewest nodes that may train (None = every config node must be present).
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    reports = all_gather_values(node_name)
+    claims = all_gather_values([node_name, os.environ.get("GROUP_RANK")])
+    settle_double_claims(claims, node_name, config_node_names)
+    reports = [reported for reported, _ in claims]
     ranks_by_node = present_nodes(reports, config_node_names,
                                   len(config_node_names) if min_nodes is None else min_nodes)
     node_group = None

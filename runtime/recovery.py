@@ -72,6 +72,13 @@ def elastic_job() -> Optional[str]:
     return os.environ.get("TORCHELASTIC_RUN_ID") or None
 
 
+def restarts_left(environ=os.environ) -> bool:
+    """Whether torchrun's elastic agent will restart this worker when it exits (so a world can form again)."""
+    if not elastic_job():
+        return False
+    return int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")) < int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+
+
 def trained_in_job(run_dir: Path, node_name: str, job: Optional[str]) -> bool:
     """Whether ``node_name`` was a member of a round this elastic ``job`` saved in ``run_dir`` (it was
     training in the running job before this world formed). Reads only the rounds' member lists."""

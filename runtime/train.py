@@ -38,7 +38,7 @@ from geodiloco.runtime.host_threads import warn_if_oversubscribed
 from geodiloco.runtime.data_record import resume_notice, write_record
 from geodiloco.runtime.run_files import save_run_files
 from geodiloco.runtime.run_dir import resume_changes
-from geodiloco.runtime.recovery import elastic_job, log_membership_event, trained_in_job
+from geodiloco.runtime.recovery import elastic_job, log_membership_event, restarts_left, trained_in_job
 from geodiloco.runtime.idle import RoundClock
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint import latest_round
@@ -123,13 +123,6 @@ class RoundStats:
 
 RESUME_HINT = ("to continue, start every site with its command plus --resume (under torchrun with a new --run-id: "
                "a rendezvous that closed is not joined again)")
-
-
-def restarts_left(environ=os.environ) -> bool:
-    """Whether torchrun's elastic agent will restart this worker when it exits (so a world can form again)."""
-    if not elastic_job():
-        return False
-    return int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")) < int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
 
 
 def resume_check(run_dir: Path, config: RunConfig) -> tuple[list[str], Optional[str]]:
