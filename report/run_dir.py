@@ -43,6 +43,13 @@ class RunLogs:
     metrics: list[MetricRow] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    part_dirs: list[Path] = field(default_factory=list)
+    """The sites' run directories this run's logs were joined from (``merge_parts``); empty for one directory."""
+
+    @property
+    def where(self) -> str:
+        """The run directory, or the joined ones."""
+        return " + ".join(map(str, self.part_dirs)) if self.part_dirs else str(self.run_dir)
 
     @property
     def name(self) -> str:
@@ -114,8 +121,34 @@ def _missing_node_rounds(records: list[NodeRound]) -> list[str]:
         for name in sorted(present - {record.node for record in group}):
             missing.setdefault(name, []).append(round_index)
     return [f"node {name} has no record of round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))} "
-            "(the run stopped mid-round, or a line was lost); its totals leave them out"
-            for name, rounds in missing.items()]
+            f"({MISSING_CAUSES}); its totals leave them out" for name, rounds in missing.items()]
+
+
+MISSING_CAUSES = ("the run stopped mid-round, a line was lost, or another site's run directory holds it: give every "
+                  "site's directory of the run to the report, which joins them")
+
+
+def merge_parts(parts: list[RunLogs]) -> RunLogs:
+    """One run's logs from the run directories of several sites (one ``run_id``): the sites' coordinators each
+    logged the rounds they led (an elastic run whose first coordinator failed goes on logging at another
+    site). A node-round, plan or metrics row logged at two sites is kept once: the record that ends later (a
+    resumed coordinator logs the saved round again from its checkpoint), the first plan or metrics row."""
+    records: dict[tuple[int, str], NodeRound] = {}
+    for part in parts:
+        for record in part.records:
+            kept = records.get((record.round, record.node))
+            if kept is None or record.round_end > kept.round_end:
+                records[(record.round, record.node)] = record
+    plans = list({plan.round: plan for part in reversed(parts) for plan in part.plans}.values())
+    metrics = list({(row.round, row.node): row for part in reversed(parts) for row in part.metrics}.values())
+    warnings = [f"{part.run_dir}: {warning}" for part in parts for warning in part.warnings
+                if MISSING_CAUSES not in warning]
+    merged = sorted(records.values(), key=lambda record: (record.round, record.node))
+    return RunLogs(run_dir=parts[0].run_dir, run_id=parts[0].run_id, records=merged,
+                   plans=sorted(plans, key=lambda plan: plan.round),
+                   metrics=sorted(metrics, key=lambda row: row.round),
+                   config=next((part.config for part in parts if part.config), {}),
+                   warnings=warnings + _missing_node_rounds(merged), part_dirs=[part.run_dir for part in parts])
 
 
 def _single_run_id(records: list[NodeRound], path: Path) -> str:

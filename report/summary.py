@@ -375,7 +375,7 @@ def summarize(logs: RunLogs, skip_rounds: int = 0, prices: Optional[PriceTable] 
     tokens = sum(record.tokens for record in records)
     final_loss, final_eval = _final_losses(logs, max(kept))
     return RunSummary(
-        label=label or logs.name, run_dir=str(logs.run_dir), run_id=logs.run_id, policy=logs.policy,
+        label=label or logs.name, run_dir=logs.where, run_id=logs.run_id, policy=logs.policy,
         sources=sorted({record.source for record in records}),
         rounds_in_log=len(kept) + len(skipped), rounds=kept, skipped_rounds=skipped,
         nodes=nodes, total=total, per_round=summarize_rounds(records, planned),

@@ -263,7 +263,8 @@ def test_a_log_that_is_a_folder_and_a_config_that_is_a_list_are_warned_about(tmp
 def test_a_node_missing_from_a_round_it_took_part_in_is_warned_about_unless_it_was_absent_or_async(tmp_path, capsys):
     records = default_records()[:-1]  # b's record of round 2 lost
     assert main([str(write_run(tmp_path / "lost", records))]) == 0
-    assert "node b has no record of round 2 (the run stopped mid-round, or a line was lost)" in capsys.readouterr().err
+    assert ("node b has no record of round 2 (the run stopped mid-round, a line was lost, or another site's run "
+            "directory holds it") in capsys.readouterr().err
     absent = [dict(record, present_nodes=["a"]) if record["round"] == 2 else record for record in records]
     assert main([str(write_run(tmp_path / "absent", absent))]) == 0  # an elastic round without b
     assert "has no record" not in capsys.readouterr().err

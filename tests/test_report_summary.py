@@ -235,3 +235,24 @@ def test_a_node_whose_loss_went_non_finite_is_left_out_of_the_final_loss_and_jso
     assert "NaN" not in text and "Infinity" not in text
     document = json_module.loads(text, parse_constant=lambda token: pytest.fail(f"non-standard JSON {token}"))
     assert document["runs"][0]["final_eval_loss"] is None and document["runs"][0]["final_loss"] == pytest.approx(3.0)
+
+
+def test_the_directories_of_one_run_at_several_sites_are_joined_into_one_report(tmp_path):
+    from geodiloco.report.runs import summarize_runs
+    records = default_records(rounds=4)
+    # site a's coordinator logged rounds 0-1 and died; site b's took over, logged round 1 again from its
+    # checkpoint (ending later: the resumed run closed it) and rounds 2-3
+    first = [record for record in records if record["round"] <= 1]
+    second = [dict(record, round_end=record["round_end"] + 5.0) if record["round"] == 1 else record
+              for record in records if record["round"] >= 1]
+    site_a, site_b = write_run(tmp_path / "site_a", first), write_run(tmp_path / "site_b", second)
+    other = write_run(tmp_path / "other", default_records(run_id="run-9"))
+    alone = summarize_runs([str(site_b)], [])[0]
+    assert alone.rounds == [1, 2, 3]
+    [joined, separate] = summarize_runs([str(site_a), str(site_b), str(other)], [])
+    assert joined.rounds == [0, 1, 2, 3] and separate.run_id == "run-9"
+    assert joined.run_dir == f"{site_a} + {site_b}"
+    a = _node(joined, "a")
+    # a idles 4 s a round; round 1's record from site b counts once, with its 5 s longer wall
+    assert a.idle_s == pytest.approx(16) and a.wall_s == pytest.approx(45)
+    assert not [warning for warning in joined.warnings if "has no record" in warning]
