@@ -20,6 +20,7 @@ IDLE_LOG = "idle.jsonl"
 PLAN_LOG = "plan.jsonl"
 METRICS_LOG = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
+MEMBERSHIP_LOG = "membership.jsonl"
 GPU_COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
 
 
@@ -43,6 +44,8 @@ class RunLogs:
     metrics: list[MetricRow] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    membership: list[dict[str, Any]] = field(default_factory=list)
+    """``membership.jsonl``'s events (elastic runs: who left or rejoined, and when), as plain rows."""
     part_dirs: list[Path] = field(default_factory=list)
     """The sites' run directories this run's logs were joined from (``merge_parts``); empty for one directory."""
 
@@ -148,7 +151,9 @@ def merge_parts(parts: list[RunLogs]) -> RunLogs:
                    plans=sorted(plans, key=lambda plan: plan.round),
                    metrics=sorted(metrics, key=lambda row: row.round),
                    config=next((part.config for part in parts if part.config), {}),
-                   warnings=warnings + _missing_node_rounds(merged), part_dirs=[part.run_dir for part in parts])
+                   warnings=warnings + _missing_node_rounds(merged), part_dirs=[part.run_dir for part in parts],
+                   membership=sorted((event for part in parts for event in part.membership),
+                                     key=lambda event: event.get("time") or 0.0))
 
 
 def _single_run_id(records: list[NodeRound], path: Path) -> str:
@@ -203,4 +208,24 @@ def load_run(run_dir: str | Path) -> RunLogs:
     records.sort(key=lambda record: (record.round, record.node))
     warnings += _missing_node_rounds(records)
     return RunLogs(run_dir=directory, run_id=run_id, records=records, plans=plans,
-                   metrics=metrics, config=config, warnings=warnings)
+                   metrics=metrics, config=config, warnings=warnings,
+                   membership=_membership_events(directory / MEMBERSHIP_LOG, warnings))
+
+
+def _membership_events(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    """The rows of ``membership.jsonl`` that are JSON objects; an unreadable line is warned about and skipped."""
+    if not path.is_file():
+        return []
+    import json
+    events = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            warnings.append(f"{path.name} line {number}: not JSON; skipped")
+            continue
+        if isinstance(row, dict):
+            events.append(row)
+    return events

@@ -108,6 +108,8 @@ class RunSummary:
     final_eval_loss: Optional[float] = None
     warnings: list[str] = field(default_factory=list)
     records: list[NodeRound] = field(default_factory=list, repr=False)
+    membership: list[str] = field(default_factory=list)
+    """Who left or rejoined the run after which round (``membership.jsonl``), one line per change."""
     prices_used: list[tuple[str, float, str]] = field(default_factory=list)
     """(GPU name or "node NODE", USD per GPU-hour, where the price came from) of every price the costs used."""
     stopped_s: float = 0.0
@@ -238,6 +240,26 @@ def prices_used(nodes: list[NodeSummary], prices: Optional[PriceTable]) -> list[
                for node in nodes if prices.node_price(node.node) is not None]
     gpu_keys = {gpu_key(gpu) for node in nodes if prices.node_price(node.node) is None for gpu in node.gpus}
     return prices.applied(gpu_keys) + by_node
+
+
+def membership_changes(events: list[dict]) -> list[str]:
+    """Lines naming the nodes a world went on without or with again (``resumed`` events: its members before and
+    now), and the nodes left out of an average for a non-finite model. ``peer_failed`` events name the node that
+    noticed, not the one that failed, so they are not used."""
+    lines = []
+    for event in events:
+        if event.get("event") == "resumed":
+            before, present = list(event.get("members_before") or []), list(event.get("present") or [])
+            left = [name for name in before if name not in present]
+            back = [name for name in present if name not in before]
+            change = "; ".join(part for part in (f"without {', '.join(left)}" if left else "",
+                                                 f"with {', '.join(back)} again" if back else "") if part)
+            if change:
+                lines.append(f"after round {event.get('after_round')}: went on {change} ({', '.join(present)} present)")
+        elif event.get("event") == "non_finite":
+            lines.append(f"round {event.get('round')}: node {event.get('node')} left out of the average (its model "
+                         "went non-finite)")
+    return lines
 
 
 def _optional_sum(values: list[Optional[float]]) -> Optional[float]:
@@ -383,4 +405,5 @@ def summarize(logs: RunLogs, skip_rounds: int = 0, prices: Optional[PriceTable] 
         tokens_per_hour=tokens / run_wall_s * SECONDS_PER_HOUR if run_wall_s > 0 else None,
         energy_note=_energy_note(total.energy, len(records)),
         final_loss=final_loss, final_eval_loss=final_eval,
-        warnings=list(logs.warnings), records=records, stopped_s=stopped_s, prices_used=prices_used(nodes, prices))
+        warnings=list(logs.warnings), records=records, stopped_s=stopped_s, prices_used=prices_used(nodes, prices),
+        membership=membership_changes(logs.membership))

@@ -210,6 +210,8 @@ def render_run(summary: RunSummary, show_rounds: bool = False) -> list[Renderabl
     parts: list[RenderableType] = [run_header(summary), BLANK, node_table(summary), waste_line(summary)]
     if summary.prices_used:
         parts.append(prices_line(summary))
+    if summary.membership:
+        parts.append(Text("membership: " + "; ".join(summary.membership), style="yellow"))
     parts.append(BLANK)
     stale = staleness_table(summary)
     if stale is not None:

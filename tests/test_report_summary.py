@@ -256,3 +256,19 @@ def test_the_directories_of_one_run_at_several_sites_are_joined_into_one_report(
     # a idles 4 s a round; round 1's record from site b counts once, with its 5 s longer wall
     assert a.idle_s == pytest.approx(16) and a.wall_s == pytest.approx(45)
     assert not [warning for warning in joined.warnings if "has no record" in warning]
+
+
+def test_the_report_names_who_left_and_rejoined_from_the_membership_log(tmp_path):
+    import json
+    run = default_run(tmp_path / "run")
+    events = [{"time": 1.0, "event": "peer_failed", "node": "a", "how": "connection", "error": "closed by peer"},
+              {"time": 2.0, "event": "resumed", "after_round": 0, "present": ["a"], "members_before": ["a", "b"]},
+              {"time": 3.0, "event": "resumed", "after_round": 1, "present": ["a", "b"], "members_before": ["a"]},
+              {"time": 4.0, "event": "resumed", "after_round": 1, "present": ["a", "b"], "members_before": ["a", "b"]},
+              {"time": 5.0, "event": "non_finite", "node": "b", "round": 2}]
+    (run / "membership.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events) + "{broken\n")
+    summary = summarize(load_run(run))
+    assert summary.membership == ["after round 0: went on without b (a present)",
+                                  "after round 1: went on with b again (a, b present)",
+                                  "round 2: node b left out of the average (its model went non-finite)"]
+    assert "membership.jsonl line 6: not JSON; skipped" in summary.warnings
