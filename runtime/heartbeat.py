@@ -38,7 +38,12 @@ class Heartbeat:
     """Beat this node's counter and watch the peers' (a daemon thread; see the module docstring).
 
     ``store``: any torch.distributed Store (``add`` is atomic and never blocks on a missing key).
-    ``on_failure(node, silent_s)``: called once, from the thread, when a peer fell silent."""
+    ``on_failure(node, silent_s)``: called once, from a thread, when a peer fell silent.
+
+    A store whose site froze or whose link was cut leaves the socket open, and a store call can then block
+    far past the store's own timeout (forever, against a frozen process): so a second thread watches when a
+    beat last got through, and declares the store's site failed ``failure_timeout_s`` after it, whether or
+    not the beating thread is stuck in a call."""
 
     def __init__(self, store: Any, node_name: str, peers: list[str], interval_s: float, failure_timeout_s: float,
                  on_failure: Optional[Callable[[str, float], None]] = None) -> None:
@@ -49,11 +54,23 @@ class Heartbeat:
         self.failure_timeout_s = failure_timeout_s
         self.on_failure = on_failure or exit_on_peer_failure(node_name)
         self._stop = threading.Event()
+        self._failed = threading.Lock()
+        self._store_ok_since = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="geodiloco-heartbeat", daemon=True)
+        self._store_watch = threading.Thread(target=self._watch_store, name="geodiloco-store-watch", daemon=True)
 
     def start(self) -> "Heartbeat":
+        self._store_ok_since = time.monotonic()
         self._thread.start()
+        self._store_watch.start()
         return self
+
+    def _watch_store(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            silent_s = time.monotonic() - self._store_ok_since
+            if silent_s > self.failure_timeout_s:
+                self._fail("the run's TCP store on rank 0's site (no answer)", silent_s)
+                return
 
     def stop(self, leaving: bool = True) -> None:
         """Stop beating; ``leaving``: tell the peers this node left on purpose (run finished), so
@@ -69,16 +86,16 @@ class Heartbeat:
     def _run(self) -> None:
         now = time.monotonic()
         last_seen = {peer: (-1, now) for peer in self.peers}
-        store_ok_since = now
         while not self._stop.wait(self.interval_s):
             now = time.monotonic()
             try:
                 self.store.add(self.node_name, 1)
                 counts = {peer: self.store.add(peer, 0) for peer in self.peers}
-                store_ok_since = now
+                self._store_ok_since = now
             except Exception as err:  # the store itself is unreachable: the site of rank 0 failed
-                if now - store_ok_since > self.failure_timeout_s:
-                    self._fail(f"the run's TCP store on rank 0's site ({type(err).__name__})", now - store_ok_since)
+                silent_s = time.monotonic() - self._store_ok_since
+                if silent_s > self.failure_timeout_s:
+                    self._fail(f"the run's TCP store on rank 0's site ({type(err).__name__})", silent_s)
                     return
                 continue
             for peer, count in counts.items():
@@ -96,7 +113,8 @@ class Heartbeat:
             return False
 
     def _fail(self, peer: str, silent_s: float) -> None:
-        if not self._stop.is_set():
+        """Tell ``on_failure`` once, whichever thread notices first."""
+        if not self._stop.is_set() and self._failed.acquire(blocking=False):
             self.on_failure(peer, silent_s)
 
 

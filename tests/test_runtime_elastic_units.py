@@ -150,6 +150,42 @@ def test_a_silent_peer_is_reported_within_the_failure_timeout(store):
     assert 0.5 <= noticed_s < 4
 
 
+def test_a_store_that_stops_answering_is_noticed_near_the_failure_timeout_not_a_multiple_of_it(monkeypatch):
+    """A cut link leaves the store's socket open and silent: every call of a beat (one per peer) waits its own
+    timeout. Rank 0's store is served by a process that is then frozen (SIGSTOP)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from geodiloco.runtime.heartbeat import open_store
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", "import time, datetime, torch.distributed as dist; "
+                               f"store = dist.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False); "
+                               "print('up', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "up"
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        failures = []
+        watcher = Heartbeat(open_store(1.0), "a", ["a", "b", "c", "d"], 0.05, 1.0,
+                            on_failure=lambda peer, silent_s: failures.append((peer, silent_s)))
+        watcher.start()
+        time.sleep(0.3)
+        os.kill(server.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        while not failures and time.monotonic() - frozen_at < 10:
+            time.sleep(0.02)
+        noticed_s = time.monotonic() - frozen_at
+        watcher.stop(leaving=False)
+        assert failures and failures[0][0].startswith("the run's TCP store on rank 0's site")
+        # the beating thread is stuck in a call to the frozen store (it never returns): noticed by the watch
+        assert 0.7 <= noticed_s < 3, noticed_s
+    finally:
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 def test_a_peer_that_left_on_purpose_is_not_a_failure(store):
     failures = []
     watcher = Heartbeat(store(), "a", ["a", "b"], 0.05, 0.4, on_failure=lambda peer, s: failures.append(peer))
