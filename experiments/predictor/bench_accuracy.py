@@ -227,7 +227,7 @@ def write_paper_cluster(cluster: list[dict]) -> None:
         gpus = ", ".join(f"{row['gpus'].count(g)} x {g}" for g in dict.fromkeys(row["gpus"]))
         table.append(f"| {row['node']} | {gpus} | {row['nominal_fp16_tflops']:.1f} | {row['nominal_relative_speed']:.3f} | "
                      f"{row['step_time_s'] * 1e3:.1f} | {row['predicted_relative_speed']:.3f} | "
-                     f"{row['pacing_gpu']} ({row['rate_tflops']:g}) | {row['bound']} | "
+                     f"{row['pacing_gpu']} ({row['rate_tflops']:.1f}) | {row['bound']} | "
                      f"{row['step_time_by_speed_s'] * 1e3:.1f} | {row['max_batch_size']} | "
                      f"{row['paper_baseline_idle_s']} |")
     table += [
