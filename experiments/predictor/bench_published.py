@@ -18,8 +18,8 @@ step; the workload's ``block``, ``attention``, ``lm_head_fraction``,
 its workload's) become the predictor's TrainingCode.
 
 Held-out split: a row is held out unless ``sha256(id) mod 3 == 0``; the
-predictor's constants are not fitted to anything in this file, and the dev third
-is reported apart so that any later tuning can be confined to it. The headline
+predictor's fitted constants are fitted on the dev third only (fit_efficiency.py), never on
+the held-out rows, and the dev third is reported apart. The headline
 is the held-out part: median and worst absolute error per GPU and per workload.
 
 Run:  .venv/bin/python experiments/predictor/bench_published.py
