@@ -206,7 +206,8 @@ def main() -> None:
     (out / "slowdown.json").write_text(json.dumps(slow_rows, indent=2))
     (out / "slowdown.md").write_text(
         f"# {SLOW_NODE} runs {SLOW_FACTOR:g}x slower from round {SLOW_ROUND} (paper4 cluster)\n\n"
-        f"Command: `{command}`. Same setting as paper4.md; waiting summed over the four nodes.\n\n" + slow_table + "\n")
+        f"Command: `{command}`. Same setting and truth as paper4.md (the simulator's ground truth), with node1's true step "
+        "time doubled from round 5 (the planner is not told); waiting summed over the four nodes.\n\n" + slow_table + "\n")
     print()
     print(slow_table)
 

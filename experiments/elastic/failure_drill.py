@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -153,7 +154,11 @@ def write_results(rows_by_drill: dict[str, list[dict]], results: Path) -> str:
     results.mkdir(parents=True, exist_ok=True)
     (results / "runs.json").write_text(json.dumps(rows_by_drill, indent=1) + "\n")
     body = table(rows_by_drill)
-    text = (f"# What a site failure costs (torch backend, elastic)\n\n{HOW}\n\n{body}\n\n"
+    import platform
+    import torch
+    machine = (f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; measured "
+               f"{time.strftime('%Y-%m-%d', time.gmtime())} (UTC).")
+    text = (f"# What a site failure costs (torch backend, elastic)\n\n{HOW} {machine}\n\n{body}\n\n"
             "Reading: a killed site is noticed within a second (its peers' next collective fails); a frozen one "
             "after the heartbeat timeout. Training resumes once the rendezvous has closed (the dead agent's "
             "keep-alive expires, then `last_call_s`) and the workers have started again. The round in progress "

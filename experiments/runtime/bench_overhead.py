@@ -113,7 +113,9 @@ def main() -> None:
              f"Measured by `python experiments/runtime/bench_overhead.py` on {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} cores, 1 torch thread, torch {torch.__version__}; medians of {args.blocks} interleaved "
              f"blocks of {args.steps} steps (small: {args.steps // 2}); 1-minute load average {load_before:.1f} "
-             f"before, {load_after:.1f} after. Negative overhead = within the machine's noise.", "",
+             f"before, {load_after:.1f} after. Truth: wall-clock time of the runtime's own inner steps against a "
+             "bare PyTorch loop on the same model and data, on this CPU. Negative overhead = within the machine's "
+             "noise.", "",
              "| preset | seq | batch | bare ms/step | runtime ms/step | overhead | outer round (1 node) ms | per 100 steps |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
