@@ -16,6 +16,7 @@ on every load, so loading a checkpoint never unpickles anything and a damaged fi
 from __future__ import annotations
 
 import os
+import threading
 import shutil
 import sys
 from pathlib import Path
@@ -146,7 +147,7 @@ def point_latest(run_dir: Path, round_idx: int) -> None:
 
 def write_text_durably(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` atomically and durably (temp file, fsync, rename, fsync of the folder)."""
-    temp_path = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    temp_path = path.with_name(f"{path.name}.tmp{os.getpid()}.{threading.get_ident()}")  # nodes may be threads
     temp_path.write_text(text)
     _fsync_path(temp_path)
     os.replace(temp_path, path)
