@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import glob
+import importlib.util
 import os
 from importlib import resources
 from pathlib import Path
@@ -366,8 +367,8 @@ class CommSection(StrictModel):
         """The hivemind backend's peer addresses, each a multiaddr (bootstrap peers with their /p2p/ID), checked
         before any node starts; only on that backend (the check imports hivemind, an extra the torch backend
         does without, and every saved config.yaml carries the section's defaults)."""
-        if self.backend != "hivemind":
-            return self
+        if self.backend != "hivemind" or importlib.util.find_spec("hivemind") is None:
+            return self  # without the extra: a run says so in its preflight; plan and simulate need no peers
         from geodiloco.runtime.sync.multiaddrs import checked_multiaddrs
         options = self.hivemind
         try:

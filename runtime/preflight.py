@@ -18,7 +18,7 @@ from geodiloco.predictor.workload import hf_config_json
 from geodiloco.runtime.config import DATASET_BUILDERS, RunConfig
 
 EXTRAS = {"hf": ("transformers", "datasets", "tokenizers", "safetensors"),
-          "tensorboard": ("tensorboard",), "wandb": ("wandb",)}
+          "tensorboard": ("tensorboard",), "wandb": ("wandb",), "hivemind": ("hivemind",)}
 LOCAL_BUILDERS = DATASET_BUILDERS
 
 
@@ -33,6 +33,8 @@ def needed_extras(config: RunConfig) -> dict[str, str]:
         needed["tensorboard"] = "logging.tensorboard"
     if config.logging.wandb is not None:
         needed["wandb"] = "logging.wandb"
+    if config.comm.backend == "hivemind":
+        needed["hivemind"] = "comm.backend: hivemind"
     return needed
 
 

@@ -1,5 +1,7 @@
 """Pieces of the hivemind backend that need no peers: planning for the nodes present,
 drift detection, config validation."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -196,3 +198,20 @@ def test_a_torch_run_config_loads_without_hivemind_installed(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "/ip4/0.0.0.0/tcp/0" in result.stdout
+
+
+def test_a_hivemind_config_without_hivemind_installed_plans_and_a_run_names_the_extra(tmp_path):
+    """plan and simulate read a hivemind config without the extra; a run's preflight says which extra to install
+    (config validation imported hivemind for the peer addresses: a traceback from run, plan and simulate)."""
+    import subprocess
+    import sys
+    script = ("import sys\nsys.modules['hivemind'] = None  # as if it were not installed\n"
+              "from geodiloco.runtime.cli import main\n"
+              "assert main(['plan', '--cluster', 'experiments/configs/hivemind.yaml']) == 0\n"
+              "sys.exit(main(['run', '--config', 'experiments/configs/hivemind.yaml', '--sites', 'local']))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "comm.backend: hivemind needs the hivemind extra (hivemind not installed): pip install " \
+           "'geodiloco[hivemind]'" in result.stderr
+    assert "Traceback" not in result.stderr and "seoul" in result.stdout  # the plan names the config's nodes
