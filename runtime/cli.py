@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="geodiloco", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from geodiloco.runtime import commands as runtime_commands
     from geodiloco.predictor import cli as predictor_cli
@@ -44,6 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     balancer_cli.register(subparsers, check_file=check_planning_file)
     report_cli.register(subparsers)
     return parser
+
+
+def version_line() -> str:
+    """``geodiloco X.Y.Z (torch T, Python P)``: what a bug report needs first."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import geodiloco
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"geodiloco {geodiloco.__version__} (torch {torch_version}, Python {platform.python_version()})"
 
 
 def check_planning_file(path: str) -> None:

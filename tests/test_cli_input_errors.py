@@ -253,3 +253,17 @@ def test_predict_refuses_a_slice_its_part_does_not_have_and_plans_an_unknown_gpu
     assert code == 2 and out == "" and message in err  # not a stand-in's numbers under that name
     code, out, _ = run(capsys, "predict", "--gpu", "Tesla K80")
     assert code == 0 and "step" in out  # an unknown GPU stays usable, planned like the stand-in
+
+
+def test_version_names_the_package_torch_and_python_and_the_module_runs_as_the_command():
+    import platform
+    import subprocess
+    import sys
+
+    import geodiloco
+    result = subprocess.run([sys.executable, "-m", "geodiloco", "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith(f"geodiloco {geodiloco.__version__} (torch ")
+    assert result.stdout.strip().endswith(f"Python {platform.python_version()})")
+    from importlib.metadata import version
+    assert version("geodiloco") == geodiloco.__version__  # one version, read by the build from the package
