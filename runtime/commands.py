@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 RUN_HELP = """\
@@ -77,7 +76,7 @@ def register(subparsers) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from geodiloco.runtime.config import load_config
     from geodiloco.runtime.launch import launch_local
-    from geodiloco.runtime.run_dir import saved_config
+    from geodiloco.runtime.run_dir import new_run_dir, saved_config
 
     if args.resume and not args.run_dir:
         print("geodiloco run: error: --resume needs --run-dir (the run directory to continue)", file=sys.stderr)
@@ -87,8 +86,7 @@ def run_command(args: argparse.Namespace) -> int:
     config = load_config(base, args.overrides)
     if args.elastic is not None and config.comm.backend == "torch":
         config.comm.elastic.enabled = args.elastic  # saved in config.yaml: a --resume keeps the membership
-    run_dir = Path(args.run_dir) if args.run_dir else (
-        Path(config.run.out_dir) / f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(config)  # runtime/run_dir.py
     code = launch_local(config, run_dir, args.sites, args.resume, args.elastic, args.drill)
     if code == 0 and not args.no_report:
         code = print_report(run_dir)

@@ -7,6 +7,9 @@
 """
 from __future__ import annotations
 
+import itertools
+import re
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,6 +24,35 @@ RESUMABLE = ("diloco.rounds", "balancing", "checkpoint", "logging", "run.out_dir
              "run.max_wall_s", "data.eval_every_rounds", "comm.timeout_s", "comm.transfer_timeout_factor",
              "comm.transfer_min_timeout_s", "comm.init_timeout_s", "comm.elastic", "comm.min_nodes", "comm.hivemind")
 """Settings a resumed run may change: top-level sections or dotted keys (and everything below them)."""
+
+
+AUTO_RUN_DIR = re.compile(r"-\d{8}-\d{6}(-\d+)?$")
+"""The tail of a run directory ``geodiloco run`` named itself (``new_run_dir``); its run id takes the name."""
+
+
+def new_run_dir(config) -> Path:
+    """``run.out_dir/run.name-YYYYmmdd-HHMMSS``, made here so that two runs started in the same second get
+    two directories (the second gets ``-2``, and so on) instead of one refusing the other's."""
+    base = Path(config.run.out_dir) / f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for number in itertools.count(1):
+        candidate = base if number == 1 else base.with_name(f"{base.name}-{number}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")
+
+
+def run_id_for(config: RunConfig, run_dir: Path) -> str:
+    """A new run's id: the name of a run directory ``new_run_dir`` made (so the logs and the directory say the
+    same time) while it holds no log yet, else ``run.name-YYYYmmdd-HHMMSS`` now (a world that starts afresh
+    after an elastic restart is another run than the one that logged there)."""
+    if (run_dir.name.startswith(f"{config.run.name}-") and AUTO_RUN_DIR.search(run_dir.name)
+            and not (run_dir / "idle.jsonl").exists()):
+        return run_dir.name
+    return f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def saved_config(run_dir: Path) -> Optional[Path]:

@@ -29,6 +29,7 @@ from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import RunConfig
 from geodiloco.runtime.config_agreement import check_same_config, shared_view
 from geodiloco.runtime.data_record import data_record
+from geodiloco.runtime.run_dir import run_id_for
 from geodiloco.runtime.data_sources import node_data
 from geodiloco.runtime.diloco import OuterState, build_inner_optimizer, inner_lr
 from geodiloco.lab.cpu_share import NodeCpuShare, start_node_share
@@ -306,7 +307,7 @@ class NodeTrainer:
                            export_state=self.shared_state, import_state=self.load_shared_state,
                            load_checkpoint=self.load_checkpoint, restore=self.restore,
                            checksum=self.param_checksum,
-                           new_run_id=lambda: fresh_run_id(self.config), run_dir=self.run_dir,
+                           new_run_id=lambda: run_id_for(self.config, self.run_dir), run_dir=self.run_dir,
                            gpu_rows=own_rows(list(self.node.gpus)), config_view=self.config_view,
                            adopt_gpu_rows=self.adopt_joiners_gpu_rows,
                            save_final_global=self.save_final_global)
@@ -570,5 +571,3 @@ def start_gpu_sampler(config: RunConfig, topology: Topology, device: torch.devic
     return sampler
 
 
-def fresh_run_id(config: RunConfig) -> str:
-    return f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -64,3 +64,22 @@ def test_the_resume_command_after_an_interrupt_can_be_pasted_when_the_path_has_s
     saved_run(run_dir, rounds_done=3)
     say_how_to_resume(run_dir)
     assert f"continue with: geodiloco run --resume --run-dir '{run_dir}'" in capsys.readouterr().err
+
+
+def test_runs_started_in_one_second_get_their_own_directories_and_the_run_id_is_the_directorys_name(tmp_path,
+                                                                                                   monkeypatch):
+    import time as time_module
+
+    from geodiloco.runtime.config import load_config as load
+    from geodiloco.runtime.run_dir import new_run_dir, run_id_for
+    config = load(None, [f"run.out_dir={tmp_path / 'runs'}"])
+    monkeypatch.setattr(time_module, "strftime", lambda fmt, *args: "20261127-120000")
+    first, second, third = new_run_dir(config), new_run_dir(config), new_run_dir(config)
+    assert [path.name for path in (first, second, third)] == ["demo-20261127-120000", "demo-20261127-120000-2",
+                                                              "demo-20261127-120000-3"]
+    assert all(path.is_dir() for path in (first, second, third))
+    assert run_id_for(config, second) == "demo-20261127-120000-2"
+    (second / "idle.jsonl").write_text("{}\n")  # a world starting afresh where an earlier one logged: a new id
+    monkeypatch.setattr(time_module, "strftime", lambda fmt, *args: "20261127-120005")
+    assert run_id_for(config, second) == "demo-20261127-120005"
+    assert run_id_for(config, tmp_path / "my-run") == "demo-20261127-120005"
