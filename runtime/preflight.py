@@ -43,7 +43,8 @@ def check_extras(config: RunConfig) -> None:
         missing = [module for module in EXTRAS[extra] if importlib.util.find_spec(module) is None]
         if missing:
             raise ConfigError(f"{field} needs the {extra} extra ({', '.join(missing)} not installed): "
-                              f"pip install 'geodiloco[{extra}]'")
+                              f"pip install -e '.[{extra}]' in the checkout (or 'geodiloco[{extra}]' from an index "
+                              "that serves it)")
 
 
 def check_data_files(config: RunConfig) -> None:

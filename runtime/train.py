@@ -254,6 +254,9 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     exchanged_at = time.time()
     if not sync.barrier_free:
         trainer.commit_checkpoint(final)
+    if trainer.pacer.slow_steps:
+        print(f"[geodiloco] node {topology.node_name}: {trainer.pacer.slow_steps} steps were slower than the "
+              "emulated GPU's target on this CPU; their real time was kept", file=sys.stderr, flush=True)
     if log is not None:
         last_records = _last_records(final, exchanged_at, topology.node_name, sync.barrier_free)
         if not ran_a_round:  # a resumed run with no round left: the rows its end logged stay as they were
@@ -270,9 +273,6 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         if not sync.logs_own_idle_only:
             report_final_parameters(final)
         print(f"[geodiloco] run {run_id} finished: logs in {trainer.run_dir}", flush=True)
-    if trainer.pacer.slow_steps:
-        print(f"[geodiloco] node {topology.node_name}: {trainer.pacer.slow_steps} steps were slower than the "
-              "emulated GPU's target on this CPU; their real time was kept", file=sys.stderr, flush=True)
     sync.leave()
     return 0
 

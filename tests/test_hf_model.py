@@ -104,7 +104,7 @@ def test_a_missing_extra_is_named_before_anything_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *args: None if name == "transformers" else real_find_spec(name, *args))
     with pytest.raises(ConfigError, match=r"model\.hf needs the hf extra \(transformers not installed\): "
-                                          r"pip install 'geodiloco\[hf\]'"):
+                                          r"pip install -e '\.\[hf\]' in the checkout"):
         preflight.preflight(config)
 
 
@@ -123,7 +123,7 @@ def test_export_and_evaluate_of_a_transformers_run_name_the_missing_extra(tmp_pa
     for command in (["export", str(run_dir), "--out", str(tmp_path / "out")], ["evaluate", str(run_dir)]):
         assert main(command) == 2
         err = capsys.readouterr().err
-        assert "model.hf needs the hf extra (transformers not installed): pip install 'geodiloco[hf]'" in err, err
+        assert "model.hf needs the hf extra (transformers not installed): pip install -e '.[hf]' in the checkout" in err, err
         assert "Traceback" not in err
 
 

@@ -212,6 +212,6 @@ def test_a_hivemind_config_without_hivemind_installed_plans_and_a_run_names_the_
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                             cwd=Path(__file__).resolve().parent.parent)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "comm.backend: hivemind needs the hivemind extra (hivemind not installed): pip install " \
-           "'geodiloco[hivemind]'" in result.stderr
+    assert "comm.backend: hivemind needs the hivemind extra (hivemind not installed): pip install -e " \
+           "'.[hivemind]' in the checkout" in result.stderr
     assert "Traceback" not in result.stderr and "seoul" in result.stdout  # the plan names the config's nodes
