@@ -55,12 +55,18 @@ def serve(host: str, port: int, ready_file: Optional[Path] = None) -> int:
     return 0
 
 
+DESCRIPTION = ("Host the TCP store in which every site's torchrun agent meets (c10d rendezvous). Run it on the "
+               "machine most likely to stay up, then start every site with launch_site.sh --rdzv-endpoint HOST:PORT "
+               "(no site passes --is-host), each run under its own --run-id.")
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "rendezvous", help="host a run's rendezvous store for elastic training across sites",
-        description="Host the TCP store in which every site's torchrun agent meets (c10d rendezvous). "
-                    "Run it on the machine most likely to stay up, then start every site with "
-                    "scripts/launch_site.sh --rdzv-endpoint HOST:PORT (no site passes --is-host).")
+        "rendezvous", help="host a run's rendezvous store for elastic training across sites", description=DESCRIPTION)
+    add_arguments(parser)
+
+
+def add_arguments(parser) -> None:
     parser.add_argument("--host", default="0.0.0.0", help="the one address to listen on: the one sites reach "
                                                            "(default: all interfaces)")
     parser.add_argument("--port", type=int, default=29400, help="TCP port (default: 29400)")
@@ -69,9 +75,9 @@ def register(subparsers) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m geodiloco.runtime.rendezvous")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["rendezvous", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="python -m geodiloco.runtime.rendezvous", description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return args.func(args)
 
 
