@@ -64,20 +64,21 @@ def test_evaluate_names_what_is_missing(tmp_path):
     assert gone.returncode == 2 and f"{tmp_path / 'gone'}: no such directory" in gone.stderr
 
 
-def test_evaluate_and_export_say_alike_what_is_wrong_with_the_path_and_that_no_round_is_saved_yet(tmp_path):
+def test_evaluate_and_export_say_alike_what_is_wrong_with_the_path_and_that_no_round_is_saved_yet(tmp_path, capsys):
     import yaml
+
+    from geodiloco.runtime.cli import main
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     for command in (["evaluate", str(a_file)], ["export", str(a_file), "--out", str(tmp_path / "out")]):
-        completed = geodiloco(*command)
-        assert completed.returncode == 2 and f"{a_file}: a file, not a run directory" in completed.stderr
+        assert main(command) == 2
+        assert f"{a_file}: a file, not a run directory" in capsys.readouterr().err
     for command in (["evaluate", str(tmp_path / "gone")], ["export", str(tmp_path / "gone"), "--out", str(tmp_path / "o")]):
-        completed = geodiloco(*command)
-        assert completed.returncode == 2 and f"{tmp_path / 'gone'}: no such directory" in completed.stderr
+        assert main(command) == 2
+        assert f"{tmp_path / 'gone'}: no such directory" in capsys.readouterr().err
     starting = tmp_path / "starting"
     starting.mkdir()
     (starting / "config.yaml").write_text(yaml.safe_dump(small_config([{"name": "a"}])))
-    completed = geodiloco("evaluate", str(starting))
-    assert completed.returncode == 2
+    assert main(["evaluate", str(starting)]) == 2
     assert "no checkpoint yet: the run has not saved a round (a running one saves after every 1 round(s))" in \
-        completed.stderr
+        capsys.readouterr().err
