@@ -104,15 +104,8 @@ fi
 [[ "$ifname" != "lo" ]] || die "--ifname lo: the loopback interface cannot reach other sites; pass the interface that carries $local_addr to them (--ifname IFACE, see: ip -brief addr)"
 [[ -n "$ifname" ]] || die "cannot find the WAN interface for $local_addr; pass --ifname IFACE"
 
-script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo_root="$(cd "$script_dir/.." && pwd)"
-# the Python that has geodiloco: PYTHON, a checkout's .venv, the venv this script was installed into, python3
-if [[ -z "${PYTHON:-}" ]]; then
-    if [[ -x "$repo_root/.venv/bin/python" ]]; then PYTHON="$repo_root/.venv/bin/python"
-    elif [[ -x "$script_dir/python" ]]; then PYTHON="$script_dir/python"
-    else PYTHON=python3; fi
-fi
-"$PYTHON" -c "import geodiloco" 2>/dev/null || die "$PYTHON cannot import geodiloco: activate the environment it is installed in, or set PYTHON=/path/to/that/venv/bin/python"
+source "$(dirname "${BASH_SOURCE[0]}")/geodiloco_python.sh" \
+    || die "$PYTHON cannot import geodiloco and its dependencies: activate the environment it is installed in, or set PYTHON=/path/to/that/venv/bin/python"
 # torchrun's agent, wrapped so that its failures read as one line and a worker that stops on bad input
 # is not restarted (runtime/agent.py); TORCHRUN replaces it (e.g. TORCHRUN=torchrun for the bare agent)
 if [[ -n "${TORCHRUN:-}" ]]; then
