@@ -9,6 +9,7 @@ import copy
 import glob
 import importlib.util
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Literal, Optional
@@ -576,11 +577,12 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def apply_override(data: dict, override: str) -> None:
-    """``diloco.rounds=3`` style override; the value is parsed as YAML."""
+    """``diloco.rounds=3`` style override; the value is parsed as YAML. A list entry is ``nodes.0.gpus`` or
+    ``nodes[0].gpus`` (as error messages name it)."""
     if "=" not in override:
         raise ConfigError(f"--set {override!r}: expected KEY.PATH=VALUE, e.g. diloco.rounds=3")
     key_path, raw_value = override.split("=", 1)
-    keys = key_path.strip().split(".")
+    keys = re.sub(r"\[(-?\d+)\]", r".\1", key_path.strip()).split(".")  # nodes[0].gpus, as errors name it
     if not all(key.strip() for key in keys):
         raise ConfigError(f"--set {override!r}: the key path has an empty part; write KEY.PATH=VALUE, "
                           "e.g. diloco.rounds=3")
