@@ -401,6 +401,37 @@ MAX_GPUS_PER_ENTRY = 65_536
 per-GPU lists a plan builds stay small (a count of 10^9 took minutes and gigabytes)."""
 
 
+_COUNT_WITHOUT_X = re.compile(r"^\s*(\d+)\s+(.+?)\s*$")
+_COUNT_AFTER = re.compile(r"^\s*(\D.*?)\s+[xX×*]\s*(\d+)\s*$")
+
+
+def check_count_form(name: str) -> None:
+    """Refuse the other ways people write a count, which would otherwise read as one unknown GPU's name (planned
+    like a stand-in, with one GPU): "4 A30", "A30 x 4", and two kinds in one entry ("2 x RTX 3090, 2 x A30").
+    Only where the name as written is no GPU the table knows and the GPU it would mean is one ("2080 Ti" stays)."""
+    if _resolves(name):
+        return
+    if "," in name or ";" in name:
+        parts = [part.strip() for part in re.split(r"[,;]", name) if part.strip()]
+        if len(parts) > 1 and all(_resolves(_GPU_COUNT.sub(r"\2", part)) for part in parts):
+            listed = ", ".join(f'"{part}"' for part in parts)
+            raise ConfigError(f"{name!r}: one entry per kind of GPU; write them as list items: [{listed}]")
+    without_x = _COUNT_WITHOUT_X.match(name)
+    if without_x and _resolves(without_x.group(2)):
+        raise ConfigError(f"{name!r}: write a GPU count as \"{without_x.group(1)} x {without_x.group(2)}\"")
+    after = _COUNT_AFTER.match(name)
+    if after and _resolves(after.group(1)):
+        raise ConfigError(f"{name!r}: write the GPU count first: \"{after.group(2)} x {after.group(1)}\"")
+
+
+def _resolves(name: str) -> bool:
+    try:
+        resolve_gpu(name)
+    except ConfigError:
+        return False
+    return True
+
+
 def expand_gpu_counts(names: list[str]) -> list[str]:
     """``["4 x A30", "V100"]`` -> four ``"A30"`` entries and one ``"V100"`` (one entry per GPU)."""
     expanded: list[str] = []
@@ -412,6 +443,8 @@ def expand_gpu_counts(names: list[str]) -> list[str]:
                               f"(e.g. \"4 x {malformed.group(2) or 'A30'}\")")
         if isinstance(name, str) and not name.strip():
             raise ConfigError(f"{name!r}: a GPU name is empty; name a GPU (e.g. \"A30\" or \"4 x A30\")")
+        if isinstance(name, str):
+            check_count_form(name)
         if isinstance(name, str) and re.match(r"^\s*[xX×*]\s+\S", name):
             raise ConfigError(f"{name!r}: the GPU count is missing before the 'x' (e.g. \"4 x "
                               f"{name.strip()[1:].strip()}\"), or drop the 'x' for one GPU")

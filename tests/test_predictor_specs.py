@@ -147,3 +147,23 @@ def test_the_china_market_5090s_keep_the_chip_but_not_its_tensor_rate(name, memo
     assert (capped.memory_gb, capped.memory_bandwidth_gbps) == (memory_gb, bandwidth_gbps)
     assert capped.fp16_tflops == pytest.approx(2375 / 8, abs=0.06)
     assert capped.bf16_tflops == pytest.approx(full.bf16_tflops * 2375 / 3352, abs=0.1)
+
+
+@pytest.mark.parametrize("written, message", [
+    ("4 A30", "'4 A30': write a GPU count as \"4 x A30\""),
+    ("4 2080 Ti", "'4 2080 Ti': write a GPU count as \"4 x 2080 Ti\""),
+    ("A30 x 4", "'A30 x 4': write the GPU count first: \"4 x A30\""),
+    ("2 x RTX 3090, 2 x A30", "one entry per kind of GPU; write them as list items: [\"2 x RTX 3090\", \"2 x A30\"]"),
+])
+def test_a_count_written_another_way_is_refused_with_the_form_that_works(written, message):
+    # each would have read as one unknown GPU of that whole name: a one-GPU node planned like a stand-in
+    from geodiloco.predictor.specs import expand_gpu_counts
+    with pytest.raises(ConfigError) as refused:
+        expand_gpu_counts([written])
+    assert message in str(refused.value)
+
+
+def test_names_that_only_look_like_counts_are_left_alone():
+    from geodiloco.predictor.specs import expand_gpu_counts
+    assert expand_gpu_counts(["2080 Ti", "Quadro RTX 8000", "4x A30", "3 Zorg"]) == \
+        ["2080 Ti", "Quadro RTX 8000", "A30", "A30", "A30", "A30", "3 Zorg"]
