@@ -88,10 +88,11 @@ def run_plan(args) -> int:
     setup = _setup(args)
     planner = setup.planner()
     plan = planner.plan(args.round)
-    advice = advise_mode(plan, setup.cluster.nodes, planner.sync.num_params, planner.sync.measured_factor,
-                         codec=setup.sync.codec)
+    # async DiLoCo runs on the torch backend only: a hivemind run gets no mode advice
+    advice = None if setup.sync.backend == "hivemind" else advise_mode(
+        plan, setup.cluster.nodes, planner.sync.num_params, planner.sync.measured_factor, codec=setup.sync.codec)
     if args.json:
-        print(json.dumps({**plan_summary(plan), "mode_advice": asdict(advice)}, indent=2))
+        print(json.dumps({**plan_summary(plan), "mode_advice": asdict(advice) if advice else None}, indent=2))
     else:
         print_plan(plan, setup, advice=advice)
     return 0

@@ -63,16 +63,31 @@ uses these): what experiments/sync/hide_sync.py measured best on the source pape
 @dataclass(frozen=True)
 class SyncSettings:
     """How the run syncs: ``overlap`` (none | delayed | streaming), ``codec`` (none | fp16 | bf16 |
-    int8 | int4) and ``fragments`` (streaming). The runtime passes its ``diloco:`` values."""
+    int8 | int4), ``fragments`` (streaming) and ``backend`` (torch | hivemind: which overlaps and codecs
+    the advice may offer). The runtime passes its ``diloco:`` values (under hivemind the codec on its wire,
+    ``hivemind_codec``)."""
 
     overlap: str = "none"
     codec: str = "none"
     fragments: int = 1
+    backend: str = "torch"
 
     @property
     def sync_count(self) -> int:
         """Syncs per round: one per fragment under streaming."""
         return self.fragments if self.overlap == "streaming" else 1
+
+
+HIVEMIND_WIRE_CODECS = {"none": "none", "fp16": "fp16", "8bit": "int8"}
+"""hivemind's codecs as the codec the planner prices (8bit: one byte per element, as int8)."""
+
+
+def hivemind_codec(hivemind_compression: str, diloco_compression: str) -> str:
+    """The codec a hivemind run puts on the wire, as the planner names it: ``comm.hivemind.compression``, else the
+    one matching ``diloco.compression`` (fp16 -> fp16, int8 -> 8bit; bf16 is rounded locally and sent as fp32)."""
+    if hivemind_compression != "none":
+        return HIVEMIND_WIRE_CODECS[hivemind_compression]
+    return {"fp16": "fp16", "int8": "int8"}.get(diloco_compression, "none")
 
 
 def ring_allreduce_s(payload_bytes: float, bandwidths_mbps: Sequence[float],

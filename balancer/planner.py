@@ -24,7 +24,7 @@ import numpy as np
 from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.estimates import Calibration, ModelFactory, StepTimeBank, micro_batches, prior_gpus
-from geodiloco.balancer.network import CODECS_BY_SIZE, OuterSyncModel, SyncSettings
+from geodiloco.balancer.network import CODEC_BITS, CODECS_BY_SIZE, OuterSyncModel, SyncSettings
 from geodiloco.balancer.plan import NodePlan, Plan, RoundMeasurement
 from geodiloco.balancer.policies import HIDE_MARGIN, POLICIES, POLICY_WEIGHTING, Assignment, PolicyInputs
 from geodiloco.predictor.schema import ConfigError
@@ -33,6 +33,8 @@ from geodiloco.predictor.workload import ModelDims, parameter_count, resolve_dim
 STATIC_POLICIES = ("uniform", "batch_by_flops", "max_batch_by_memory", "steps_by_flops")
 CALIBRATED_ONCE = ("time", "hybrid")
 SYNC_ADVICE_SHARE = 0.1
+HIVEMIND_NAMES = {"fp16": "fp16", "int8": "8bit"}
+"""The planner's codec names as comm.hivemind.compression writes them."""
 """A sync that blocks (or stays exposed for) 10 % of a round or more gets advice in the plan."""
 REPLANNING = ("adaptive", "deadline")
 
@@ -302,6 +304,8 @@ class Planner:
         total_s = settings.sync_count * sync.one_sync_s()
         if total_s <= 0 or phase_s <= 0:
             return None
+        if settings.backend == "hivemind":
+            return self._hivemind_sync_advice(total_s, phase_s, base_phase_s)
         if settings.overlap == "none":
             share = total_s / (phase_s + total_s)
             if share < SYNC_ADVICE_SHARE:
@@ -323,6 +327,21 @@ class Planner:
         return (f"the outer sync ({total_s:.3g} s) is longer than the local phase can be made "
                 f"({phase_s:.3g} s, at most balancing.max_phase_stretch x the baseline): {exposed_s:.3g} s stay "
                 f"exposed each round. To hide it: {' or '.join(options)}")
+
+    def _hivemind_sync_advice(self, total_s: float, phase_s: float, base_phase_s: float) -> Optional[str]:
+        """The hivemind backend syncs blocking (no overlap) with its own codecs: a smaller one, or longer local
+        phases, are what it can offer."""
+        share = total_s / (phase_s + total_s)
+        if share < SYNC_ADVICE_SHARE:
+            return None
+        sync = self.sync
+        smaller = [codec for codec in ("fp16", "int8") if CODEC_BITS[codec] < CODEC_BITS[self.sync.settings.codec]]
+        options = [f"comm.hivemind.compression: {HIVEMIND_NAMES[codec]} (sync {sync.codec_sync_s(codec):.3g} s)"
+                   for codec in smaller[-1:]]
+        steps_needed = math.ceil(self.local_steps * total_s / (SYNC_ADVICE_SHARE * base_phase_s))
+        options.append(f"diloco.local_steps: {steps_needed} (now {self.local_steps})")
+        return (f"the outer sync ({total_s:.3g} s) blocks every GPU for {share:.0%} of each round (the hivemind "
+                f"backend does not overlap it); to shrink it: {' or '.join(options)}")
 
     # ------------------------------------------------------------- measurements
     def observe(self, measurement: RoundMeasurement) -> None:

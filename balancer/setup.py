@@ -17,7 +17,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from geodiloco.balancer.cluster import ClusterSpec, load_cluster
 from geodiloco.balancer.config import BalancingConfig
-from geodiloco.balancer.network import CODEC_BITS, RUN_DEFAULT_COMPRESSION, RUN_DEFAULT_OVERLAP, SYNC_DTYPE_CODEC, SyncSettings
+from geodiloco.balancer.network import (CODEC_BITS, RUN_DEFAULT_COMPRESSION, RUN_DEFAULT_OVERLAP, SYNC_DTYPE_CODEC,
+                                        SyncSettings, hivemind_codec)
 from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.simulate import Slowdown
 from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, parse_set_value, validate, with_options
@@ -148,7 +149,8 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
         raise ConfigError(str(err)) from None
     return PlanningSetup(cluster=cluster, balancing=balancing, model=model_name, dims=dims,
                          seq_len=resolved_seq_len, local_steps=steps, batch_size=batch, precision=precision,
-                         sync=sync_settings(diloco, balancing, overlap, compression, run_sync_defaults(file_data)),
+                         sync=sync_settings(diloco, balancing, overlap, compression, run_sync_defaults(file_data),
+                                            str(_section(file_data, "comm").get("backend", "torch"))),
                          mode=diloco.get("mode", "sync"), rounds=file_integer(diloco.get("rounds")))
 
 
@@ -180,8 +182,11 @@ def run_sync_defaults(file_data: dict) -> Optional[tuple[str, str]]:
     follow runtime/config.py: the run defaults, or ``none`` under hivemind (and no overlap in async mode)."""
     if not any(section in file_data for section in RUN_CONFIG_SECTIONS):
         return None
-    if _section(file_data, "comm").get("backend") == "hivemind":
-        return "none", "none"
+    comm = _section(file_data, "comm")
+    if comm.get("backend") == "hivemind":
+        hivemind = comm.get("hivemind") if isinstance(comm.get("hivemind"), dict) else {}
+        return "none", hivemind_codec(str(hivemind.get("compression", "none")),
+                                      str(_section(file_data, "diloco").get("compression", "none")))
     if _section(file_data, "diloco").get("mode") == "async":
         return "none", RUN_DEFAULT_COMPRESSION
     return RUN_DEFAULT_OVERLAP, RUN_DEFAULT_COMPRESSION
@@ -191,12 +196,15 @@ OVERLAP_MODES = ("none", "delayed", "streaming")
 
 
 def sync_settings(diloco: dict, balancing: BalancingConfig, overlap: Optional[str],
-                  compression: Optional[str], run_defaults: Optional[tuple[str, str]] = None) -> SyncSettings:
+                  compression: Optional[str], run_defaults: Optional[tuple[str, str]] = None,
+                  backend: str = "torch") -> SyncSettings:
     """The run's sync as the planner models it: flags, else the file's ``diloco:``, else what a run of a
     run config uses (``run_defaults``), else (a bare cluster file) blocking with ``balancing.sync_dtype``."""
     default_overlap, default_codec = run_defaults or ("none", SYNC_DTYPE_CODEC[balancing.sync_dtype])
     chosen_overlap = overlap or diloco.get("overlap") or default_overlap
     codec = compression or diloco.get("compression") or default_codec
+    if backend == "hivemind":  # the wire's codec (run_sync_defaults), whatever diloco.compression says
+        codec = compression or default_codec
     fragments = file_integer(diloco.get("fragments", 4))
     if chosen_overlap not in OVERLAP_MODES:
         raise ConfigError(f"diloco.overlap: {chosen_overlap!r} is not one of {', '.join(OVERLAP_MODES)}")
@@ -204,7 +212,7 @@ def sync_settings(diloco: dict, balancing: BalancingConfig, overlap: Optional[st
         raise ConfigError(f"diloco.compression: {codec!r} is not one of {', '.join(CODEC_BITS)}")
     if not isinstance(fragments, int) or isinstance(fragments, bool) or fragments < 1:
         raise ConfigError(f"diloco.fragments must be a positive integer, got {fragments!r}")
-    return SyncSettings(chosen_overlap, codec, fragments if chosen_overlap == "streaming" else 1)
+    return SyncSettings(chosen_overlap, codec, fragments if chosen_overlap == "streaming" else 1, backend)
 
 
 MAX_SLOWDOWN_FACTOR = 1000.0

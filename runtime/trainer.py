@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.plan import NodePlan, Plan, RoundMeasurement
-from geodiloco.balancer.network import SyncSettings
+from geodiloco.balancer.network import SyncSettings, hivemind_codec
 from geodiloco.balancer.planner import Planner
 from geodiloco.predictor.unknown_gpus import adopt_more_rows, adopt_rows, adopted_rows, own_rows
 from geodiloco.runtime import checkpoint
@@ -180,8 +180,7 @@ class NodeTrainer:
         config = self.config
         diloco = config.diloco
         return Planner(config.balancing, config.nodes, self.dims, self.seq_len, diloco.local_steps,
-                       diloco.batch_size, config.model.precision,
-                       sync_settings=SyncSettings(diloco.overlap, diloco.compression, diloco.fragments))
+                       diloco.batch_size, config.model.precision, sync_settings=planned_sync(config))
 
     # ----- local phase -------------------------------------------------------------------
 
@@ -547,6 +546,15 @@ class NodeTrainer:
         if peers_rows:
             self._say_gpu_rows(adopt_rows(peers_rows))
         self._replan()
+
+
+def planned_sync(config: RunConfig) -> SyncSettings:
+    """The sync as the planner prices it: ``diloco:``'s settings, and under hivemind the codec on its wire."""
+    diloco, comm = config.diloco, config.comm
+    if comm.backend == "hivemind":
+        return SyncSettings(diloco.overlap, hivemind_codec(comm.hivemind.compression, diloco.compression), 1,
+                            "hivemind")
+    return SyncSettings(diloco.overlap, diloco.compression, diloco.fragments)
 
 
 def build_data(config: RunConfig, topology: Topology) -> tuple[list, object]:

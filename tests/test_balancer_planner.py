@@ -134,10 +134,27 @@ def test_plan_on_a_run_config_models_the_sync_the_run_will_use(config_file):
 
     from geodiloco.balancer.setup import load_setup
     from geodiloco.runtime.config import load_config
+    from geodiloco.runtime.trainer import planned_sync
     path = Path(__file__).resolve().parents[1] / config_file
-    diloco = load_config(str(path)).diloco
+    run = planned_sync(load_config(str(path)))
     sync = load_setup(str(path)).sync
-    assert (sync.overlap, sync.codec) == (diloco.overlap, diloco.compression)
+    assert (sync.overlap, sync.codec, sync.backend) == (run.overlap, run.codec, run.backend)
+    if config_file.endswith("hivemind.yaml"):  # comm.hivemind.compression: fp16 is what its wire carries
+        assert (sync.overlap, sync.codec, sync.backend) == ("none", "fp16", "hivemind")
+
+
+def test_a_hivemind_plan_offers_what_hivemind_has_and_no_mode_advice(capsys):
+    from pathlib import Path
+
+    from geodiloco.runtime.cli import main
+    config = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "hivemind.yaml"
+    assert main(["plan", "--cluster", str(config), "--json"]) == 0
+    import json
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["mode_advice"] is None  # async DiLoCo is torch-only
+    advice = plan["sync_advice"]
+    assert "(the hivemind backend does not overlap it)" in advice
+    assert "comm.hivemind.compression: 8bit" in advice and "streaming" not in advice
 
 
 def test_plan_on_a_bare_cluster_file_models_a_blocking_sync_and_refuses_zero_steps():
