@@ -178,3 +178,15 @@ def test_an_async_run_config_without_a_policy_is_planned_with_adaptive_as_the_ru
     assert load_setup(str(path), policy="time").balancing.policy == "time"
     path.write_text(path.read_text().replace("diloco: {mode: async}", "diloco: {mode: sync}"))
     assert load_setup(str(path)).balancing.policy == "uniform"
+
+
+def test_plan_set_takes_the_runs_full_balancing_path_and_names_its_scope_for_other_sections(capsys):
+    from pathlib import Path
+
+    from geodiloco.runtime.cli import main
+    cluster = str(Path(__file__).resolve().parents[1] / "experiments" / "configs" / "clusters" / "paper4.yaml")
+    assert main(["plan", "--cluster", cluster, "--policy", "adaptive", "--set", "balancing.hysteresis=0.05",
+                 "--json"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--cluster", cluster, "--set", "diloco.rounds=3"]) == 2
+    assert "--set 'diloco.rounds=3': plan and simulate set balancing: options only" in capsys.readouterr().err
