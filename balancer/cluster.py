@@ -251,7 +251,9 @@ def check_unique_names(nodes: list[NodeSpec]) -> None:
     names = [node.name for node in nodes]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
-        raise ValueError(f"node names must be unique; repeated: {', '.join(repeated)}")
+        where = ", ".join(f"nodes[{index}].name" for index, name in enumerate(names) if name in repeated)
+        raise ValueError(f"node names must be unique; {where} repeat {', '.join(map(repr, repeated))}: rename "
+                         "all but one")
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:

@@ -430,6 +430,11 @@ class RunConfig(StrictModel):
     def _consistent(self) -> "RunConfig":
         load_gpu_files(self.gpu_files, "gpu_files")
         check_unique_names(self.nodes)
+        reference = self.balancing.reference_node
+        if reference not in ("slowest", "fastest") and reference not in {node.name for node in self.nodes}:
+            known = ", ".join(node.name for node in self.nodes[:10])
+            raise ValueError(f"balancing.reference_node: no node named {reference!r}; use slowest, fastest or one "
+                             f"of: {known}")
         if self.comm.backend == "hivemind":
             check_hivemind_sync(self.diloco)
         if self.diloco.mode == "async":

@@ -134,3 +134,13 @@ def test_nodes_run_here_must_fit_this_hosts_memory(tmp_path):
     assert available_host_memory_gib(meminfo) == pytest.approx(20.0)
     meminfo.write_text("MemTotal:       32000000 kB\n")
     assert available_host_memory_gib(meminfo) is None
+
+
+def test_a_reference_node_the_config_lacks_and_a_repeated_name_are_refused_when_the_config_loads():
+    # the reference node was checked only by the nodes' planners, after every node had started
+    with pytest.raises(ConfigError, match=r"balancing.reference_node: no node named 'nodex'; use slowest, fastest "
+                                          r"or one of: node1, node2, node3, node4"):
+        load_config(None, ["balancing.reference_node=nodex"])
+    assert load_config(None, ["balancing.reference_node=node3"]).balancing.reference_node == "node3"
+    with pytest.raises(ConfigError, match=r"nodes\[0\].name, nodes\[1\].name repeat 'node1': rename all but one"):
+        load_config(None, ["nodes[1].name=node1"])
