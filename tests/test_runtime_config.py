@@ -30,7 +30,7 @@ def test_count_shorthand_expands_gpus(tmp_path):
     (lambda c: c.update(extra_section={}), "extra_section: unknown key"),
     (lambda c: c["nodes"][1]["emulate"].update(gpu="A30"), "nodes[1].emulate: give exactly one of emulate.step_time_s"),
     (lambda c: c["nodes"][0]["emulate"].update(step_time_s=-1), "nodes[0].emulate.step_time_s: Input should be greater than 0"),
-    (lambda c: c["nodes"].append({"name": "a"}), "names must be unique; repeated: a"),
+    (lambda c: c["nodes"].append({"name": "a"}), "names must be unique; nodes[0].name, nodes[2].name repeat 'a'"),
     (lambda c: c["diloco"].update(weighting="median"), "diloco.weighting: Input should be 'uniform', 'tokens', 'normalized' or 'auto'"),
     (lambda c: c["comm"].update(timeout_s=0), "comm.timeout_s: Input should be greater than 0"),
     (lambda c: c["comm"].update(sync_threads=0), "comm.sync_threads: Input should be greater than or equal to 1"),
