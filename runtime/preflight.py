@@ -270,6 +270,9 @@ def check_balancing_options(config: RunConfig) -> None:
     may keep another policy's settings for later)."""
     for notice in config.balancing.unread_options():
         logging.getLogger("geodiloco.balancer").warning(notice)
+    if config.diloco.mode == "sync" and "momentum_every" in config.diloco.model_fields_set:
+        logging.getLogger("geodiloco.balancer").warning(
+            "diloco.momentum_every has no effect under diloco.mode: sync; it is read by async mode")
 
 
 def check_byte_corpus(config: RunConfig) -> None:

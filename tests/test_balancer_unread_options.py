@@ -98,3 +98,17 @@ def test_a_run_config_gets_the_notice_at_preflight_and_the_demo_gets_none(caplog
         preflight(load_config(None, ["balancing.deadline_step_slack=0.5"]), data=False)
     # the demo's policy is time
     assert "balancing.deadline_step_slack has no effect under policy time; it is read by deadline" in caplog.text
+
+
+def test_momentum_every_in_a_sync_run_gets_a_notice_and_in_async_none(caplog):
+    from pathlib import Path
+
+    from geodiloco.runtime.config import load_config
+    from geodiloco.runtime.preflight import check_balancing_options
+    async_config = str(Path(__file__).resolve().parents[1] / "experiments" / "configs" / "async.yaml")
+    notice = "diloco.momentum_every has no effect under diloco.mode: sync; it is read by async mode"
+    with caplog.at_level(logging.WARNING, logger="geodiloco.balancer"):
+        check_balancing_options(load_config(async_config))
+        assert notice not in caplog.text
+        check_balancing_options(load_config(async_config, ["diloco.mode=sync"]))
+    assert notice in caplog.text
