@@ -79,8 +79,9 @@ class ModelSection(StrictModel):
             self.preset = None
         given = [name for name in ("preset", "file", "hf") if getattr(self, name) is not None]
         if len(given) != 1:
+            hint = "; set the others to null (e.g. --set model.preset=null)" if len(given) > 1 else ""
             raise ValueError(f"model: give exactly one of model.preset, model.file or model.hf (got "
-                             f"{', '.join(given) or 'none'})")
+                             f"{', '.join(given) or 'none'}){hint}")
         return self
 
     def dims(self) -> ModelDims:
@@ -91,7 +92,10 @@ class ModelSection(StrictModel):
             field = "model.hf.config" if self.hf.config else "model.hf.pretrained"
             return dims_from_mapping(read_hf_config(path, field), f"{field} ({path})")
         if self.file:
-            return resolve_dims(self.file)
+            try:
+                return resolve_dims(self.file)
+            except ConfigError as err:
+                raise ConfigError(f"model.file: {err}") from None
         try:
             return preset_dims(self.preset)
         except ValueError as err:
@@ -183,6 +187,13 @@ class InnerOptim(StrictModel):
     weight_decay: float = Field(default=0.1, ge=0)
     grad_clip: float = Field(default=1.0, gt=0)
     betas: tuple[float, float] = (0.9, 0.95)
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _two_betas(cls, value):
+        if isinstance(value, (list, tuple)) and len(value) != 2:
+            raise ValueError(f"two numbers [beta1, beta2] are needed, e.g. [0.9, 0.95]; got {len(value)}")
+        return value
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
 
 
@@ -424,10 +435,13 @@ class RunConfig(StrictModel):
     gpu_files: list[str] = Field(default_factory=list)
     """Extra GPU datasheet rows (predictor/data/gpus.yaml shape) for GPUs the table lacks; relative
     paths are taken from the working directory, and every site needs the same files."""
-    nodes: list[NodeSpec] = Field(min_length=1)
+    nodes: list[NodeSpec]
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
+        if not self.nodes:
+            raise ValueError("nodes: the config lists no node; add one entry per site, e.g. nodes: [{name: a, gpus: "
+                             "[\"4 x A30\"]}]")
         load_gpu_files(self.gpu_files, "gpu_files")
         check_unique_names(self.nodes)
         reference = self.balancing.reference_node

@@ -25,8 +25,9 @@ from geodiloco.predictor.workload import hf_config_json
 def read_hf_config(path: Path, field: str) -> dict:
     """config.json as a dict, read without transformers (the predictor needs only its shape)."""
     if not path.is_file():
-        raise ConfigError(f"{field}: {path} does not exist; give a transformers config.json "
-                          "(or a directory holding one)")
+        wanted = ("a save_pretrained directory (it holds config.json and the weights)" if field.endswith("pretrained")
+                  else "a transformers config.json (or a directory holding one)")
+        raise ConfigError(f"{field}: {path} does not exist; give {wanted}")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

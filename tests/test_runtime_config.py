@@ -36,7 +36,7 @@ def test_count_shorthand_expands_gpus(tmp_path):
     (lambda c: c["comm"].update(sync_threads=0), "comm.sync_threads: Input should be greater than or equal to 1"),
     (lambda c: c["model"].update(preset="gpt5"), "model.preset: unknown model preset 'gpt5'; known presets: llama-150m, small, tiny"),
     (lambda c: c["model"].update(seq_len=4096), "model.seq_len: 4096 exceeds the model's max_seq_len 256"),
-    (lambda c: c.update(nodes=[]), "nodes: List should have at least 1 item"),
+    (lambda c: c.update(nodes=[]), "nodes: the config lists no node; add one entry per site"),
     (lambda c: c["diloco"].update(overlap="async"), "diloco.overlap: Input should be 'none', 'delayed' or 'streaming'"),
     (lambda c: c["diloco"].update(fragments=0), "diloco.fragments: Input should be greater than or equal to 1"),
     (lambda c: c["diloco"].update(compression="int2"),
@@ -144,3 +144,16 @@ def test_a_reference_node_the_config_lacks_and_a_repeated_name_are_refused_when_
     assert load_config(None, ["balancing.reference_node=node3"]).balancing.reference_node == "node3"
     with pytest.raises(ConfigError, match=r"nodes\[0\].name, nodes\[1\].name repeat 'node1': rename all but one"):
         load_config(None, ["nodes[1].name=node1"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.inner.betas=[0.9]"], "optim.inner.betas: two numbers [beta1, beta2] are needed, e.g. [0.9, 0.95]; got 1"),
+    (["model.file=dims.json"], "(got preset, file); set the others to null (e.g. --set model.preset=null)"),
+    (["model.preset=null", "model.file=/nope/dims.json"], "model.file: model '/nope/dims.json': not a preset"),
+    (["model.preset=null", "model.hf={pretrained: /nope}"], "model.hf.pretrained: /nope does not exist; give a "
+                                                           "save_pretrained directory"),
+])
+def test_model_and_optimizer_mistakes_name_the_field_and_the_fix(overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, overrides)
+    assert message in str(refused.value)
