@@ -405,23 +405,42 @@ _COUNT_WITHOUT_X = re.compile(r"^\s*(\d+)\s+(.+?)\s*$")
 _COUNT_AFTER = re.compile(r"^\s*(\D.*?)\s+[xX×*]\s*(\d+)\s*$")
 
 
-def check_count_form(name: str) -> None:
+_count_forms_checked: dict[tuple[str, bool, int], Optional[str]] = {}
+"""check_count_form's answers (the refusal, or None), by name and the table's size: a 10,000-node cluster repeats a
+few names, and a lookup of an unknown one is slow."""
+
+
+def check_count_form(name: str, counted: bool = False) -> None:
     """Refuse the other ways people write a count, which would otherwise read as one unknown GPU's name (planned
     like a stand-in, with one GPU): "4 A30", "A30 x 4", and two kinds in one entry ("2 x RTX 3090, 2 x A30").
     Only where the name as written is no GPU the table knows and the GPU it would mean is one ("2080 Ti" stays)."""
+    key = (name, counted, len(registry().by_name))
+    if key not in _count_forms_checked:
+        if len(_count_forms_checked) > 10_000:
+            _count_forms_checked.clear()
+        _count_forms_checked[key] = count_form_refusal(name, counted)
+    if _count_forms_checked[key] is not None:
+        raise ConfigError(_count_forms_checked[key])
+
+
+def count_form_refusal(name: str, counted: bool) -> Optional[str]:
+    """Why ``name`` is refused as a count written another way (see ``check_count_form``), or None."""
     if _resolves(name):
-        return
+        return None
     if "," in name or ";" in name:
         parts = [part.strip() for part in re.split(r"[,;]", name) if part.strip()]
         if len(parts) > 1 and all(_resolves(_GPU_COUNT.sub(r"\2", part)) for part in parts):
             listed = ", ".join(f'"{part}"' for part in parts)
-            raise ConfigError(f"{name!r}: one entry per kind of GPU; write them as list items: [{listed}]")
+            return f"{name!r}: one entry per kind of GPU; write them as list items: [{listed}]"
+    if counted:  # "4 x A30": its count is written as it should be
+        return None
     without_x = _COUNT_WITHOUT_X.match(name)
     if without_x and _resolves(without_x.group(2)):
-        raise ConfigError(f"{name!r}: write a GPU count as \"{without_x.group(1)} x {without_x.group(2)}\"")
+        return f"{name!r}: write a GPU count as \"{without_x.group(1)} x {without_x.group(2)}\""
     after = _COUNT_AFTER.match(name)
     if after and _resolves(after.group(1)):
-        raise ConfigError(f"{name!r}: write the GPU count first: \"{after.group(2)} x {after.group(1)}\"")
+        return f"{name!r}: write the GPU count first: \"{after.group(2)} x {after.group(1)}\""
+    return None
 
 
 def _resolves(name: str) -> bool:
@@ -444,7 +463,7 @@ def expand_gpu_counts(names: list[str]) -> list[str]:
         if isinstance(name, str) and not name.strip():
             raise ConfigError(f"{name!r}: a GPU name is empty; name a GPU (e.g. \"A30\" or \"4 x A30\")")
         if isinstance(name, str):
-            check_count_form(name)
+            check_count_form(name, counted=match is not None)
         if isinstance(name, str) and re.match(r"^\s*[xX×*]\s+\S", name):
             raise ConfigError(f"{name!r}: the GPU count is missing before the 'x' (e.g. \"4 x "
                               f"{name.strip()[1:].strip()}\"), or drop the 'x' for one GPU")
