@@ -201,11 +201,15 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
         else:
             memory_s += seconds * repeats
 
-    for n_in, n_out in layer_linear_shapes(dims):
+    for index, (n_in, n_out) in enumerate(layer_linear_shapes(dims)):
         layers = dims.num_layers
-        add(tokens, n_out, n_in, layers * (block_passes - 2))  # forward (+ recompute)
-        add(tokens, n_in, n_out, layers)                        # input gradient
-        add(n_in, n_out, tokens, layers)                        # weight gradient
+        # The fused q, k, v projection (the first shape) runs over the cached memory too: Transformer-XL projects
+        # cat([memory, segment]) and keeps the last segment's queries (RelPartialLearnableMultiHeadAttn:
+        # qkv_net(cat([mems, w]))), so its forward, input- and weight-gradient GEMMs span memory + segment positions.
+        rows = samples * (seq_len + code.memory_len) if index == 0 else tokens
+        add(rows, n_out, n_in, layers * (block_passes - 2))  # forward (+ recompute)
+        add(rows, n_in, n_out, layers)                        # input gradient
+        add(n_in, n_out, rows, layers)                        # weight gradient
     head = dims.hidden_size, dims.vocab_size
     head_tokens = round(tokens * code.lm_head_fraction)
     add(head_tokens, head[1], head[0], 1)

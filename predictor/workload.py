@@ -331,7 +331,8 @@ class TrainingCode:
     ``lm_head_fraction``: share of positions projected onto the vocabulary and through the loss (1 for a
     language model, the masked share for BERT MLM that gathers masked positions first, 0 for a
     classification / QA head).
-    ``memory_len``: cached key/value positions each query also attends to (Transformer-XL memory).
+    ``memory_len``: cached key/value positions each query also attends to (Transformer-XL memory). The fused
+    q/k/v projection runs over them too, as Transformer-XL projects cat([memory, segment]).
     ``relative_positions``: Transformer-XL relative-position attention (a second score matmul against the
     position embeddings, shifted and added to the content scores); eager attention only.
     ``host_ops_per_layer``, ``host_ops_head``: host work of one micro-batch's forward and backward in
