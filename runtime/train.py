@@ -182,7 +182,7 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
         trainer.sync.close()
 
 
-def _record_or_compare_data(trainer: NodeTrainer, resumed: bool) -> None:
+def _record_run_inputs(trainer: NodeTrainer, resumed: bool) -> None:
     """A new run records its data's digests in the run directory, and keeps copies of a transformers model's
     config and of its tokenizer (``runtime/run_files.py``); a resumed one says when its data differs
     (``runtime/data_record.py``). One line per node leader, as for changed settings."""
@@ -201,7 +201,7 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     config, topology, sync = trainer.config, trainer.topology, trainer.sync
     start = sync.start(resume, trainer.sync_handles())
     run_id, pending_record = start.run_id, start.pending_record
-    _record_or_compare_data(trainer, resumed=start.first_round > 0)
+    _record_run_inputs(trainer, resumed=start.first_round > 0)
     if start.gpu_rows_by_node:
         trainer.adopt_founders_gpu_rows(start.gpu_rows_by_node)
     trainer.warm_up(config.diloco.batch_size)
