@@ -41,9 +41,9 @@ class Heartbeat:
     ``on_failure(node, silent_s)``: called once, from a thread, when a peer fell silent.
 
     A store whose site froze or whose link was cut leaves the socket open, and a store call can then block
-    far past the store's own timeout (forever, against a frozen process): so a second thread watches when a
-    beat last got through, and declares the store's site failed ``failure_timeout_s`` after it, whether or
-    not the beating thread is stuck in a call."""
+    far past the store's own timeout (forever, against a frozen process): so a second thread watches the call
+    in flight, and declares the store's site failed once a call has waited ``failure_timeout_s`` (a process
+    that was itself stopped, then continued, is between calls and is not misled by its own pause)."""
 
     def __init__(self, store: Any, node_name: str, peers: list[str], interval_s: float, failure_timeout_s: float,
                  on_failure: Optional[Callable[[str, float], None]] = None) -> None:
@@ -56,6 +56,8 @@ class Heartbeat:
         self._stop = threading.Event()
         self._failed = threading.Lock()
         self._store_ok_since = time.monotonic()
+        self._call_started: Optional[float] = None
+        """When the beat's store calls in flight began (None between beats)."""
         self._thread = threading.Thread(target=self._run, name="geodiloco-heartbeat", daemon=True)
         self._store_watch = threading.Thread(target=self._watch_store, name="geodiloco-store-watch", daemon=True)
 
@@ -67,9 +69,9 @@ class Heartbeat:
 
     def _watch_store(self) -> None:
         while not self._stop.wait(self.interval_s):
-            silent_s = time.monotonic() - self._store_ok_since
-            if silent_s > self.failure_timeout_s:
-                self._fail("the run's TCP store on rank 0's site (no answer)", silent_s)
+            started = self._call_started
+            if started is not None and time.monotonic() - started > self.failure_timeout_s:
+                self._fail("the run's TCP store on rank 0's site (no answer)", time.monotonic() - self._store_ok_since)
                 return
 
     def stop(self, leaving: bool = True) -> None:
@@ -88,16 +90,19 @@ class Heartbeat:
         last_seen = {peer: (-1, now) for peer in self.peers}
         while not self._stop.wait(self.interval_s):
             now = time.monotonic()
+            self._call_started = now
             try:
                 self.store.add(self.node_name, 1)
                 counts = {peer: self.store.add(peer, 0) for peer in self.peers}
                 self._store_ok_since = now
             except Exception as err:  # the store itself is unreachable: the site of rank 0 failed
+                self._call_started = None
                 silent_s = time.monotonic() - self._store_ok_since
                 if silent_s > self.failure_timeout_s:
                     self._fail(f"the run's TCP store on rank 0's site ({type(err).__name__})", silent_s)
                     return
                 continue
+            self._call_started = None
             for peer, count in counts.items():
                 previous, since = last_seen[peer]
                 if count != previous:

@@ -186,6 +186,18 @@ def test_a_store_that_stops_answering_is_noticed_near_the_failure_timeout_not_a_
         server.wait()
 
 
+def test_a_node_whose_own_process_was_paused_does_not_take_the_store_for_failed(store):
+    """A frozen site that is continued (SIGCONT) wakes between beats with its last good beat long ago: only a
+    call that hangs counts against the store."""
+    failures = []
+    watcher = Heartbeat(store(), "a", ["a"], 0.05, 0.3, on_failure=lambda peer, s: failures.append(peer)).start()
+    time.sleep(0.2)
+    watcher._store_ok_since -= 60.0  # as if the process had been stopped for a minute between two beats
+    time.sleep(0.6)
+    watcher.stop()
+    assert failures == []
+
+
 def test_a_peer_that_left_on_purpose_is_not_a_failure(store):
     failures = []
     watcher = Heartbeat(store(), "a", ["a", "b"], 0.05, 0.4, on_failure=lambda peer, s: failures.append(peer))
