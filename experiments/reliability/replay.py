@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -176,7 +177,8 @@ def foreign_hivemind(tmp: Path) -> dict:
 def path_traversal(tmp: Path) -> dict:
     code, out, took = cli("run", "--sites", "local", "--config", str(config(tmp, "trav")), "--run-dir",
                           str(tmp / "trav"), "--set", "nodes.0.name=x/../../../pwn")
-    message = out.strip().splitlines()[-1].split(".yaml: ")[-1] if out.strip() else ""
+    # the error after its source ("x.yaml: ..." or "x.yaml (with --set ...): ..."): no temporary path in the note
+    message = re.split(r"\.yaml(?: \(with [^)]*\))?: ", out.strip().splitlines()[-1])[-1] if out.strip() else ""
     return row(code, took, "Traceback" in out, "nothing written" if not (tmp / "trav").exists() else "run dir created",
                message[:110])
 
@@ -239,7 +241,7 @@ def bad_inputs(tmp: Path) -> dict:
     for args in BAD_INPUTS:
         code, out, _ = cli(*[arg.format(tmp=tmp) for arg in args], timeout=120)
         results.append({"args": " ".join(args), "exit": code, "traceback": "Traceback" in out,
-                        "last_line": out.strip().splitlines()[-1][:160] if out.strip() else ""})
+                        "last_line": out.strip().splitlines()[-1].replace(str(tmp), "{tmp}")[:160] if out.strip() else ""})
     tracebacks = sum(item["traceback"] for item in results)
     exits = sorted({item["exit"] for item in results})
     return {**row(exits, None, tracebacks > 0, "nothing written",
