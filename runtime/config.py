@@ -619,6 +619,10 @@ def apply_override(data: dict, override: str) -> None:
         if last:
             target[key] = parse_set_value(key_path.strip(), raw_value)
         elif isinstance(target, dict):
+            if keys[depth + 1].lstrip("-").isdigit() and not isinstance(target.get(key), list):
+                where = ".".join(keys[:depth + 1])
+                raise ConfigError(f"--set {key_path}: {where} is no list in this config to index into; give the "
+                                  f"whole list as YAML, e.g. --set \"{where}=[...]\"")
             target = target.setdefault(key, {})
         else:
             target = target[key]

@@ -70,6 +70,9 @@ def test_overrides_apply_and_bad_overrides_fail(tmp_path):
     path = write_config(tmp_path, small_config(NODES))
     config = load_config(path, ["diloco.rounds=7", "nodes.1.emulate.step_time_s=0.5"])
     assert config.diloco.rounds == 7 and config.nodes[1].emulate.step_time_s == 0.5
+    with pytest.raises(ConfigError, match=r"--set gpu_files.0: gpu_files is no list in this config to index into; "
+                                          r"give the whole list as YAML, e.g. --set \"gpu_files=\[...\]\""):
+        load_config(path, ["gpu_files.0=extra.yaml"])
     # the form error messages name a list entry by
     named = load_config(path, ["nodes[1].emulate.step_time_s=0.25", "nodes[-1].site=far"])
     assert named.nodes[1].emulate.step_time_s == 0.25 and named.nodes[-1].site == "far"
