@@ -87,10 +87,24 @@ def run_command(args: argparse.Namespace) -> int:
     if args.elastic is not None and config.comm.backend == "torch":
         config.comm.elastic.enabled = args.elastic  # saved in config.yaml: a --resume keeps the membership
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(config)  # runtime/run_dir.py
-    code = launch_local(config, run_dir, args.sites, args.resume, args.elastic, args.drill)
+    try:
+        code = launch_local(config, run_dir, args.sites, args.resume, args.elastic, args.drill)
+    except BaseException:
+        if not args.run_dir:
+            remove_if_empty(run_dir)  # a run refused before it wrote anything leaves no directory behind
+        raise
+    if code != 0 and not args.run_dir:
+        remove_if_empty(run_dir)
     if code == 0 and not args.no_report:
         code = print_report(run_dir)
     return code
+
+
+def remove_if_empty(run_dir: Path) -> None:
+    try:
+        run_dir.rmdir()
+    except OSError:  # it holds something (logs, a checkpoint): kept
+        pass
 
 
 def print_report(run_dir: Path) -> int:
@@ -105,10 +119,10 @@ def print_report(run_dir: Path) -> int:
 def check_run_extras(run_dir: Path) -> None:
     """The optional extras a run's model and data need (a transformers run needs ``hf``), before they are
     imported: one line naming the pip command instead of a ModuleNotFoundError."""
-    from geodiloco.runtime.config import load_config
     from geodiloco.runtime.preflight import check_extras
+    from geodiloco.runtime.run_files import load_run_config
     if (run_dir / "config.yaml").is_file():
-        check_extras(load_config(run_dir / "config.yaml"))
+        check_extras(load_run_config(run_dir))
 
 
 def evaluate_command(args: argparse.Namespace) -> int:

@@ -104,10 +104,9 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     ``sequences``. Runs on this process's CPU, after (not during) the run.
     """
     from geodiloco.runtime import checkpoint
-    from geodiloco.runtime.config import load_config
     from geodiloco.runtime.run_dir import check_saved_tokenizer
-    from geodiloco.runtime.run_files import load_parameters, with_run_files
-    config = with_run_files(run_dir, load_config(str(run_dir / "config.yaml")))
+    from geodiloco.runtime.run_files import load_parameters, load_run_config
+    config = load_run_config(run_dir)
     check_saved_tokenizer(config, run_dir / "config.yaml")
     batches = held_out_batches(config)
     if not batches:

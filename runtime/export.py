@@ -19,11 +19,10 @@ import torch
 
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime import checkpoint
-from geodiloco.runtime.config import load_config
 from geodiloco.runtime.models import build_configured_model
 from geodiloco.runtime.evaluation import model_source
 from geodiloco.runtime.run_dir import check_saved_tokenizer
-from geodiloco.runtime.run_files import load_parameters, with_run_files
+from geodiloco.runtime.run_files import load_parameters, load_run_config
 from geodiloco.runtime.state_file import CorruptStateFile
 
 
@@ -81,7 +80,7 @@ def export_global_model(run_dir: Path, out_dir: Path, round_number: Optional[int
         raise ConfigError(f"{run_dir}: no config.yaml; pass a run directory of geodiloco run")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(f"--out {out_dir}: exists and is not empty; choose a new directory")
-    config = with_run_files(run_dir, load_config(config_path))
+    config = load_run_config(run_dir)
     check_saved_tokenizer(config, config_path)
     round_idx, params = intact_global_params(run_dir, round_number)
     model = build_configured_model(config.model, config.run.seed)

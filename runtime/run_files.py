@@ -49,19 +49,24 @@ def _write_folder(target: Path, write: Callable[[Path], object]) -> None:
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def with_run_files(run_dir: Path, config):
-    """``config`` with ``model.hf`` and ``data.tokenizer`` pointing at the run's own copies where it has them
-    (the model is then built from its config: the checkpoints hold every weight, so a moved pretrained
-    directory is not needed)."""
-    model_config = run_dir / MODEL_DIR / "config.json"
-    tokenizer_dir = run_dir / TOKENIZER_DIR
-    updates = {}
-    if config.model.hf is not None and model_config.is_file():
-        hf = config.model.hf.model_copy(update={"config": str(model_config), "pretrained": None})
-        updates["model"] = config.model.model_copy(update={"hf": hf})
-    if config.data.tokenizer and tokenizer_dir.is_dir():
-        updates["data"] = config.data.model_copy(update={"tokenizer": str(tokenizer_dir)})
-    return config.model_copy(update=updates) if updates else config
+def load_run_config(run_dir: Path):
+    """The run's ``config.yaml`` with ``model.hf`` and ``data.tokenizer`` pointing at the run's own copies where it
+    has them, set before the config is checked: the paths it names may be gone since (the model is then built
+    from its config; the checkpoints hold every weight)."""
+    import json
+
+    import yaml
+
+    from geodiloco.runtime.config import load_config
+    config_path = run_dir / "config.yaml"
+    saved = yaml.safe_load(config_path.read_text()) or {}
+    model, data = saved.get("model") or {}, saved.get("data") or {}
+    overrides = []
+    if isinstance(model, dict) and model.get("hf") and (run_dir / MODEL_DIR / "config.json").is_file():
+        overrides.append(f"model.hf={{config: {json.dumps(str(run_dir / MODEL_DIR / 'config.json'))}}}")
+    if isinstance(data, dict) and data.get("tokenizer") and (run_dir / TOKENIZER_DIR).is_dir():
+        overrides.append(f"data.tokenizer={json.dumps(str(run_dir / TOKENIZER_DIR))}")
+    return load_config(str(config_path), overrides)
 
 
 def load_parameters(model: nn.Module, params: list, source: str) -> None:

@@ -56,6 +56,7 @@ def test_transformers_model_on_jsonl_with_tensorboard_wandb_and_export(tmp_path,
     import json
     assert json.loads(scored.stdout)[-1]["eval_loss"] == pytest.approx(evals[-1], abs=1e-5)
 
+    (tmp_path / "config.json").unlink()  # and then deletes it: the run's own copy still builds the model
     exported = tmp_path / "exported"
     done = geodiloco("export", str(run_dir), "--out", str(exported), timeout=120)
     assert done.returncode == 0, done.stderr

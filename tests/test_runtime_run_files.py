@@ -5,8 +5,7 @@ import torch
 from torch import nn
 
 from geodiloco.predictor.schema import ConfigError
-from geodiloco.runtime.config import parse_config
-from geodiloco.runtime.run_files import MODEL_DIR, TOKENIZER_DIR, load_parameters, with_run_files
+from geodiloco.runtime.run_files import MODEL_DIR, TOKENIZER_DIR, load_parameters, load_run_config
 
 
 def test_parameters_of_another_shape_or_count_are_refused_naming_the_model_source():
@@ -22,19 +21,26 @@ def test_parameters_of_another_shape_or_count_are_refused_naming_the_model_sourc
         load_parameters(model, fitting[:3], "model.preset (tiny)")
 
 
-def test_the_runs_own_copies_replace_the_paths_only_where_the_run_kept_them(tmp_path):
+def test_the_runs_own_copies_replace_the_paths_it_names_even_when_those_are_gone(tmp_path):
+    import shutil
+
+    import yaml
+
     from tests.hf_helpers import llama_config
     pretrained = tmp_path / "pretrained"
     pretrained.mkdir()
     llama_config(pretrained / "config.json")
-    config = parse_config({"model": {"hf": {"pretrained": str(pretrained)}},
-                           "data": {"hf_dataset": {"path": "json"}, "tokenizer": str(tmp_path / "tok")},
-                           "nodes": [{"name": "a"}]}, "run.yaml")
     run_dir = tmp_path / "run"
-    assert with_run_files(run_dir, config) is config
-    (run_dir / MODEL_DIR).mkdir(parents=True)
-    (run_dir / MODEL_DIR / "config.json").write_text("{}")
+    run_dir.mkdir()
+    saved = {"model": {"hf": {"pretrained": str(pretrained)}},
+             "data": {"hf_dataset": {"path": "json"}, "tokenizer": str(tmp_path / "tok")}, "nodes": [{"name": "a"}]}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    plain = load_run_config(run_dir)  # a run from before the copies: its paths as they are
+    assert plain.model.hf.pretrained == str(pretrained) and plain.data.tokenizer == str(tmp_path / "tok")
+    (run_dir / MODEL_DIR).mkdir()
+    shutil.copy(pretrained / "config.json", run_dir / MODEL_DIR / "config.json")
     (run_dir / TOKENIZER_DIR).mkdir()
-    kept = with_run_files(run_dir, config)
+    shutil.rmtree(pretrained)  # moved away after the run
+    kept = load_run_config(run_dir)
     assert kept.model.hf.config == str(run_dir / MODEL_DIR / "config.json") and kept.model.hf.pretrained is None
     assert kept.data.tokenizer == str(run_dir / TOKENIZER_DIR)
