@@ -6,6 +6,7 @@ from typing import Optional
 
 from rich import box
 from rich.console import RenderableType
+from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
@@ -83,6 +84,18 @@ def _number_column(table: Table, header: str, style: str = "") -> None:
     table.add_column(header, justify="right", no_wrap=True, style=style)
 
 
+def keep_whole(table: Table) -> Table:
+    """Give every no-wrap column (numbers, names) the width of its widest cell and header line as its minimum:
+    rich shrinks a table that is too wide for the terminal by cutting such cells to "0…", and measures its
+    minimum width as if they could be; with these minimums the report prints it whole (``report/cli.py``)."""
+    for column in table.columns:
+        if not column.no_wrap:
+            continue
+        texts = [str(column.header)] + [cell.plain if isinstance(cell, Text) else str(cell) for cell in column._cells]
+        column.min_width = max(cell_len(line) for text in texts for line in text.splitlines() or [""])
+    return table
+
+
 def _node_cells(node: NodeSummary, show_overhead: bool, show_predicted: bool, show_cost: bool,
                 show_hidden: bool = False) -> list[str]:
     cells = [node.node, node.site, fmt.gpus(node.gpus, node.num_gpus) if node.node != "total" else str(node.num_gpus),
@@ -131,7 +144,7 @@ def node_table(summary: RunSummary) -> Table:
         table.add_row(*_node_cells(node, show_overhead, show_predicted, show_cost, show_hidden),
                       end_section=position == len(summary.nodes) - 1)
     table.add_row(*_node_cells(summary.total, show_overhead, show_predicted, show_cost, show_hidden), style="bold")
-    return table
+    return keep_whole(table)
 
 
 def energy_view(summary: RunSummary) -> RenderableType:
@@ -150,7 +163,7 @@ def energy_view(summary: RunSummary) -> RenderableType:
                       fmt.significant(energy.energy_kwh), fmt.significant(energy.idle_energy_kwh),
                       fmt.number(energy.idle_energy_j, 0),
                       end_section=position == len(rows) - 2, style="bold" if node.node == "total" else None)
-    return table
+    return keep_whole(table)
 
 
 def round_table(summary: RunSummary) -> Table:
@@ -163,13 +176,13 @@ def round_table(summary: RunSummary) -> Table:
                   caption=("async: a round is each node's phase of that number, and the nodes' phases overlap, so "
                            "a round's wall s spans them all and the rows add up to more than the run's wall clock")
                   if asynchronous else None)
-    table.add_column("round", justify="right", style="bold")
-    table.add_column("wall s", justify="right")
+    _number_column(table, "round", style="bold")
+    _number_column(table, "wall s")
     for name in nodes:
         table.add_column(name, justify="right")
-    table.add_column("idle GPU-s", justify="right", style=IDLE_STYLE)
+    _number_column(table, "idle\nGPU-s", style=IDLE_STYLE)
     if show_predicted:
-        table.add_column("predicted wait+sync s", justify="right", style="dim")
+        _number_column(table, "predicted\nwait+sync s", style="dim")
     for row in summary.per_round:
         cells = [str(row.round), fmt.seconds(row.wall_s)]
         for name in nodes:
@@ -180,7 +193,7 @@ def round_table(summary: RunSummary) -> Table:
         if show_predicted:
             cells.append(fmt.seconds(row.predicted_idle_s))
         table.add_row(*cells)
-    return table
+    return keep_whole(table)
 
 
 def staleness_table(summary: RunSummary) -> Optional[Table]:
@@ -202,7 +215,7 @@ def staleness_table(summary: RunSummary) -> Optional[Table]:
         p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
         table.add_row(node, str(len(ordered)), f"{statistics.median(ordered):g}", str(p90), str(ordered[-1]),
                       f"{statistics.fmean(ordered):.2f}")
-    return table
+    return keep_whole(table)
 
 
 def render_run(summary: RunSummary, show_rounds: bool = False) -> list[RenderableType]:
@@ -273,7 +286,7 @@ def comparison_table(summaries: list[RunSummary]) -> Table:
         if show_loss:
             cells.append(fmt.number(summary.final_loss, 3))
         table.add_row(*cells)
-    return table
+    return keep_whole(table)
 
 
 def idle_by_node_table(summaries: list[RunSummary]) -> Table:
@@ -290,7 +303,7 @@ def idle_by_node_table(summaries: list[RunSummary]) -> Table:
             cells.append(fmt.DASH if node is None else fmt.seconds(node.idle_s))
         table.add_row(*cells, end_section=name == names[-1])
     table.add_row("total", *[fmt.seconds(summary.total.idle_s) for summary in summaries], style="bold")
-    return table
+    return keep_whole(table)
 
 
 def verdict(summaries: list[RunSummary]) -> Text:
