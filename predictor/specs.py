@@ -412,7 +412,8 @@ few names, and a lookup of an unknown one is slow."""
 
 def check_count_form(name: str, counted: bool = False) -> None:
     """Refuse the other ways people write a count, which would otherwise read as one unknown GPU's name (planned
-    like a stand-in, with one GPU): "4 A30", "A30 x 4", and two kinds in one entry ("2 x RTX 3090, 2 x A30").
+    like a stand-in, with one GPU): "4 A30", "A30 x 4", and two kinds in one entry ("2 x RTX 3090, 2 x A30", or
+    "3× RTX 2080 Ti + 1× Titan RTX" as the report prints a node).
     Only where the name as written is no GPU the table knows and the GPU it would mean is one ("2080 Ti" stays)."""
     key = (name, counted, len(registry().by_name))
     if key not in _count_forms_checked:
@@ -427,8 +428,8 @@ def count_form_refusal(name: str, counted: bool) -> Optional[str]:
     """Why ``name`` is refused as a count written another way (see ``check_count_form``), or None."""
     if _resolves(name):
         return None
-    if "," in name or ";" in name:
-        parts = [part.strip() for part in re.split(r"[,;]", name) if part.strip()]
+    if any(mark in name for mark in ",;+"):
+        parts = [part.strip() for part in re.split(r"[,;+]", name) if part.strip()]
         if len(parts) > 1 and all(_resolves(_GPU_COUNT.sub(r"\2", part)) for part in parts):
             listed = ", ".join(f'"{part}"' for part in parts)
             return f"{name!r}: one entry per kind of GPU; write them as list items: [{listed}]"

@@ -154,6 +154,7 @@ def test_the_china_market_5090s_keep_the_chip_but_not_its_tensor_rate(name, memo
     ("4 2080 Ti", "'4 2080 Ti': write a GPU count as \"4 x 2080 Ti\""),
     ("A30 x 4", "'A30 x 4': write the GPU count first: \"4 x A30\""),
     ("2 x RTX 3090, 2 x A30", "one entry per kind of GPU; write them as list items: [\"2 x RTX 3090\", \"2 x A30\"]"),
+    ("3× RTX 2080 Ti + 1× Titan RTX", "write them as list items: [\"3× RTX 2080 Ti\", \"1× Titan RTX\"]"),
 ])
 def test_a_count_written_another_way_is_refused_with_the_form_that_works(written, message):
     # each would have read as one unknown GPU of that whole name: a one-GPU node planned like a stand-in
