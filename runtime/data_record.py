@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -74,6 +75,24 @@ def changed_parts(saved: dict, now: dict, parts: tuple[str, ...]) -> list[str]:
         if isinstance(before, dict) and isinstance(after, dict) and before.get("sha256") != after.get("sha256"):
             found.append(_describe(part.replace("_", " "), before, after))
     return found
+
+
+def record_key(record: dict) -> str:
+    """A short key of a record's digests (the corpus's, else the eval set's)."""
+    return (record.get("corpus") or record["eval_set"])["sha256"][:16]
+
+
+def first_to_tell(run_dir: Path, key: str) -> bool:
+    """Whether this node is the first of those sharing ``run_dir`` to tell ``key`` (nodes of one machine share
+    it and see the same data: one line, not one per node; a site with its own run directory tells its own)."""
+    marker = run_dir / f".told-{key}"
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def resume_notice(run_dir: Path, record: dict) -> Optional[str]:

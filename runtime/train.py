@@ -35,7 +35,7 @@ from geodiloco.runtime.config_agreement import OtherSitesLeave
 from geodiloco.runtime.preflight import preflight, quiet_gpu_notices
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.runtime.host_threads import warn_if_oversubscribed
-from geodiloco.runtime.data_record import resume_notice, write_record
+from geodiloco.runtime.data_record import first_to_tell, record_key, resume_notice, write_record
 from geodiloco.runtime.run_files import save_run_files
 from geodiloco.runtime.run_dir import resume_changes
 from geodiloco.runtime.recovery import elastic_job, log_membership_event, restarts_left, trained_in_job
@@ -182,18 +182,18 @@ def run_node(config: RunConfig, node_name: Optional[str], run_dir: Path, resume:
         trainer.sync.close()
 
 
-def _record_run_inputs(trainer: NodeTrainer, resumed: bool) -> None:
+def _record_run_inputs(trainer: NodeTrainer, first_round: int) -> None:
     """A new run records its data's digests in the run directory, and keeps copies of a transformers model's
     config and of its tokenizer (``runtime/run_files.py``); a resumed one says when its data differs
     (``runtime/data_record.py``). One line per node leader, as for changed settings."""
     if not trainer.topology.is_leader:
         return
-    if not resumed:
+    if first_round == 0:
         write_record(trainer.run_dir, trainer.data_record)
         save_run_files(trainer.run_dir, trainer.config, trainer.model)
         return
     notice = resume_notice(trainer.run_dir, trainer.data_record)
-    if notice is not None:
+    if notice is not None and first_to_tell(trainer.run_dir, f"data-{first_round}-{record_key(trainer.data_record)}"):
         print(f"[geodiloco] node {trainer.topology.node_name}: {notice}", file=sys.stderr, flush=True)
 
 
@@ -201,7 +201,7 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     config, topology, sync = trainer.config, trainer.topology, trainer.sync
     start = sync.start(resume, trainer.sync_handles())
     run_id, pending_record = start.run_id, start.pending_record
-    _record_run_inputs(trainer, resumed=start.first_round > 0)
+    _record_run_inputs(trainer, start.first_round)
     if start.gpu_rows_by_node:
         trainer.adopt_founders_gpu_rows(start.gpu_rows_by_node)
     trainer.warm_up(config.diloco.batch_size)
