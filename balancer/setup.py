@@ -102,7 +102,7 @@ def balancing_options(file_data: dict, policy: Optional[str], assignments: Seque
     for text in assignments:
         key, value = parse_assignment(text)
         key = key.removeprefix("balancing.")  # the run's full path, as `geodiloco run --set` takes it
-        section = key.split(".")[0]
+        section = key.split(".")[0].split("[")[0]
         if section in RUN_CONFIG_SECTIONS + ("model", "logging", "nodes", "gpu_files"):
             raise ConfigError(f"--set {text!r}: plan and simulate set balancing: options only (e.g. --set "
                               "hysteresis=0.05); the model, batch, steps and sync have their own flags (see --help)")
