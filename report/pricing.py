@@ -63,7 +63,10 @@ class PriceTable:
 
     def close_names(self, gpu_name: str) -> list[str]:
         """Priced names close to ``gpu_name`` (a price file's "RTX 2080Ti" for a run's "RTX 2080 Ti")."""
-        return difflib.get_close_matches(gpu_name, list(self.display_names.values()), n=2, cutoff=0.85)
+        names = list(self.display_names.values())
+        key = gpu_key(gpu_name)
+        containing = [name for name in names if key in gpu_key(name) or gpu_key(name) in key]  # "NVIDIA A30"
+        return list(dict.fromkeys(containing + difflib.get_close_matches(gpu_name, names, n=2, cutoff=0.85)))[:2]
 
     def applied(self, keys: set[str]) -> list[tuple[str, float, str]]:
         """(name, USD per GPU-hour, where it came from) of the priced names in ``keys`` (``gpu_key`` forms), for
@@ -145,6 +148,9 @@ def _load_price_file(path: Path, table: PriceTable) -> None:
         raise ReportError(f"{path}: price file must be a YAML mapping of GPU name to USD per GPU-hour, "
                           "e.g. 'A30: 0.60'")
     for name, usd in data.items():
+        if str(name).startswith("node:"):
+            table.add_node(str(name).removeprefix("node:").strip(), _parse_usd(usd, str(name), str(path)), f"{path}")
+            continue
         table.add(str(name), _parse_usd(usd, str(name), str(path)), f"{path}", from_file=True)
 
 

@@ -170,6 +170,12 @@ def test_the_command_line_price_wins_over_a_file_in_either_order_and_a_file_pric
     prices.write_text("A30: 0.60\nRTX 2080Ti: 0.25\n")
     err = _fails(capsys, [str(run), "--price", str(prices)], "no price for GPU 'RTX 2080 Ti' of node 'b'")
     assert "the prices have 'RTX 2080Ti': if that is this GPU" in err
+    prices.write_text("NVIDIA A30: 0.60\nRTX 2080 Ti: 0.25\n")  # as nvidia-smi prints it
+    assert "the prices have 'NVIDIA A30'" in _fails(capsys, [str(run), "--price", str(prices)], "no price for GPU 'A30'")
+    prices.write_text("node:a: 1.5\nnode:b: 0.5\n")  # a file may price nodes too
+    assert main([str(run), "--price", str(prices), "--json"]) == 0
+    nodes = json.loads(capsys.readouterr().out)["runs"][0]["nodes"]
+    assert [node["usd_per_hour"] for node in nodes] == pytest.approx([2 * 1.5, 4 * 0.5])
 
 
 def test_two_outputs_to_one_file_are_refused(tmp_path, capsys):
