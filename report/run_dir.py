@@ -146,6 +146,8 @@ def merge_parts(parts: list[RunLogs]) -> RunLogs:
     metrics = list({(row.round, row.node): row for part in reversed(parts) for row in part.metrics}.values())
     warnings = [f"{part.run_dir}: {warning}" for part in parts for warning in part.warnings
                 if MISSING_CAUSES not in warning]
+    warnings.insert(0, f"{len(parts)} directories hold one run (run_id {parts[0].run_id}): joined into one report "
+                       f"({', '.join(str(part.run_dir) for part in parts)})")
     merged = sorted(records.values(), key=lambda record: (record.round, record.node))
     return RunLogs(run_dir=parts[0].run_dir, run_id=parts[0].run_id, records=merged,
                    plans=sorted(plans, key=lambda plan: plan.round),

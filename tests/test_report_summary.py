@@ -256,6 +256,7 @@ def test_the_directories_of_one_run_at_several_sites_are_joined_into_one_report(
     # a idles 4 s a round; round 1's record from site b counts once, with its 5 s longer wall
     assert a.idle_s == pytest.approx(16) and a.wall_s == pytest.approx(45)
     assert not [warning for warning in joined.warnings if "has no record" in warning]
+    assert joined.warnings[0].startswith("2 directories hold one run (run_id run-1): joined into one report")
 
 
 def test_the_report_names_who_left_and_rejoined_from_the_membership_log(tmp_path):
