@@ -33,7 +33,7 @@ def run_header(summary: RunSummary) -> Text:
     text.append(f"Run {summary.label}", style="bold cyan")
     text.append(f"  policy {summary.policy}  ·  run_id {summary.run_id}  ·  source {'+'.join(summary.sources)}\n")
     text.append(f"{summary.run_dir}\n", style="dim")
-    text.append(f"{len(summary.rounds)} rounds reported ({_round_span(summary.rounds)}; from 0, as the logs count: "
+    text.append(f"{len(summary.rounds)} round{'s' if len(summary.rounds) != 1 else ''} reported ({_round_span(summary.rounds)}; from 0, as the logs count: "
                 "the console's round 1 is round 0)")
     if summary.skipped_rounds:
         text.append(f"; warm-up rounds {_round_span(summary.skipped_rounds)} excluded "
