@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -47,12 +48,13 @@ def new_run_dir(config) -> Path:
 
 def run_id_for(config: RunConfig, run_dir: Path) -> str:
     """A new run's id: the name of a run directory ``new_run_dir`` made (so the logs and the directory say the
-    same time) while it holds no log yet, else ``run.name-YYYYmmdd-HHMMSS`` now (a world that starts afresh
-    after an elastic restart is another run than the one that logged there)."""
+    same time) while it holds no log yet, else ``run.name-YYYYmmdd-HHMMSS-XXXX`` now, XXXX random (runs started in
+    one second with their own --run-dir, a sweep, get ids of their own; a world that starts afresh after an
+    elastic restart is another run than the one that logged there)."""
     if (run_dir.name.startswith(f"{config.run.name}-") and AUTO_RUN_DIR.search(run_dir.name)
             and not (run_dir / "idle.jsonl").exists()):
         return run_dir.name
-    return f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def saved_config(run_dir: Path) -> Optional[Path]:

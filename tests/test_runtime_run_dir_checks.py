@@ -81,5 +81,7 @@ def test_runs_started_in_one_second_get_their_own_directories_and_the_run_id_is_
     assert run_id_for(config, second) == "demo-20261127-120000-2"
     (second / "idle.jsonl").write_text("{}\n")  # a world starting afresh where an earlier one logged: a new id
     monkeypatch.setattr(time_module, "strftime", lambda fmt, *args: "20261127-120005")
-    assert run_id_for(config, second) == "demo-20261127-120005"
-    assert run_id_for(config, tmp_path / "my-run") == "demo-20261127-120005"
+    assert run_id_for(config, second).startswith("demo-20261127-120005-")
+    # runs with their own --run-dir started in one second (a sweep) get ids of their own
+    ids = {run_id_for(config, tmp_path / f"sweep-{index}") for index in range(20)}
+    assert len(ids) >= 19 and all(run_id.startswith("demo-20261127-120005-") for run_id in ids)
