@@ -96,19 +96,19 @@ def print_uncut(console: Console, renderables: list) -> None:
     wraps its lines), once said on stderr."""
     from rich.measure import Measurement
 
-    narrowest, terminal_width = 0, console.width
+    widest_needed, terminal_width = 0, console.width
+    unbounded = console.options.update(max_width=10_000)
     for renderable in renderables:
-        unbounded = console.options.update(max_width=10_000)
         needed = Measurement.get(console, unbounded, renderable).minimum if not isinstance(renderable, str) else 0
         if needed > terminal_width:
-            narrowest = max(narrowest, needed)
+            widest_needed = max(widest_needed, needed)
             console.width = needed  # Console.print(width=) cannot go past the console's own width
             console.print(renderable)
             console.width = terminal_width
         else:
             console.print(renderable)
-    if narrowest:
-        print(f"note: the report's tables need {narrowest} columns and the terminal has {terminal_width}: their lines "
+    if widest_needed:
+        print(f"note: the report's tables need {widest_needed} columns and the terminal has {terminal_width}: their lines "
               "wrap; widen the terminal, or use --json or --html", file=sys.stderr)
 
 

@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import itertools
 import re
 import secrets
 import time
@@ -36,14 +35,14 @@ def new_run_dir(config) -> Path:
     two directories (the second gets ``-2``, and so on) instead of one refusing the other's."""
     base = Path(config.run.out_dir) / f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     base.parent.mkdir(parents=True, exist_ok=True)
-    for number in itertools.count(1):
-        candidate = base if number == 1 else base.with_name(f"{base.name}-{number}")
+    candidate, number = base, 1
+    while True:
         try:
             candidate.mkdir()
+            return candidate
         except FileExistsError:
-            continue
-        return candidate
-    raise AssertionError("unreachable")
+            number += 1
+            candidate = base.with_name(f"{base.name}-{number}")
 
 
 def run_id_for(config: RunConfig, run_dir: Path) -> str:

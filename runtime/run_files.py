@@ -30,8 +30,8 @@ def save_run_files(run_dir: Path, config, model: nn.Module) -> None:
         _write_folder(run_dir / MODEL_DIR, lambda folder: model.hf.config.save_pretrained(folder))
     if config.data.tokenizer:
         from geodiloco.runtime.hf_data import load_tokenizer
-        tokenizer = load_tokenizer(config.data.tokenizer)
-        _write_folder(run_dir / TOKENIZER_DIR, lambda folder: tokenizer.save_pretrained(folder))
+        _write_folder(run_dir / TOKENIZER_DIR,
+                      lambda folder: load_tokenizer(config.data.tokenizer).save_pretrained(folder))
 
 
 def _write_folder(target: Path, write: Callable[[Path], object]) -> None:
@@ -53,20 +53,16 @@ def load_run_config(run_dir: Path):
     """The run's ``config.yaml`` with ``model.hf`` and ``data.tokenizer`` pointing at the run's own copies where it
     has them, set before the config is checked: the paths it names may be gone since (the model is then built
     from its config; the checkpoints hold every weight)."""
-    import json
-
-    import yaml
-
-    from geodiloco.runtime.config import load_config
+    from geodiloco.predictor.schema import load_yaml_mapping
+    from geodiloco.runtime.config import parse_config
     config_path = run_dir / "config.yaml"
-    saved = yaml.safe_load(config_path.read_text()) or {}
-    model, data = saved.get("model") or {}, saved.get("data") or {}
-    overrides = []
+    saved = load_yaml_mapping(config_path)
+    model, data = saved.get("model"), saved.get("data")
     if isinstance(model, dict) and model.get("hf") and (run_dir / MODEL_DIR / "config.json").is_file():
-        overrides.append(f"model.hf={{config: {json.dumps(str(run_dir / MODEL_DIR / 'config.json'))}}}")
+        model["hf"] = {"config": str(run_dir / MODEL_DIR / "config.json")}
     if isinstance(data, dict) and data.get("tokenizer") and (run_dir / TOKENIZER_DIR).is_dir():
-        overrides.append(f"data.tokenizer={json.dumps(str(run_dir / TOKENIZER_DIR))}")
-    return load_config(str(config_path), overrides)
+        data["tokenizer"] = str(run_dir / TOKENIZER_DIR)
+    return parse_config(saved, str(config_path))
 
 
 def load_parameters(model: nn.Module, params: list, source: str) -> None:

@@ -35,7 +35,7 @@ from geodiloco.runtime.config_agreement import OtherSitesLeave
 from geodiloco.runtime.preflight import preflight, quiet_gpu_notices
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
 from geodiloco.runtime.host_threads import warn_if_oversubscribed
-from geodiloco.runtime.data_record import first_to_tell, record_key, resume_notice, write_record
+from geodiloco.runtime.data_record import data_record, first_to_tell, record_key, resume_notice, write_record
 from geodiloco.runtime.run_files import save_run_files
 from geodiloco.runtime.run_dir import resume_changes
 from geodiloco.runtime.recovery import elastic_job, log_membership_event, restarts_left, trained_in_job
@@ -187,13 +187,14 @@ def _record_run_inputs(trainer: NodeTrainer, first_round: int) -> None:
     config and of its tokenizer (``runtime/run_files.py``); a resumed one says when its data differs
     (``runtime/data_record.py``). One line per node leader, as for changed settings."""
     if not trainer.topology.is_leader:
-        return
+        return  # the node's other ranks hold the same data: only its leader hashes it
+    record = data_record(trainer.eval_set, getattr(trainer.shard, "corpus_array", None))
     if first_round == 0:
-        write_record(trainer.run_dir, trainer.data_record)
+        write_record(trainer.run_dir, record)
         save_run_files(trainer.run_dir, trainer.config, trainer.model)
         return
-    notice = resume_notice(trainer.run_dir, trainer.data_record)
-    if notice is not None and first_to_tell(trainer.run_dir, f"data-{first_round}-{record_key(trainer.data_record)}"):
+    notice = resume_notice(trainer.run_dir, record)
+    if notice is not None and first_to_tell(trainer.run_dir, f"data-{first_round}-{record_key(record)}"):
         print(f"[geodiloco] node {trainer.topology.node_name}: {notice}", file=sys.stderr, flush=True)
 
 

@@ -28,7 +28,6 @@ from geodiloco.runtime.batching import StepSamples, accumulate_gradients, is_out
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import RunConfig
 from geodiloco.runtime.config_agreement import check_same_config, shared_view
-from geodiloco.runtime.data_record import data_record
 from geodiloco.runtime.run_dir import run_id_for
 from geodiloco.runtime.data_sources import node_data
 from geodiloco.runtime.diloco import OuterState, build_inner_optimizer, inner_lr
@@ -124,8 +123,6 @@ class NodeTrainer:
             outer_device = "cuda" if config.comm.outer_device == "cuda" else "cpu"
             self.outer = OuterState(self.model, outer.lr, outer.momentum, outer.nesterov, outer_device)
         self.eval_set, self.shard = build_data(config, topology)
-        self.data_record = data_record(self.eval_set, getattr(self.shard, "corpus_array", None))
-        """Digests of the eval set and corpus (``runtime.data_record``), written or compared at the start."""
         self.pacer = StepPacer(self.node, topology.node_index, config.diloco.batch_size, config.run.seed,
                                self.dims, self.seq_len, config.model.precision)
         self.cpu_share = start_cpu_share(self.node)
