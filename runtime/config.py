@@ -243,9 +243,9 @@ class DilocoSection(StrictModel):
 RESYNC_TOLERANCE = {"none": 1.0e-6, "fp16": 1.0e-6, "8bit": 1.0e-4}
 """Default ``comm.hivemind.resync_tolerance`` by wire codec. Each peer adds the codec's rounding of its own
 delta to the average, so replicas part by that rounding every round: in the demo's 3-site run
-(``experiments/configs/hivemind.yaml``, 6 rounds) the checksums' relative spread was 1-2e-7 per round
-under fp16 and 0.3-2.1e-5 under 8bit. A tolerance below the codec's spread reloads the full fp32 state
-nearly every round, which costs more than the 8-bit all-reduce saves; 1e-4 leaves room for several
+(experiments/hivemind/codec_drift.py) the checksums' relative spread stayed below 6.3e-7 under fp16 and
+grew by 2-7e-5 a round under 8bit. A tolerance below the codec's spread reloads the full fp32 state
+nearly every round (6 reloads in 8 rounds at 1e-6), more than the 8-bit all-reduce saves; 1e-4 leaves room for several
 rounds of 8-bit rounding and still catches an all-reduce that lost parts (whole parts off by the
 pseudo-gradient)."""
 
