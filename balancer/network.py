@@ -26,7 +26,6 @@ import numpy as np
 
 from geodiloco.balancer.cluster import NodeSpec
 
-BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 CHUNK_ELEMENTS = 2048
 """Elements per fp32 scale of the integer codecs (2 KiB of int8 carry 4 bytes of scale)."""
 CODEC_BITS = {"none": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
@@ -43,15 +42,6 @@ def encoded_bytes(codec: str, numel: int) -> int:
     if codec in ("int8", "int4"):
         payload += 4 * -(-numel // CHUNK_ELEMENTS)
     return payload
-
-
-def pseudo_gradient_bytes(num_params: int, sync_dtype: str = "fp32") -> int:
-    """Bytes one node contributes to the outer all-reduce (one element per parameter)."""
-    try:
-        return num_params * BYTES_PER_ELEMENT[sync_dtype]
-    except KeyError:
-        known = ", ".join(BYTES_PER_ELEMENT)
-        raise ValueError(f"unknown sync dtype {sync_dtype!r}; known: {known}") from None
 
 
 RUN_DEFAULT_OVERLAP = "streaming"
@@ -82,12 +72,18 @@ HIVEMIND_WIRE_CODECS = {"none": "none", "fp16": "fp16", "8bit": "int8"}
 """hivemind's codecs as the codec the planner prices (8bit: one byte per element, as int8)."""
 
 
-def hivemind_codec(hivemind_compression: str, diloco_compression: str) -> str:
-    """The codec a hivemind run puts on the wire, as the planner names it: ``comm.hivemind.compression``, else the
-    one matching ``diloco.compression`` (fp16 -> fp16, int8 -> 8bit; bf16 is rounded locally and sent as fp32)."""
+def hivemind_wire_codec(hivemind_compression: str, diloco_compression: str) -> str:
+    """The hivemind codec a run puts on the wire, by hivemind's name: ``comm.hivemind.compression``, else the one
+    matching ``diloco.compression`` (fp16 -> fp16, int8 -> 8bit; bf16 has no hivemind codec: it is rounded locally
+    and sent as fp32)."""
     if hivemind_compression != "none":
-        return HIVEMIND_WIRE_CODECS[hivemind_compression]
-    return {"fp16": "fp16", "int8": "int8"}.get(diloco_compression, "none")
+        return hivemind_compression
+    return {"fp16": "fp16", "int8": "8bit"}.get(diloco_compression, "none")
+
+
+def hivemind_codec(hivemind_compression: str, diloco_compression: str) -> str:
+    """The codec a hivemind run puts on the wire, as the planner names and prices it (8bit as int8)."""
+    return HIVEMIND_WIRE_CODECS[hivemind_wire_codec(hivemind_compression, diloco_compression)]
 
 
 def ring_allreduce_s(payload_bytes: float, bandwidths_mbps: Sequence[float],

@@ -226,19 +226,20 @@ class _Candidates:
 
 
 def _group_candidates(inputs: PolicyInputs, group_id: int, cap: int, base_batch: int) -> tuple:
-    """Efficient batches of one hardware group and its preferred one (closest to the baseline)."""
+    """Efficient batches of one hardware group, their micro-batches, their (fixed, scaling) step seconds, and the
+    preferred batch (closest to the baseline)."""
     bank, config = inputs.bank, inputs.config
     max_micro = int(bank.max_micro[bank.members[group_id][0]])
     cap = min(cap, max(config.min_batch_size, int(math.floor(base_batch * config.max_batch_factor))))
     batches = np.arange(config.min_batch_size, cap + 1, dtype=np.int64)
     micros = np.minimum(batches, max_micro)
-    features = np.array([bank.group_features(group_id, b, m) for b, m in zip(batches, micros)])
-    throughput = batches / features.sum(axis=1)
-    efficient = throughput >= (1.0 - config.throughput_tolerance) * throughput.max()
+    features_s = np.array([bank.group_features(group_id, batch, micro) for batch, micro in zip(batches, micros)])
+    samples_per_s = batches / features_s.sum(axis=1)
+    efficient = samples_per_s >= (1.0 - config.throughput_tolerance) * samples_per_s.max()
     distance = np.abs(np.log(batches / base_batch))
     preferred = int(batches[efficient][np.argmin(distance[efficient])])
     keep = efficient & (batches * 2 >= preferred) & (batches <= 2 * preferred)
-    return batches[keep], micros[keep], features[keep], preferred
+    return batches[keep], micros[keep], features_s[keep], preferred
 
 
 def _candidates(inputs: PolicyInputs) -> _Candidates:
@@ -248,21 +249,21 @@ def _candidates(inputs: PolicyInputs) -> _Candidates:
         for key in np.unique(np.stack([cap[members], inputs.base_batch[members]], axis=1), axis=0):
             rows[(group_id, int(key[0]), int(key[1]))] = _group_candidates(inputs, group_id, int(key[0]), int(key[1]))
     width = max(len(row[0]) for row in rows.values())
-    n = len(inputs.names)
-    batch = np.ones((n, width), dtype=np.int64)
-    micro = np.ones((n, width), dtype=np.int64)
-    fixed_s = np.zeros((n, width))
-    scaling_s = np.full((n, width), np.inf)
-    valid = np.zeros((n, width), dtype=bool)
-    preferred = np.empty(n, dtype=np.int64)
+    num_nodes = len(inputs.names)
+    batch = np.ones((num_nodes, width), dtype=np.int64)
+    micro = np.ones((num_nodes, width), dtype=np.int64)
+    fixed_s = np.zeros((num_nodes, width))
+    scaling_s = np.full((num_nodes, width), np.inf)
+    valid = np.zeros((num_nodes, width), dtype=bool)
+    preferred = np.empty(num_nodes, dtype=np.int64)
     group_of = inputs.bank.group_index
-    for (group_id, group_cap, group_base), (b, m, t, pref) in rows.items():
+    for (group_id, group_cap, group_base), (batches, micros, features_s, group_preferred) in rows.items():
         members = np.flatnonzero((group_of == group_id) & (cap == group_cap) & (inputs.base_batch == group_base))
-        k = len(b)
-        batch[members, :k], micro[members, :k] = b, m
-        fixed_s[members, :k], scaling_s[members, :k] = t[:, 0], t[:, 1]
-        valid[members, :k] = True
-        preferred[members] = pref
+        count = len(batches)
+        batch[members, :count], micro[members, :count] = batches, micros
+        fixed_s[members, :count], scaling_s[members, :count] = features_s[:, 0], features_s[:, 1]
+        valid[members, :count] = True
+        preferred[members] = group_preferred
     step_s = inputs.calibration.predict_s(fixed_s, scaling_s)
     return _Candidates(batch, micro, step_s, valid, preferred)
 

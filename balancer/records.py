@@ -69,3 +69,22 @@ def append_records(path: str | Path, records: Iterable[IdleRecord]) -> None:
         for record in records:
             handle.write(record.to_json() + "\n")
         handle.flush()
+
+
+def read_json_lines(path: str | Path) -> list[dict]:
+    """The JSON-object lines of a run log that another process may be appending to: a missing file gives no
+    rows, and a line that does not parse (the one being written, or one a killed process left half written)
+    is skipped, so a reader polling a live run never fails on it."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows

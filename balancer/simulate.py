@@ -16,7 +16,6 @@ and slowdown events.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -401,7 +400,3 @@ def trained_samples(batch: np.ndarray, nodes: Sequence[NodeSpec]) -> np.ndarray:
     """Samples each node trains per step at its planned ``batch`` (rounds x nodes): at least one per rank, as
     the runtime's ranks train them and the predictor's t(B) times them (``NodeSpec.ranks``)."""
     return np.maximum(batch, np.array([node.ranks for node in nodes], dtype=np.int64))
-
-
-def summary_json(result: SimulationResult) -> str:
-    return json.dumps(result.summary(), indent=2, sort_keys=False)

@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from geodiloco.balancer.records import read_json_lines
 from geodiloco.lab.process_tree import signal_tree
 from geodiloco.predictor.schema import ConfigError
 
@@ -68,20 +69,15 @@ def rounds_logged(run_dir: Path) -> tuple[int, float]:
     path = run_dir / "plan.jsonl"
     try:
         written_at = path.stat().st_mtime
-        lines = path.read_text().splitlines()
     except FileNotFoundError:
         return 0, 0.0
-    rounds = [json.loads(line)["round"] for line in lines if line.strip()]
+    rounds = [row["round"] for row in read_json_lines(path) if isinstance(row.get("round"), int)]
     return (max(rounds) + 1 if rounds else 0), written_at
 
 
 def longest_local_phase_s(run_dir: Path, round_idx: int) -> float | None:
     """The longest node compute_s of a round in metrics.jsonl (seconds), None before the round is there."""
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    rows = [json.loads(line) for line in lines if line.strip()]
+    rows = read_json_lines(run_dir / "metrics.jsonl")
     phases_s = [row["compute_s"] for row in rows
                 if row.get("round") == round_idx and row.get("node") != "global" and row.get("compute_s") is not None]
     return max(phases_s) if phases_s else None
@@ -167,8 +163,5 @@ class DrillRunner:
 
 
 def read_drill(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / DRILL_LOG
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_json_lines(Path(run_dir) / DRILL_LOG)
 

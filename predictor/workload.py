@@ -482,11 +482,6 @@ def optimizer_traffic(dims: ModelDims, precision: str, micro_batches: int = 1,
     return params * compulsory, params * retouched
 
 
-def optimizer_bytes(dims: ModelDims, precision: str, micro_batches: int = 1, grad_clip: bool = True) -> float:
-    """All bytes moved per step by the optimizer, clipping, accumulation and weight casts."""
-    return sum(optimizer_traffic(dims, precision, micro_batches, grad_clip))
-
-
 def gradient_bytes(dims: ModelDims) -> float:
     """Bytes of the fp32 gradients an intra-node all-reduce exchanges."""
     return 4.0 * parameter_count(dims)

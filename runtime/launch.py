@@ -337,7 +337,7 @@ def hold_run_dir(run_dir: Path):
 def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, elastic: Optional[bool] = None,
                  drill: Optional[str] = None) -> int:
     """Run every node here; ``elastic`` None = ``comm.elastic.enabled`` (torch backend only);
-    ``drill``: failures to inject (runtime/drill.py)."""
+    ``drill``: failures to inject (lab/drill.py)."""
     preflight(config)
     check_host_memory(config)
     check_run_dir(run_dir, resume)

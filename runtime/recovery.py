@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from geodiloco.balancer.records import read_json_lines
 from geodiloco.runtime import checkpoint
 
 MEMBERS_FILE = "members.json"
@@ -167,7 +168,4 @@ def log_membership_event(run_dir: Path, event: str, **fields) -> None:
 
 
 def read_membership_events(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / MEMBERSHIP_LOG
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_json_lines(Path(run_dir) / MEMBERSHIP_LOG)

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 if TYPE_CHECKING:
     from geodiloco.runtime.metrics_sinks import MetricSinks
 
-LOG_NAMES = ("metrics.jsonl", "idle.jsonl", "plan.jsonl")
-
 
 class RunLog:
     """``sinks``: TensorBoard / W&B writers that receive every row as it is logged."""

@@ -1,7 +1,7 @@
 import pytest
 
 from geodiloco.balancer.cluster import NodeSpec
-from geodiloco.balancer.network import OuterSyncModel, pseudo_gradient_bytes, ring_allreduce_s
+from geodiloco.balancer.network import OuterSyncModel, ring_allreduce_s
 
 
 def test_ring_time_is_the_ideal_ring_formula_without_latency():
@@ -18,14 +18,6 @@ def test_ring_time_is_set_by_the_slowest_link_and_largest_latency():
 
 def test_single_node_has_no_outer_sync():
     assert ring_allreduce_s(10**9, [100]) == 0.0
-
-
-def test_pseudo_gradient_bytes_follow_the_sync_dtype():
-    assert pseudo_gradient_bytes(1000, "fp32") == 4000
-    assert pseudo_gradient_bytes(1000, "bf16") == 2000
-    assert pseudo_gradient_bytes(1000, "int8") == 1000
-    with pytest.raises(ValueError, match="known: fp32"):
-        pseudo_gradient_bytes(1000, "fp8")
 
 
 def test_every_node_spends_the_same_time_in_the_ring():

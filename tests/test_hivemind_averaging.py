@@ -441,3 +441,18 @@ def test_the_last_checkpoint_is_confirmed_by_every_site_before_it_is_committed(c
         assert time.monotonic() - started < 15.0  # not the 30 s round_timeout_s: c is no longer awaited
         assert {item.get("node", "a"): item["saved_round"] for item in gathered} == {"a": 4, "b": 4, "c": None}
         assert "c did not confirm the checkpoint of round 5; `latest` stays on the round before" in capsys.readouterr().out
+
+
+def test_a_failed_all_reduce_with_no_peer_left_says_why_before_going_on_alone(capsys):
+    """Every peer gone: the node applies its own update, and says what failed (a TypeError of ours would
+    otherwise pass for a lost peer); with a live peer left it is out of sync instead."""
+    def sync_with(members):
+        return SimpleNamespace(running_round=lambda: 3, members=lambda: members,
+                               topology=SimpleNamespace(node_name="a"))
+
+    HivemindOuterSync._after_failed_step(sync_with(["a"]), 3, TypeError("unsupported operand"))
+    out = capsys.readouterr().out
+    assert ("node a: outer all-reduce of round 4 failed (TypeError: unsupported operand) and no live peer is left; "
+            "this node applies its own update alone") in out
+    with pytest.raises(OutOfSync, match="failed \\(timed out\\) with live peers b"):
+        HivemindOuterSync._after_failed_step(sync_with(["a", "b"]), 3, TimeoutError("timed out"))

@@ -392,3 +392,18 @@ def test_a_hivemind_run_that_comm_min_nodes_finished_succeeds_though_a_node_was_
     processes = [subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True) for _ in range(3)]
     processes.insert(2, killed)
     assert watch_sites(config, tmp_path, processes, launcher, elastic=False, drill_events=[]) == 137
+
+
+def test_the_drill_reads_live_logs_past_a_half_written_line(tmp_path):
+    """The drill polls plan.jsonl and metrics.jsonl while the coordinator appends to them and while sites are being
+    killed: a last line cut mid-write must not stop its thread (every later event would then never fire)."""
+    from geodiloco.lab.drill import longest_local_phase_s, rounds_logged
+    (tmp_path / "plan.jsonl").write_text('{"round": 0}\n{"round": 1}\n{"round": 2, "nod')
+    (tmp_path / "metrics.jsonl").write_text('{"round": 1, "node": "a", "compute_s": 2.5}\n'
+                                             '{"round": 1, "node": "b", "compute_s": 4.0}\n'
+                                             '{"round": 1, "node": "global", "compute_s": 9.0}\n{"round": 1, "no')
+    assert rounds_logged(tmp_path)[0] == 2
+    assert longest_local_phase_s(tmp_path, 1) == 4.0
+    assert rounds_logged(tmp_path / "absent") == (0, 0.0)
+    (tmp_path / "drill.jsonl").write_text('{"event": "kill", "node": "c"}\n{"event": "rest')
+    assert read_drill(tmp_path) == [{"event": "kill", "node": "c"}]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check in one go, for a machine lent for a short while:
+# Every GPU check in one go, for a GPU machine available for a short while:
 #   experiments/gpu/run_all.sh OUT_DIR
 # 1. what the predictor detects on this machine (NVML / torch.cuda), a measured probe row, and
 #    probe_timing.py: the probe's matmul by size (4096^3-16384^3), timing, operands and interleaving;

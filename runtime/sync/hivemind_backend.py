@@ -38,6 +38,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from geodiloco.balancer.network import CODEC_BITS, HIVEMIND_WIRE_CODECS, hivemind_wire_codec
 from geodiloco.predictor.unknown_gpus import adopted_rows
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.auth import SECRET_ENV, AuthError
@@ -120,16 +121,13 @@ def codec(name: str):
 
 
 def wire_codec(options: HivemindSection, diloco_compression: str) -> str:
-    """The hivemind codec of a run: ``comm.hivemind.compression``, else the one matching
-    ``diloco.compression`` (int8 -> hivemind's 8bit; bf16 has no hivemind codec: it is rounded
-    locally, sent as fp32)."""
-    if options.compression != "none":
-        return options.compression
-    return {"fp16": "fp16", "int8": "8bit"}.get(diloco_compression, "none")
+    """The hivemind codec of a run (see ``balancer.network.hivemind_wire_codec``)."""
+    return hivemind_wire_codec(options.compression, diloco_compression)
 
 
-WIRE_BITS = {"none": 32, "fp16": 16, "8bit": 8}
-"""Bits per element of each hivemind codec on the wire (8bit: one code byte, plus a 256-entry codebook per part)."""
+def wire_bits(codec_name: str) -> int:
+    """Bits per element of a hivemind codec on the wire (8bit: one code byte, plus a 256-entry codebook per part)."""
+    return CODEC_BITS[HIVEMIND_WIRE_CODECS[codec_name]]
 
 
 def butterfly_sent_bytes(codec_name: str, numel: int, group_size: int) -> int:
@@ -139,7 +137,7 @@ def butterfly_sent_bytes(codec_name: str, numel: int, group_size: int) -> int:
     same 2 (n-1)/n x payload as the torch backend's ring; codebooks and framing (under 1 %) left out."""
     if group_size <= 1:
         return 0
-    return int(2 * (group_size - 1) * -(-numel * WIRE_BITS[codec_name] // 8) / group_size)
+    return int(2 * (group_size - 1) * -(-numel * wire_bits(codec_name) // 8) / group_size)
 
 
 def _on_wire(flat: torch.Tensor, diloco_compression: str) -> torch.Tensor:
@@ -1004,6 +1002,9 @@ class HivemindOuterSync:
         if others:
             raise OutOfSync(f"outer all-reduce of round {round_idx + 1} failed ({err}) with live peers "
                             f"{', '.join(others)}")
+        print(f"[geodiloco] node {self.topology.node_name}: outer all-reduce of round {round_idx + 1} failed "
+              f"({type(err).__name__}: {err}) and no live peer is left; this node applies its own update alone",
+              flush=True)
 
     def final_parameters_differ(self, run_id: str, checksum: float) -> bool:
         """Post this node's final parameter checksum, wait (bounded) for every live peer's, and
