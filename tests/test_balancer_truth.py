@@ -91,20 +91,36 @@ def test_stragglers_and_drift_make_the_truth_differ_from_any_plan():
     assert 0.0 < float(np.median(np.abs(extra_steps))) < 0.6
 
 
-def _pace_phase(pacer, steps: int, compute_s: float, wake_late_s: float, monkeypatch) -> list[float]:
-    """Step times of one phase whose steps compute ``compute_s`` each, on a CPU where every sleep wakes
-    ``wake_late_s`` late (time.sleep patched to oversleep)."""
-    import time
+class _FakeClock:
+    """perf_counter and sleep for the pacer, on a clock that moves only when told: every sleep wakes
+    ``wake_late_s`` late, and compute takes exactly what the test says."""
 
-    real_sleep = time.sleep
-    monkeypatch.setattr(time, "sleep", lambda seconds: real_sleep(seconds + wake_late_s))
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self.wake_late_s = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds + self.wake_late_s
+
+
+def _pace_phase(pacer, steps: int, compute_s: float, wake_late_s: float, monkeypatch,
+                clock: "_FakeClock | None" = None) -> list[float]:
+    """Step times of one phase whose steps compute ``compute_s`` each, on a CPU where every sleep wakes
+    ``wake_late_s`` late."""
+    from geodiloco.lab import virtual_gpu
+
+    clock = clock or _FakeClock()
+    clock.wake_late_s = wake_late_s
+    monkeypatch.setattr(virtual_gpu, "time", clock)
     step_times_s = []
     for step_idx in range(steps):
-        started = time.perf_counter()
-        real_sleep(compute_s)
+        started = clock.now_s
+        clock.now_s += compute_s
         pacer.pad(started, 0, step_idx, 4)
-        step_times_s.append(time.perf_counter() - started)
-    monkeypatch.setattr(time, "sleep", real_sleep)
+        step_times_s.append(clock.now_s - started)
     return step_times_s
 
 
@@ -113,17 +129,16 @@ def test_a_phase_of_padded_steps_adds_up_to_its_targets_though_each_sleep_wakes_
     previous one's overshoot off their pad, so 6 steps last 6 x 0.1 s plus one wake-up, not 6 x 0.13 s;
     none counts as slow, since none computed past its target."""
     pacer = StepPacer(NodeSpec(name="a", emulate={"step_time_s": 0.1}), 0, 4, 0, resolve_dims("tiny"), 128, "bf16")
-    step_times_s = _pace_phase(pacer, 6, 0.02, 0.03, monkeypatch)
-    # without the carry: 0.78 s; the bounds leave a busy machine 60 ms of its own wake-up delays
-    assert 0.63 - 0.005 <= sum(step_times_s) < 0.63 + 0.06
-    assert step_times_s[0] >= 0.13 - 0.005
+    clock = _FakeClock()
+    step_times_s = _pace_phase(pacer, 6, 0.02, 0.03, monkeypatch, clock)
+    assert step_times_s == pytest.approx([0.13] + [0.1] * 5, abs=1e-9)  # 0.63 s in all; without the carry 0.78 s
     assert pacer.slow_steps == 0
     # a new phase starts without the carry: its first step is padded to its whole target (0.07 s with it)
-    assert 0.1 - 0.005 <= _pace_phase(pacer, 1, 0.02, 0.0, monkeypatch)[0] < 0.1 + 0.06
+    assert _pace_phase(pacer, 1, 0.02, 0.0, monkeypatch, clock) == pytest.approx([0.1], abs=1e-9)
 
 
 def test_a_step_that_computes_past_its_target_keeps_its_time_and_counts_as_slow(monkeypatch):
     pacer = StepPacer(NodeSpec(name="a", emulate={"step_time_s": 0.05}), 0, 4, 0, resolve_dims("tiny"), 128, "bf16")
     step_times_s = _pace_phase(pacer, 2, 0.08, 0.0, monkeypatch)
-    assert all(0.08 - 0.005 <= step_s < 0.08 + 0.06 for step_s in step_times_s)
+    assert step_times_s == pytest.approx([0.08, 0.08], abs=1e-9)
     assert pacer.slow_steps == 2

@@ -203,12 +203,26 @@ def test_a_node_that_fits_no_sample_is_named_and_the_advice_leaves_out_what_was_
 
 
 def test_no_elastic_is_saved_with_the_run_so_a_resume_keeps_fixed_membership(tmp_path, monkeypatch):
+    import contextlib
+
+    import yaml
+
     from geodiloco.runtime import launch
     started = []
-    monkeypatch.setattr(launch, "launch_local", lambda config, run_dir, *rest: started.append(config) or 1)
-    assert main(["run", "--no-elastic", "--run-dir", str(tmp_path / "r")]) == 1
-    assert main(["run", "--run-dir", str(tmp_path / "r2")]) == 1
-    assert [config.comm.elastic.enabled for config in started] == [False, True]
+
+    @contextlib.contextmanager
+    def no_sites(config, mode, train_args, elastic):
+        started.append(elastic)
+        yield [], None
+
+    monkeypatch.setattr(launch, "site_processes", no_sites)
+    monkeypatch.setattr(launch, "watch_sites", lambda *args: 1)
+    assert main(["run", "--no-elastic", "--sites", "local", "--run-dir", str(tmp_path / "r")]) == 1
+    assert main(["run", "--sites", "local", "--run-dir", str(tmp_path / "r2")]) == 1
+    saved = [yaml.safe_load((tmp_path / name / "config.yaml").read_text())["comm"]["elastic"]["enabled"]
+             for name in ("r", "r2")]
+    assert saved == [False, True]
+    assert started == [False, True]
 
 
 def test_a_node_the_launcher_waits_for_that_never_comes_up_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
@@ -252,7 +266,13 @@ def test_predict_refuses_a_slice_its_part_does_not_have_and_plans_an_unknown_gpu
     code, out, err = run(capsys, "predict", "--gpu", gpu)
     assert code == 2 and out == "" and message in err  # not a stand-in's numbers under that name
     code, out, _ = run(capsys, "predict", "--gpu", "Tesla K80")
-    assert code == 0 and "step" in out  # an unknown GPU stays usable, planned like the stand-in
+    assert code == 0 and "node: 1 x Tesla K80" in out  # an unknown GPU stays usable, planned like the stand-in
+    _, stand_in, _ = run(capsys, "predict", "--gpu", "L4")
+    assert step_time_line(out) == step_time_line(stand_in)
+
+
+def step_time_line(predict_out: str) -> str:
+    return next(line for line in predict_out.splitlines() if line.startswith("step time: "))
 
 
 def test_version_names_the_package_torch_and_python_and_the_module_runs_as_the_command():

@@ -68,8 +68,14 @@ def test_bad_options_exit_2_before_anything_runs():
     too_long = run_script("--presets", "tiny", "--seq-len", "600")
     assert too_long.returncode == 2
     assert "exceeds tiny's max_seq_len 256" in too_long.stderr
-    assert run_script("--batch-sizes", "0,4").returncode == 2
-    assert run_script("--run-rounds", "1").returncode == 2
+    zero_batch = run_script("--batch-sizes", "0,4")
+    assert zero_batch.returncode == 2
+    assert "error: argument --batch-sizes: expected integers >= 1, got '0,4'" in zero_batch.stderr
+    one_round = run_script("--run-rounds", "1")
+    assert one_round.returncode == 2
+    assert "error: --run-rounds must be >= 2 (the check compares the first and last round's loss)" in one_round.stderr
+    for refused in (too_long, zero_batch, one_round):  # refused before any sweep or run started
+        assert refused.stdout == ""
 
 
 def test_help_explains_every_option():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("transformers")
+import transformers  # noqa: F401  (the dev extra has it: a missing one must fail, not skip)
 
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.predictor.workload import parameter_count, training_flops

@@ -8,9 +8,9 @@ import glob
 import pytest
 import torch
 
-pytest.importorskip("transformers")
-pytest.importorskip("tensorboard")
-pytest.importorskip("wandb")
+import transformers  # noqa: F401  (the dev extra has it: a missing one must fail, not skip)
+import tensorboard  # noqa: F401
+import wandb  # noqa: F401
 
 from geodiloco.runtime import checkpoint
 from tests.hf_helpers import documents, llama_config, train_tokenizer, write_jsonl

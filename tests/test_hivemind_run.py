@@ -92,6 +92,11 @@ def node_rounds(run_dir, name):
 RECOVERY_MARKERS = ("never came back", "reloading the global state")
 
 
+def recoveries(logs: dict) -> int:
+    """How many times the nodes' logs say an all-reduce failed for some or a node reloaded its peers' state."""
+    return sum(log.count(marker) for log in logs.values() for marker in RECOVERY_MARKERS)
+
+
 def final_checksum(log_text):
     found = re.search(r"final parameter checksum (\S+)", log_text)
     assert found, log_text[-3000:]
@@ -274,6 +279,8 @@ def test_a_late_node_joins_with_its_peers_parameters(tmp_path):
             assert_same_parameters(list(start_checksums[round_idx].values()))
         assert recorded == joined
     else:
+        # one hiccup on a loaded machine, seen by each node at most once or twice; not a failure of every round
+        assert recoveries(logs) <= 6, {name: log[-1500:] for name, log in logs.items()}
         # an all-reduce that failed for some: c's row of a round it threw away (its time counted in its
         # next record) may come from the group's first node, and a round that node threw away has c's
         # record without c's row
@@ -305,6 +312,7 @@ def test_a_two_rank_site_under_torchrun_trains_with_a_one_rank_site(tmp_path):
     if not recovered:
         assert recorded == planned, (recorded, logs["a"][-1500:], logs["b"][-1500:])
     else:
+        assert recoveries(logs) <= 4, {name: log[-1500:] for name, log in logs.items()}  # a hiccup, not every round
         # a node that threw a round away and reloaded its peers' state (a failed all-reduce, on a loaded
         # machine) counts that round's time in its previous record, which the run's end extends when the
         # round was its last: a subset of the rounds, still tiling each node's time

@@ -126,9 +126,9 @@ def test_a_spare_whose_run_ended_is_told_so_and_other_errors_are_not_hidden():
     line, code = describe_failure(AttributeError("'NoneType' object has no attribute 'is_failed'"), ARGS, "a", None,
                                   waited_as_spare=True)
     assert line.startswith("site a waited as a spare and the run exp7 at 10.0.0.1:29400 has ended") and code == 1
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="^a bug of ours$"):
         describe_failure(AttributeError("a bug of ours"), ARGS, "a", None, waited_as_spare=False)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^a bug of ours$"):
         describe_failure(ValueError("a bug of ours"), ARGS, "a", None)
 
 

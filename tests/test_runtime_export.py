@@ -83,7 +83,6 @@ def load_config_text(directory: Path, text: str):
 
 
 def test_a_tokenizer_gone_since_the_run_is_named_before_anything_is_written(tmp_path):
-    pytest.importorskip("transformers")
     from tests.hf_helpers import llama_config
     config_path = llama_config(tmp_path / "config.json")
     run_dir = tmp_path / "run"

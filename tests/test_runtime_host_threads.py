@@ -118,8 +118,11 @@ def test_a_co_located_trainer_without_omp_is_warned_on_stdout(monkeypatch, capsy
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("geodiloco.runtime.host_threads.other_trainers_on_host", lambda: [12345])
     monkeypatch.setattr("os.cpu_count", lambda: torch.get_num_threads())
+    threads = torch.get_num_threads()
     notice = warn_if_oversubscribed("b", on_cuda=False, outer_on_cuda=False)
-    assert notice is not None
+    assert notice.startswith(f"node b: 1 other trainer(s) run on this host and each uses {threads} CPU threads on "
+                             f"{threads} cores;")
+    assert f"Set OMP_NUM_THREADS={max(1, threads // 2)} (cores / trainers) for each, see docs/runtime.md" in notice
     assert capsys.readouterr().out == f"[geodiloco] {notice}\n"
 
 

@@ -18,8 +18,11 @@ def elastic(monkeypatch, restarts: int) -> None:
 
 
 def test_one_agent_per_node_passes_whatever_its_rank_count():
-    settle_double_claims([["a", "0"], ["a", "0"], ["b", "1"], ["c", "2"]], "a", NODES)
-    settle_double_claims([["a", None], ["b", None]], "a", NODES)  # no torchrun agent: nothing to compare
+    for node_name in NODES:  # neither the node itself nor the others are stopped
+        assert settle_double_claims([["a", "0"], ["a", "0"], ["b", "1"], ["c", "2"]], node_name, NODES) is None
+        assert settle_double_claims([["a", "0"], ["b", "1"], ["b", "1"], ["b", "1"], ["c", "2"]], node_name,
+                                    NODES) is None
+    assert settle_double_claims([["a", None], ["b", None]], "a", NODES) is None  # no torchrun agent: nothing to compare
 
 
 def test_both_claimants_stop_and_the_others_go_on_without_them_when_restarted(monkeypatch):

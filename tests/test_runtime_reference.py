@@ -29,13 +29,19 @@ def sgd_config(nodes, rounds, weighting, outer):
 
 
 def run_and_load_global(tmp_path: Path, config: dict) -> tuple[list[torch.Tensor], Path]:
+    params, run_dir, _ = run_and_load_global_with_output(tmp_path, config)
+    return params, run_dir
+
+
+def run_and_load_global_with_output(tmp_path: Path, config: dict) -> tuple[list[torch.Tensor], Path, str]:
+    """The last round's global parameters, the run directory, and what the run printed (stdout + stderr)."""
     run_dir = tmp_path / "run"
     result = geodiloco("run", "--sites", "local", "--no-report", "--config", str(write_config(tmp_path, config)),
                        "--run-dir", str(run_dir))
     assert result.returncode == 0, result.stderr[-3000:]
     last_round = config["diloco"]["rounds"] - 1
     state = checkpoint.load_global(run_dir, last_round)
-    return state["outer"]["global_params"], run_dir
+    return state["outer"]["global_params"], run_dir, result.stdout + result.stderr
 
 
 def node_shards(config: dict) -> list[NodeShard]:
@@ -246,11 +252,15 @@ def test_int8_with_error_feedback_stays_within_one_percent_of_fp32(tmp_path):
 def test_streaming_ends_every_node_on_the_same_global_parameters(tmp_path):
     config = sgd_config(UNEQUAL_NODES, rounds=3, weighting="tokens", outer=NESTEROV)
     config["diloco"].update({"overlap": "streaming", "fragments": 3})
-    runtime_params, run_dir = run_and_load_global(tmp_path, config)
+    runtime_params, run_dir, output = run_and_load_global_with_output(tmp_path, config)
+    # Every rank of every node holds the same final parameters: the last round drains the fragments still in flight
+    # and resyncs (without that final resync the nodes end about 1 apart in their parameter sums).
+    assert "final parameter checksum" in output and "on every rank: a, b, c" in output, output[-3000:]
+    assert "ended on different parameters" not in output
     blocking = reference_diloco(config, tokens_weights, outer_lr=0.7, momentum=0.9)
-    # Close to blocking DiLoCo (each fragment is a third of a round stale), but not equal to it.
+    # Close to blocking DiLoCo (each fragment is a third of a round stale; measured 0.02), but not equal to it.
     gap = max(float((got - want).abs().max()) for got, want in zip(runtime_params, blocking))
-    assert 0 < gap < 0.05
+    assert 0 < gap < 0.04
     idle = read_jsonl(run_dir / "idle.jsonl")
     for record in idle:
         phases_s = record["compute_s"] + record["wait_s"] + record["comm_s"] + record["overhead_s"]

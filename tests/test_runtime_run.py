@@ -238,7 +238,7 @@ def test_sigterm_on_one_node_stops_the_whole_job_and_keeps_the_checkpoint(tmp_pa
     assert len(children) == 3
     os.kill(children[1], signal.SIGTERM)
     _, stderr = launcher.communicate(timeout=60)
-    assert launcher.returncode != 0
+    assert launcher.returncode == 143, stderr[-3000:]  # the stopped node's own status: 128 + SIGTERM
     assert "node stopped by SIGTERM" in stderr
     _assert_all_gone(children)
     saved_round = checkpoint.latest_round(run_dir)
