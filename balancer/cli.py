@@ -9,7 +9,8 @@ from geodiloco.balancer.config import POLICY_NAMES
 
 COMMON_HELP = {
     "cluster": "cluster file (a nodes: list) or a whole run config",
-    "model": "model preset or a JSON/YAML file of dims (default: the file's model.preset, else llama-150m)",
+    "model": ("model preset or a JSON/YAML file of dims (default: the file's model: its preset, dims file or "
+              "model.hf config.json; else llama-150m)"),
     "set": "balancing option KEY=VALUE (repeatable), e.g. --set hysteresis=0.05 --set reference_node=fastest",
 }
 

@@ -84,9 +84,9 @@ def node_data(config: RunConfig, node_index: int, num_nodes: int) -> tuple[Batch
 
 def _streamed_eval(config: RunConfig) -> tuple[list[int], np.ndarray]:
     """(held-out documents per data file, the eval set's packed tokens) of a streamed dataset."""
-    from geodiloco.runtime.hf_data import eval_docs_per_file, load_tokenizer
+    from geodiloco.runtime.hf_data import eval_docs_per_file, load_tokenizer, stream_files
     data = config.data
-    files = [[path] for path in data.hf_dataset.data_files] if data.hf_dataset.data_files else [None]
+    files = stream_files(data.hf_dataset, data.shards)
     num_windows = data.eval_batches * data.eval_batch_size
     if num_windows == 0:
         return [0] * len(files), np.zeros(0, dtype=np.int64)

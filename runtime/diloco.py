@@ -282,7 +282,7 @@ def inner_lr(base_lr: float, progress_steps: float, total_steps: float, warmup_s
     schedule at the same point of the round whatever its own step count.
     """
     if warmup_steps > 0 and progress_steps < warmup_steps:
-        return base_lr * (progress_steps + 1) / warmup_steps
+        return base_lr * min(1.0, (progress_steps + 1) / warmup_steps)  # a fractional progress may pass the end
     decay_span = max(1.0, total_steps - warmup_steps)
     fraction = min(1.0, max(0.0, (progress_steps - warmup_steps) / decay_span))
     cosine = 0.5 * (1.0 + math.cos(math.pi * fraction))

@@ -20,6 +20,7 @@ only here.
 """
 from __future__ import annotations
 
+import glob
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
@@ -214,13 +215,29 @@ def non_iid_stream_problem(num_files: int, num_nodes: int) -> Optional[str]:
     if num_files >= num_nodes:
         return None
     return (f"data.shards: non_iid with data.hf_dataset.streaming gives each node whole data files, but "
-            f"{num_files} file(s) cannot be split among {num_nodes} nodes; list at least {num_nodes} data_files, "
+            f"{num_files} file(s) cannot be split among {num_nodes} nodes; give at least {num_nodes} data files, "
             "or use data.shards: iid")
+
+
+def stream_files(hf: Any, shards: str) -> list:
+    """The file groups a streamed dataset is read in, in order: one per ``data_files`` entry (a glob is read as
+    one group), or ``[None]`` for the dataset's own files. Under ``non_iid`` shards, where each node gets whole
+    files, a glob that matches local files stands for each of them (sorted), so ``corpus/*.jsonl`` over 6 files
+    deals 6 files."""
+    if not hf.data_files:
+        return [None]
+    if shards != "non_iid":
+        return [[path] for path in hf.data_files]
+    groups = []
+    for pattern in hf.data_files:
+        matched = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else []
+        groups.extend([[path] for path in matched] if matched else [[pattern]])
+    return groups
 
 
 def stream_layout(hf: Any, node_index: int, num_nodes: int, shards: str,
                   held_out_by_file: list[int]) -> StreamLayout:
-    all_files = [[path] for path in hf.data_files] if hf.data_files else [None]
+    all_files = stream_files(hf, shards)
     if shards == "iid":
         return StreamLayout(all_files, held_out_by_file, num_nodes, node_index)
     problem = non_iid_stream_problem(len(all_files), num_nodes)

@@ -27,7 +27,8 @@ def read_hf_config(path: Path, field: str) -> dict:
     if not path.is_file():
         wanted = ("a save_pretrained directory (it holds config.json and the weights)" if field.endswith("pretrained")
                   else "a transformers config.json (or a directory holding one)")
-        raise ConfigError(f"{field}: {path} does not exist; give {wanted}")
+        relative = "" if path.is_absolute() else f" (relative paths are read from the current directory, {Path.cwd()})"
+        raise ConfigError(f"{field}: {path} does not exist{relative}; give {wanted}")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

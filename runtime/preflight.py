@@ -55,8 +55,16 @@ def check_data_files(config: RunConfig) -> None:
         raise ConfigError(f"data.hf_dataset.data_files: the {hf.path} builder reads local files; list them")
     check_builder_name(hf.path)
     for pattern in hf.data_files:
-        if not glob.glob(pattern):
-            raise ConfigError(f"data.hf_dataset.data_files: {pattern} matches no file")
+        matched = glob.glob(pattern)
+        if not matched:
+            relative = "" if Path(pattern).is_absolute() else \
+                f" (relative paths are read from the current directory, {Path.cwd()})"
+            raise ConfigError(f"data.hf_dataset.data_files: {pattern} matches no file{relative}")
+        folders = [path for path in matched if Path(path).is_dir()]
+        if folders:
+            suffix = {"json": "jsonl", "text": "txt"}.get(hf.path, hf.path)
+            raise ConfigError(f"data.hf_dataset.data_files: {folders[0]} is a directory; list its files, e.g. "
+                              f"{Path(folders[0]) / ('*.' + suffix)}")
 
 
 JSON_HEAD_BYTES = 1 << 20
@@ -138,8 +146,8 @@ def check_stream_shards(config: RunConfig) -> None:
     hf = config.data.hf_dataset
     if hf is None or not hf.streaming or config.data.shards != "non_iid":
         return
-    from geodiloco.runtime.hf_data import non_iid_stream_problem
-    problem = non_iid_stream_problem(len(hf.data_files) or 1, len(config.nodes))
+    from geodiloco.runtime.hf_data import non_iid_stream_problem, stream_files
+    problem = non_iid_stream_problem(len(stream_files(hf, config.data.shards)), len(config.nodes))
     if problem:
         raise ConfigError(problem)
 
@@ -294,6 +302,18 @@ def check_byte_corpus(config: RunConfig) -> None:
     except ValueError as err:
         message = str(err)
         raise ConfigError(message if message.startswith("data.") else f"data.source: {message}") from None
+    check_bytes_fit_vocab(corpus, config)
+
+
+def check_bytes_fit_vocab(corpus, config: RunConfig) -> None:
+    """Byte-level text feeds each byte value as a token id: one past the model's embedding would fail inside every
+    node's first forward pass (and again on each restart)."""
+    vocab_size = config.model.dims().vocab_size
+    largest = int(corpus.max()) if len(corpus) else -1
+    if largest >= vocab_size:
+        raise ConfigError(f"data.source: byte-level text holds byte value {largest}, but the model's embedding has "
+                          f"{vocab_size} rows (vocab_size); byte-level data needs vocab_size >= {largest + 1} (256 "
+                          "covers every byte), or tokenize it: data.hf_dataset with data.tokenizer")
 
 
 def check_model_fits(config: RunConfig) -> None:

@@ -118,6 +118,8 @@ def resume_changes(run_dir: Path, config: RunConfig) -> list[str]:
         raise ConfigError(f"--resume: {listed} cannot change in a resumed run (its checkpoint was written for the "
                           f"saved value); drop the change, or start a new run. Settings that may change: "
                           f"{', '.join(RESUMABLE)}")
+    from geodiloco.runtime.run_files import check_kept_files
+    check_kept_files(run_dir, config)
     return [f"{key}: {before!r} -> {after!r}" for key, (before, after) in changes.items()]
 
 

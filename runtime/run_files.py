@@ -78,3 +78,60 @@ def load_parameters(model: nn.Module, params: list, source: str) -> None:
                               f"but {tuple(saved.shape)} in the run's checkpoint; the model config changed since "
                               "the run trained: restore it")
         target.data.copy_(saved.to(target.dtype))
+
+
+IGNORED_CONFIG_KEYS = {"transformers_version", "use_cache", "torch_dtype", "dtype", "architectures"}
+"""Keys of a transformers config that ``save_pretrained`` or the runtime set on their own (the runtime trains in
+fp32 with the cache off), so they say nothing about whether the user's config.json was edited."""
+
+
+def check_kept_files(run_dir: Path, config) -> None:
+    """On ``--resume``: the model config.json and tokenizer the config names still match the copies the run kept
+    when it started. The checkpoints were trained with those: an edited config.json would fail on every node's
+    restart with shapes that no longer fit, and a retrained tokenizer would feed the model other token ids than
+    it learned while ``evaluate`` and ``export`` go on using the kept one."""
+    hf = config.model.hf
+    kept_config = run_dir / MODEL_DIR / "config.json"
+    if hf is not None and kept_config.is_file():
+        from geodiloco.predictor.workload import hf_config_json
+        field = "model.hf.config" if hf.config else "model.hf.pretrained"
+        named = hf_config_json(hf.config, hf.pretrained)
+        changes = _config_changes(kept_config, named)
+        if changes:
+            raise ConfigError(f"--resume: {field}: {named} changed since this run started ({changes}); the run "
+                              f"trained with its copy {kept_config}: put that back (cp {kept_config} {named}), "
+                              "or start a new run")
+    kept_tokenizer = run_dir / TOKENIZER_DIR
+    if config.data.tokenizer and kept_tokenizer.is_dir():
+        changes = _tokenizer_changes(kept_tokenizer, config.data.tokenizer)
+        if changes:
+            raise ConfigError(f"--resume: data.tokenizer: {config.data.tokenizer} changed since this run started "
+                              f"({changes}); the model learned the token ids of the run's copy {kept_tokenizer}: "
+                              f"put that back (cp -r {kept_tokenizer}/. {config.data.tokenizer}), or start a new run")
+
+
+def _config_changes(kept: Path, named: Path) -> str:
+    """The settings that differ between two transformers config.json files, as text ('' when none)."""
+    from transformers import AutoConfig
+    if not named.is_file():
+        return ""  # a moved config is read from the run's copy where it matters (evaluate, export)
+    before, after = (AutoConfig.from_pretrained(str(path)).to_dict() for path in (kept, named))
+    keys = sorted(key for key in set(before) | set(after)
+                  if not key.startswith("_") and key not in IGNORED_CONFIG_KEYS and before.get(key) != after.get(key))
+    return ", ".join(f"{key} {before.get(key)!r} -> {after.get(key)!r}" for key in keys[:5])
+
+
+def _tokenizer_changes(kept: Path, named: str) -> str:
+    """How the tokenizer at ``named`` differs from the run's copy in what the model sees: its vocabulary
+    (token -> id) and its special tokens ('' when it does not)."""
+    from geodiloco.runtime.hf_data import load_tokenizer
+    if not Path(named).is_dir():
+        return ""  # a missing tokenizer is refused by the preflight, with its own message
+    before, after = load_tokenizer(str(kept)), load_tokenizer(named)
+    vocab_before, vocab_after = before.get_vocab(), after.get_vocab()
+    if vocab_before != vocab_after:
+        moved = sum(1 for token, token_id in vocab_after.items() if vocab_before.get(token) != token_id)
+        return f"vocabulary of {len(vocab_before)} tokens -> {len(vocab_after)}, {moved} token(s) new or renumbered"
+    if before.special_tokens_map != after.special_tokens_map:
+        return f"special tokens {before.special_tokens_map} -> {after.special_tokens_map}"
+    return ""

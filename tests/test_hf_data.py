@@ -134,6 +134,24 @@ def test_streaming_non_iid_gives_each_node_whole_files(corpus):
         node_data(config, 0, 5)
 
 
+def test_streaming_non_iid_deals_the_files_a_glob_matches(corpus):
+    """``corpus/*.jsonl`` over 4 files is 4 files to deal, not one (the launcher's check counts the same way)."""
+    from pathlib import Path
+    pattern = str(Path(corpus["files"][0]).parent / "*.jsonl")
+    config = parse_config({
+        "model": {"hf": {"config": corpus["model"]}, "seq_len": 16},
+        "data": {"hf_dataset": {"path": "json", "data_files": [pattern], "streaming": True},
+                 "tokenizer": corpus["tokenizer"], "shards": "non_iid", "eval_batches": 1, "eval_batch_size": 4},
+        "nodes": NODES}, "run.yaml")
+    preflight(config)
+    layouts = [node_data(config, index, 3)[1].layout for index in range(3)]
+    files = sorted(corpus["files"])
+    assert [[group[0] for group in layout.files] for layout in layouts] == [[files[0], files[3]], [files[1]], [files[2]]]
+    iid = parse_config({**config.model_dump(mode="json", exclude_none=True),
+                        "data": {**config.data.model_dump(mode="json", exclude_none=True), "shards": "iid"}}, "run.yaml")
+    assert [group for group in node_data(iid, 0, 3)[1].layout.files] == [[pattern]]  # iid reads the glob as one group
+
+
 def test_a_tokenizer_larger_than_the_embedding_is_one_config_error(corpus, tmp_path):
     big_vocab = train_tokenizer(corpus["texts"] * 3, tmp_path / "big", vocab_size=400)
     config = parse_config({"model": {"hf": {"config": corpus["model"]}, "seq_len": 16},
@@ -159,6 +177,20 @@ def test_bad_data_settings_name_the_field(corpus, data, message):
     config = parse_config({"model": {"hf": {"config": corpus["model"]}}, "data": data, "nodes": NODES}, "run.yaml")
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("*", r"\*")):
         preflight(config)
+
+
+def test_a_folder_given_as_a_data_file_is_named_with_the_glob_that_lists_it(corpus):
+    from pathlib import Path
+    folder = str(Path(corpus["files"][0]).parent)
+    config = config_for_files(corpus, [folder])
+    with pytest.raises(ConfigError) as refused:
+        preflight(config)
+    assert str(refused.value) == (f"data.hf_dataset.data_files: {folder} is a directory; list its files, e.g. "
+                                  f"{folder}/*.jsonl")
+    with pytest.raises(ConfigError) as relative:
+        preflight(config_for_files(corpus, ["nowhere/*.jsonl"]))
+    assert str(relative.value) == ("data.hf_dataset.data_files: nowhere/*.jsonl matches no file (relative paths are "
+                                   f"read from the current directory, {Path.cwd()})")
 
 
 def test_hf_dataset_without_tokenizer_and_a_wrong_text_field(corpus):

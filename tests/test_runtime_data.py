@@ -1,5 +1,6 @@
 """Data: real offline text, i.i.d. / non-i.i.d. disjoint per-node shards, an eval set held out
 uniformly, deterministic order, resumable cursor; the eval loss and its standard error."""
+import json
 import math
 import statistics
 
@@ -53,6 +54,27 @@ def test_a_folders_upper_case_suffixes_are_read_and_what_is_left_out_is_told(tmp
                            "nodes": [{"name": "a"}, {"name": "b"}]}, "run.yaml")
     check_byte_corpus(config)  # what geodiloco run checks before it starts the nodes, and tells once
     assert f"[geodiloco] {cut}" in capsys.readouterr().out
+
+
+def test_bytes_past_a_small_vocabulary_are_refused_before_the_nodes_start(tmp_path):
+    from geodiloco.runtime.preflight import check_byte_corpus
+
+    def config_with(vocab_size: int):
+        dims = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2,
+                "vocab_size": vocab_size, "max_seq_len": 64}
+        dims_file = tmp_path.parent / f"dims-{vocab_size}.json"
+        dims_file.write_text(json.dumps(dims))
+        return parse_config({"model": {"file": str(dims_file), "seq_len": 32}, "data": {"source": str(tmp_path),
+                             "eval_batches": 1, "eval_batch_size": 2}, "nodes": [{"name": "a"}]}, "run.yaml")
+
+    (tmp_path / "ascii.txt").write_text("plain ascii text " * 100)
+    check_byte_corpus(config_with(200))  # every byte is below 200: a small vocabulary is enough
+    (tmp_path / "utf8.txt").write_text("caf\u00e9 na\u00efve " * 100)  # UTF-8 bytes 0xc3 (195), 0xa9, 0xaf
+    check_byte_corpus(config_with(196))
+    with pytest.raises(ConfigError, match=r"^data.source: byte-level text holds byte value 195, but the model's "
+                                          r"embedding has 195 rows \(vocab_size\); byte-level data needs vocab_size "
+                                          r">= 196 \(256 covers every byte\), or tokenize it"):
+        check_byte_corpus(config_with(195))
 
 
 def test_missing_source_names_the_field(tmp_path):

@@ -93,6 +93,9 @@ def test_inner_lr_warmup_then_cosine_to_floor():
     assert inner_lr(1.0, 0, 100, 10, 0.1) == pytest.approx(0.1)
     assert inner_lr(1.0, 9, 100, 10, 0.1) == pytest.approx(1.0)
     assert inner_lr(1.0, 10, 100, 10, 0.1) == pytest.approx(1.0)
+    # a node with more steps than the baseline advances by fractions: never above the configured lr
+    assert inner_lr(1.0, 9.5, 100, 10, 0.1) == pytest.approx(1.0)
+    assert max(inner_lr(1e-3, step * 10 / 19, 60, 1, 0.1) for step in range(40)) == pytest.approx(1e-3)
     middle = 10 + 45
     assert inner_lr(1.0, middle, 100, 10, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert inner_lr(1.0, 100, 100, 10, 0.1) == pytest.approx(0.1)

@@ -3,6 +3,7 @@ an export that fails leaves nothing behind, a tokenizer gone since the run is na
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,54 @@ def test_the_exported_files_take_the_umask_modes_and_an_unwritable_out_names_out
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match=r"^--out .*file/model: cannot write in .*file \(.*\); choose another directory$"):
         export.export_global_model(run_dir, tmp_path / "file" / "model")
+
+
+def kept_hf_run(tmp_path: Path) -> tuple[Path, Path, Path, dict]:
+    """A transformers run as it starts: config.yaml naming the user's config.json and tokenizer, and the run's
+    copies of both (save_run_files), before the user edits anything."""
+    from geodiloco.runtime.run_files import save_run_files
+    from tests.hf_helpers import llama_config, train_tokenizer
+    model_json = llama_config(tmp_path / "config.json")
+    tokenizer_dir = train_tokenizer(["one two three four", "five six seven"] * 20, tmp_path / "tok", vocab_size=300)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "one two three"}\n')
+    config = {"model": {"hf": {"config": str(model_json)}},
+              "data": {"tokenizer": str(tokenizer_dir), "hf_dataset": {"path": "json", "data_files": [str(corpus)]}},
+              "nodes": [{"name": "a"}]}
+    parsed = parse_config(config, "run.yaml")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(parsed.to_yaml())
+    save_run_files(run_dir, parsed, build_configured_model(parsed.model, parsed.run.seed))
+    return run_dir, model_json, tokenizer_dir, config
+
+
+def test_a_resume_refuses_a_model_config_or_tokenizer_edited_since_the_run_started(tmp_path):
+    import json
+    run_dir, model_json, tokenizer_dir, config = kept_hf_run(tmp_path)
+    assert resume_changes(run_dir, parse_config(config, "run.yaml")) == []  # untouched: nothing to say
+    model_json.write_text(json.dumps({**json.loads(model_json.read_text()), "hidden_size": 64,
+                                      "intermediate_size": 128}))
+    with pytest.raises(ConfigError) as refused:
+        resume_changes(run_dir, parse_config(config, "run.yaml"))
+    assert str(refused.value) == (
+        f"--resume: model.hf.config: {model_json} changed since this run started (head_dim 8 -> 16, "
+        f"hidden_size 32 -> 64, intermediate_size 64 -> 128); the run trained with its copy {run_dir}/hf_model/config.json: put that back "
+        f"(cp {run_dir}/hf_model/config.json {model_json}), or start a new run")
+    (run_dir / "hf_model" / "config.json").replace(model_json)  # as the message says
+    (run_dir / "hf_model").rmdir()  # the copy is gone now: as an older run without one, it resumes as before
+    assert resume_changes(run_dir, parse_config(config, "run.yaml")) == []
+
+
+def test_a_resume_refuses_a_tokenizer_retrained_in_place(tmp_path):
+    from tests.hf_helpers import train_tokenizer
+    run_dir, _, tokenizer_dir, config = kept_hf_run(tmp_path)
+    train_tokenizer(["other words entirely", "and then some more"] * 20, tokenizer_dir, vocab_size=280)
+    with pytest.raises(ConfigError, match=(
+            rf"^--resume: data.tokenizer: {tokenizer_dir} changed since this run started \(vocabulary of \d+ tokens -> "
+            rf"\d+, \d+ token\(s\) new or renumbered\); the model learned the token ids of the run's copy "
+            rf"{run_dir}/tokenizer: put that back \(cp -r {run_dir}/tokenizer/. {tokenizer_dir}\), or start a new "
+            rf"run$")):
+        resume_changes(run_dir, parse_config(config, "run.yaml"))
+    subprocess.run(["cp", "-r", f"{run_dir}/tokenizer/.", str(tokenizer_dir)], check=True)  # as the message says
+    assert resume_changes(run_dir, parse_config(config, "run.yaml")) == []
