@@ -255,6 +255,7 @@ def comparison_table(summaries: list[RunSummary]) -> Table:
     show_cost = all(summary.has_prices for summary in summaries)
     show_energy = any(summary.energy_available for summary in summaries)
     show_loss = any(summary.final_loss is not None for summary in summaries)
+    show_eval = any(summary.final_eval_loss is not None for summary in summaries)
     kinds = sorted({kind for summary in summaries for kind in run_kinds(summary)})
     table = Table(title=f"Comparison (relative to the first run, {summaries[0].label})", box=box.SIMPLE_HEAVY,
                   title_justify="left", caption="; ".join(KIND_NOTES[kind] for kind in kinds) or None,
@@ -270,6 +271,8 @@ def comparison_table(summaries: list[RunSummary]) -> Table:
         _number_column(table, "idle\nkWh")
     if show_loss:
         _number_column(table, "final\nloss")
+    if show_eval:
+        _number_column(table, "final\neval")
     best = least_idle(summaries)
     for summary, row in zip(summaries, compare(summaries)):
         change_style = GOOD_STYLE if (row.idle_change or 0) < 0 else (IDLE_STYLE if (row.idle_change or 0) > 0 else "")
@@ -285,6 +288,8 @@ def comparison_table(summaries: list[RunSummary]) -> Table:
             cells.append(fmt.significant(summary.total.energy.idle_energy_kwh))
         if show_loss:
             cells.append(fmt.number(summary.final_loss, 3))
+        if show_eval:
+            cells.append(fmt.number(summary.final_eval_loss, 3))
         table.add_row(*cells)
     return keep_whole(table)
 
@@ -317,10 +322,30 @@ def verdict(summaries: list[RunSummary]) -> Text:
     return text
 
 
+def model_verdict(summaries: list[RunSummary]) -> Optional[Text]:
+    """The run whose final global model scored the lowest eval loss, where two or more runs were scored: the
+    least idle run need not train the better model (an async run idles less and may end worse)."""
+    scored = [summary for summary in summaries if summary.final_eval_loss is not None]
+    if len(scored) < 2:
+        return None
+    best = min(scored, key=lambda summary: summary.final_eval_loss)
+    text = Text("Lowest final eval loss: ")
+    text.append(f"{best.label} ({best.policy})", style=GOOD_STYLE)
+    text.append(f", {fmt.number(best.final_eval_loss, 3)}")
+    least = least_idle(summaries)
+    if least is not best and least.final_eval_loss is not None:
+        text.append(f"; the least idle run, {least.label}, ended at {fmt.number(least.final_eval_loss, 3)}",
+                    style=IDLE_STYLE)
+    return text
+
+
 def render_comparison(summaries: list[RunSummary]) -> list[RenderableType]:
     skipped = {len(summary.skipped_rounds) for summary in summaries}
     parts: list[RenderableType] = [comparison_table(summaries), BLANK, idle_by_node_table(summaries),
                                    verdict(summaries)]
+    model = model_verdict(summaries)
+    if model is not None:
+        parts.append(model)
     if skipped != {0}:
         parts.append(Text(f"warm-up rounds excluded: --skip-rounds {max(skipped)}", style="yellow"))
     return parts

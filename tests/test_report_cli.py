@@ -10,7 +10,7 @@ import matplotlib.image
 import pytest
 
 from geodiloco.report.cli import main
-from test_report_support import NODE_A, NODE_B, default_run, idle_record, write_run
+from test_report_support import NODE_A, NODE_B, default_run, idle_record, write_jsonl, write_run
 
 REPO = Path(__file__).resolve().parent.parent
 PRICES = ["--price", "A30=0.60", "--price", "RTX 2080 Ti=0.25"]
@@ -47,6 +47,26 @@ def test_terminal_report_shows_hand_computed_numbers(tmp_path, capsys):
     assert "$0.0035 idle ($1.75 per 1,000 rounds)" in out
     assert "4.00  H 100 B 4" in out
     assert "Energy not available" in out
+
+
+def test_compare_shows_each_runs_final_eval_and_names_the_best_model_apart_from_the_least_idle(tmp_path, capsys):
+    """The least idle run (tuned) ended on the worse model: the table shows both losses, and a second line says
+    which run's model scored best."""
+    def metrics(train_loss, eval_loss, run_id):
+        return [{"round": 2, "node": name, "loss": train_loss, "run_id": run_id} for name in "ab"] + [
+            {"round": 2, "node": "global", "eval_loss": eval_loss, "run_id": run_id}]
+
+    base = default_run(tmp_path / "uniform")
+    write_jsonl(base / "metrics.jsonl", metrics(2.6, 2.612, "run-1"))
+    tuned = _tuned_run(tmp_path / "time")
+    write_jsonl(tuned / "metrics.jsonl", metrics(2.5, 4.870, "run-2"))
+    assert main([str(base), str(tuned), "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "final" in out and "eval" in out
+    assert next(line for line in out.splitlines() if line.strip().startswith("tuned ★")).split()[-2:] == [
+        "2.500", "4.870"]
+    assert "Least idle: tuned (time)" in out
+    assert "Lowest final eval loss: demo (uniform), 2.612; the least idle run, tuned, ended at 4.870" in out
 
 
 def test_compare_shows_reduction_and_throughput(tmp_path, capsys):
