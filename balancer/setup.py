@@ -22,7 +22,8 @@ from geodiloco.balancer.network import (CODEC_BITS, RUN_DEFAULT_COMPRESSION, RUN
 from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.simulate import Slowdown
 from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, parse_set_value, validate, with_options
-from geodiloco.predictor.workload import ModelDims, check_workload_size, hf_config_json, resolve_dims
+from geodiloco.predictor.workload import (ModelDims, check_workload_size, hf_config_json, parameter_tensor_count,
+                                          resolve_dims)
 
 log = logging.getLogger("geodiloco.balancer")
 
@@ -155,7 +156,8 @@ def load_setup(cluster_path: str, policy: Optional[str] = None, model: Optional[
     return PlanningSetup(cluster=cluster, balancing=balancing, model=model_name, dims=dims,
                          seq_len=resolved_seq_len, local_steps=steps, batch_size=batch, precision=precision,
                          sync=sync_settings(diloco, balancing, overlap, compression, run_sync_defaults(file_data),
-                                            str(_section(file_data, "comm").get("backend", "torch"))),
+                                            str(_section(file_data, "comm").get("backend", "torch")),
+                                            parameter_tensor_count(dims)),
                          mode=diloco.get("mode", "sync"), rounds=file_integer(diloco.get("rounds")))
 
 
@@ -202,9 +204,10 @@ OVERLAP_MODES = ("none", "delayed", "streaming")
 
 def sync_settings(diloco: dict, balancing: BalancingConfig, overlap: Optional[str],
                   compression: Optional[str], run_defaults: Optional[tuple[str, str]] = None,
-                  backend: str = "torch") -> SyncSettings:
+                  backend: str = "torch", max_fragments: Optional[int] = None) -> SyncSettings:
     """The run's sync as the planner models it: flags, else the file's ``diloco:``, else what a run of a
-    run config uses (``run_defaults``), else (a bare cluster file) blocking with ``balancing.sync_dtype``."""
+    run config uses (``run_defaults``), else (a bare cluster file) blocking with ``balancing.sync_dtype``.
+    ``max_fragments``: the model's parameter tensors (streaming sends whole tensors, so no more fragments)."""
     default_overlap, default_codec = run_defaults or ("none", SYNC_DTYPE_CODEC[balancing.sync_dtype])
     chosen_overlap = overlap or diloco.get("overlap") or default_overlap
     codec = compression or diloco.get("compression") or default_codec
@@ -217,6 +220,8 @@ def sync_settings(diloco: dict, balancing: BalancingConfig, overlap: Optional[st
         raise ConfigError(f"diloco.compression: {codec!r} is not one of {', '.join(CODEC_BITS)}")
     if not isinstance(fragments, int) or isinstance(fragments, bool) or fragments < 1:
         raise ConfigError(f"diloco.fragments must be a positive integer, got {fragments!r}")
+    if max_fragments is not None:
+        fragments = min(fragments, max_fragments)
     return SyncSettings(chosen_overlap, codec, fragments if chosen_overlap == "streaming" else 1, backend)
 
 

@@ -281,6 +281,25 @@ def check_balancing_options(config: RunConfig) -> None:
     if config.diloco.mode == "sync" and "momentum_every" in config.diloco.model_fields_set:
         logging.getLogger("geodiloco.balancer").warning(
             "diloco.momentum_every has no effect under diloco.mode: sync; it is read by async mode")
+    for notice in fragment_notices(config):
+        logging.getLogger("geodiloco.balancer").warning(notice)
+
+
+def fragment_notices(config: RunConfig) -> list[str]:
+    """``diloco.fragments`` set where nothing reads it, or above what the model can be split into: streaming
+    sends whole parameter tensors, so a model has at most one fragment per tensor (the planner prices as many)."""
+    diloco = config.diloco
+    if "fragments" not in diloco.model_fields_set:
+        return []
+    if diloco.mode == "async" or diloco.overlap != "streaming":
+        reader = "diloco.mode: async" if diloco.mode == "async" else f"diloco.overlap: {diloco.overlap}"
+        return [f"diloco.fragments has no effect under {reader}; it is read by diloco.overlap: streaming"]
+    from geodiloco.predictor.workload import parameter_tensor_count
+    tensors = parameter_tensor_count(config.model.dims())
+    if diloco.fragments > tensors:
+        return [f"diloco.fragments {diloco.fragments}: the model has {tensors} parameter tensors and streaming "
+                f"sends whole tensors, so a round syncs in at most {tensors} fragments (planned so)"]
+    return []
 
 
 def check_byte_corpus(config: RunConfig) -> None:

@@ -22,6 +22,7 @@ from geodiloco.balancer.plan import NodePlan, Plan, RoundMeasurement
 from geodiloco.balancer.network import SyncSettings, hivemind_codec
 from geodiloco.balancer.planner import Planner
 from geodiloco.predictor.unknown_gpus import adopt_more_rows, adopt_rows, adopted_rows, own_rows
+from geodiloco.predictor.workload import parameter_tensor_count
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint_writer import CheckpointWriter
 from geodiloco.runtime.batching import StepSamples, accumulate_gradients, is_out_of_memory, micro_batch_sizes, run_fitting
@@ -551,7 +552,8 @@ def planned_sync(config: RunConfig) -> SyncSettings:
     if comm.backend == "hivemind":
         return SyncSettings(diloco.overlap, hivemind_codec(comm.hivemind.compression, diloco.compression), 1,
                             "hivemind")
-    return SyncSettings(diloco.overlap, diloco.compression, diloco.fragments)
+    return SyncSettings(diloco.overlap, diloco.compression,
+                        min(diloco.fragments, parameter_tensor_count(config.model.dims())))
 
 
 def build_data(config: RunConfig, topology: Topology) -> tuple[list, object]:

@@ -112,3 +112,26 @@ def test_momentum_every_in_a_sync_run_gets_a_notice_and_in_async_none(caplog):
         assert notice not in caplog.text
         check_balancing_options(load_config(async_config, ["diloco.mode=sync"]))
     assert notice in caplog.text
+
+
+def test_fragments_past_the_models_tensors_are_planned_as_the_run_sends_them_and_said(caplog):
+    """The tiny model has 17 parameter tensors (2 layers x 7 weights, 2 norms, embedding and head counted by
+    torch below): streaming sends whole tensors, so 1,024 fragments are 17 syncs, in the plan as in the run."""
+    from geodiloco.runtime.config import load_config
+    from geodiloco.runtime.models import build_configured_model
+    from geodiloco.runtime.preflight import check_balancing_options
+    from geodiloco.runtime.sync.overlap import split_fragments
+    from geodiloco.runtime.trainer import planned_sync
+    config = load_config(None, ["diloco.overlap=streaming", "diloco.fragments=1024"])
+    params = list(build_configured_model(config.model, 0).parameters())
+    assert len(params) == 17
+    assert len(split_fragments([param.numel() for param in params], 1024)) <= 17  # what the run sends
+    assert planned_sync(config).sync_count == 17
+    with caplog.at_level(logging.WARNING, logger="geodiloco.balancer"):
+        check_balancing_options(config)
+        check_balancing_options(load_config(None, ["diloco.overlap=none", "diloco.fragments=8"]))
+        check_balancing_options(load_config(None, ["diloco.overlap=streaming", "diloco.fragments=8"]))
+    assert caplog.messages == [
+        "diloco.fragments 1024: the model has 17 parameter tensors and streaming sends whole tensors, so a round "
+        "syncs in at most 17 fragments (planned so)",
+        "diloco.fragments has no effect under diloco.overlap: none; it is read by diloco.overlap: streaming"]
