@@ -288,3 +288,21 @@ def test_report_of_an_async_run_shows_staleness_and_no_barrier_prediction(async_
         stale_table = shown.stdout.split("Staleness per node (async)")[1]
         row = next(line.split() for line in stale_table.splitlines() if line.split()[:1] == [node])
         assert row[1] == str(len(staleness)) and row[4] == str(staleness[-1])
+
+
+def test_a_final_model_clearly_worse_than_an_earlier_round_is_said_with_the_round_to_export():
+    from geodiloco.runtime.train import final_model_regression
+
+    def row(round_idx, loss, se=0.08, **extra):
+        return {"node": "global", "round": round_idx, "eval_loss": loss, "eval_loss_se": se, **extra}
+
+    node_row = {"node": "node1", "round": 2, "loss": 2.4}
+    rows = [row(0, 3.626), row(1, 3.224), node_row, row(2, 3.099), row(2, 4.870, final=True)]
+    assert final_model_regression(rows) == (
+        "the final global model scores eval loss 4.870, above the 3.099 of round 3: the run's last updates made the "
+        "model worse; `geodiloco evaluate RUN_DIR` scores the rounds still kept (checkpoint.keep) and "
+        "`geodiloco export RUN_DIR --round N` writes the one you choose")
+    # within 3 standard errors (0.24) of the best: noise of a small eval set, nothing said
+    assert final_model_regression([row(1, 2.727), row(2, 2.95, final=True)]) is None
+    assert final_model_regression([row(0, 3.3), row(1, 2.7)]) is None  # it got better
+    assert final_model_regression([row(0, 3.3)]) is None
