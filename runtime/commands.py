@@ -150,7 +150,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
     def progress(row: dict) -> None:
         if not args.json:
             se = f" +- {row['eval_loss_se']:.4f}" if row["eval_loss_se"] is not None else ""
-            print(f"round {row['round'] + 1} (logs: {row['round']}): eval loss {row['eval_loss']:.4f}{se} "
+            final = ", the run's final model" if row.get("final") else ""
+            print(f"round {row['round'] + 1} (logs: {row['round']}{final}): eval loss {row['eval_loss']:.4f}{se} "
                   f"({row['sequences']} sequences)", flush=True)
 
     try:

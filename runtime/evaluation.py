@@ -101,7 +101,7 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     """Eval loss and its standard error of every kept round's global model, on the run's held-out set.
 
     Rows: ``round``, ``eval_loss`` (mean per-sequence loss, nats per token), ``eval_loss_se``,
-    ``sequences``. Runs on this process's CPU, after (not during) the run.
+    ``sequences``, and ``final`` where the round's file holds an async run's final model instead of the round's. Runs on this process's CPU, after (not during) the run.
     """
     from geodiloco.runtime import checkpoint
     from geodiloco.runtime.run_dir import check_saved_tokenizer
@@ -127,7 +127,8 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
     refused = []
     for round_idx in rounds:
         try:
-            params = checkpoint.load_global(run_dir, round_idx)["outer"]["global_params"]
+            state = checkpoint.load_global(run_dir, round_idx)
+            params = state["outer"]["global_params"]
         except CorruptStateFile as err:
             refused.append(str(err))
             print(f"[geodiloco] round {round_idx + 1} (logs: {round_idx}) skipped: checkpoint refused: {err}",
@@ -139,7 +140,7 @@ def evaluate_checkpoints(run_dir: Path, progress=None) -> list[dict]:
             losses.extend(per_sequence_losses(model, inputs, targets).tolist())
         mean, standard_error = mean_and_standard_error(losses)
         rows.append({"round": round_idx, "eval_loss": mean, "eval_loss_se": standard_error,
-                     "sequences": len(losses)})
+                     "sequences": len(losses), **({"final": True} if state.get("final") else {})})
         if progress is not None:
             progress(rows[-1])
     if not rows:

@@ -413,12 +413,14 @@ class NodeTrainer:
 
         self.checkpoint_writer.submit(write, f"round {round_idx + 1} of node {node_name}")
 
-    def _global_snapshot(self, round_idx: int, run_id: str) -> EncodedState:
+    def _global_snapshot(self, round_idx: int, run_id: str, final: bool = False) -> EncodedState:
+        """``final``: the run's final global model (async), written over the round's own (``save_final_global``)."""
         with self.sync.state_lock():
             snapshot = encode_state({"round": round_idx, "run_id": run_id,
                                      "outer": self.outer.state_dict(copy=False),
                                      "measurements": [asdict(item) for item in self.measurements],
-                                     "sync": self.sync.global_state_dict()},
+                                     "sync": self.sync.global_state_dict(),
+                                     **({"final": True} if final else {})},
                                     reuse=self._snapshots.get("global"))
         self._snapshots["global"] = snapshot
         return snapshot
@@ -430,7 +432,7 @@ class NodeTrainer:
         (the one every node ends on and the final evaluation scores) would be in no checkpoint, and
         ``export`` would give an older one."""
         self.checkpoint_writer.wait()
-        snapshot = self._global_snapshot(round_idx, run_id)
+        snapshot = self._global_snapshot(round_idx, run_id, final=True)
         write_members(self.run_dir, round_idx, members)
         checkpoint.save_global(self.run_dir, round_idx, snapshot)
 

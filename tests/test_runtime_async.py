@@ -199,6 +199,13 @@ def test_async_checkpoint_holds_the_final_model_every_node_ended_on(async_run):
     state = load_state(held / "global.safetensors")
     # 3 nodes x 5 phases, one update each: the slower nodes' last updates land after the host's last round
     assert state["sync"]["version"] == 15
+    assert state["final"] is True  # marked, so `geodiloco evaluate` names it the final model, not round 5's
+    earlier = run_dir / "checkpoints" / f"round_{latest - 1:05d}" / "global.safetensors"
+    assert "final" not in load_state(earlier)
+    scored = geodiloco("evaluate", str(run_dir), timeout=240)
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    assert "round 5 (logs: 4, the run's final model): eval loss" in scored.stdout
+    assert "round 4 (logs: 3): eval loss" in scored.stdout
     final_checksum = float(re.search(r"final parameter checksum ([0-9.]+)", done.stdout).group(1))
     saved_checksum = float(sum(param.double().abs().sum() for param in state["outer"]["global_params"]))
     assert saved_checksum == pytest.approx(final_checksum, rel=1e-12)
