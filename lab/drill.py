@@ -19,6 +19,7 @@ is logged.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import threading
@@ -42,25 +43,52 @@ class DrillEvent:
     """1-based round in whose middle the event fires."""
 
 
-def parse_drill(text: str, config) -> list[DrillEvent]:
-    """``ACTION:NODE@ROUND`` items separated by commas, e.g. ``kill:c@3,restart:c@5``."""
+def parse_drill(text: str, config, rounds_done: int = 0) -> list[DrillEvent]:
+    """``ACTION:NODE@ROUND`` items separated by commas, e.g. ``kill:c@3,restart:c@5``. ``rounds_done``: rounds a
+    resumed run has already done (an event in one of them would fire at once, in another round)."""
     names = [node.name for node in config.nodes]
     events = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        action, _, rest = item.partition(":")
-        node, _, round_text = rest.partition("@")
-        if action not in ACTIONS or not node or not round_text.isdigit():
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        raise ConfigError(f"--drill {text!r}: no event; give ACTION:NODE@ROUND items separated by commas, e.g. "
+                          f"kill:{names[-1]}@3")
+    for item in items:
+        parsed = re.fullmatch(r"([a-z]+):([^@]+)@([0-9]+)", item, flags=re.ASCII)
+        if parsed is None or parsed.group(1) not in ACTIONS:
             raise ConfigError(f"--drill {item!r}: expected ACTION:NODE@ROUND with ACTION one of "
                               f"{', '.join(ACTIONS)}, e.g. kill:{names[-1]}@3")
+        action, node, round_idx = parsed.group(1), parsed.group(2), int(parsed.group(3))
         if node not in names:
             raise ConfigError(f"--drill {item!r}: node {node!r} is not in the config ({', '.join(names)})")
-        round_idx = int(round_text)
         if not 2 <= round_idx <= config.diloco.rounds:
             raise ConfigError(f"--drill {item!r}: round {round_idx} is outside 2..{config.diloco.rounds} "
                               "(diloco.rounds; an event fires halfway through its round, timed from the round "
                               "before, so round 1 cannot hold one)")
+        if round_idx <= rounds_done:
+            raise ConfigError(f"--drill {item!r}: round {round_idx} is done already (the run resumes after round "
+                              f"{rounds_done}); give a round from {rounds_done + 1} on")
         events.append(DrillEvent(action, node, round_idx))
-    return sorted(events, key=lambda event: event.round)
+    events.sort(key=lambda event: event.round)
+    check_sites_left(events, names, config.comm.min_nodes)
+    return events
+
+
+def check_sites_left(events: list[DrillEvent], names: list[str], min_nodes: int) -> None:
+    """Refuse a drill that leaves fewer than ``comm.min_nodes`` sites running: no world can form without them,
+    so the survivors would wait ``comm.elastic.join_timeout_s`` and fail, and no later round (nor an event set
+    in one) would come."""
+    down: set[str] = set()
+    for event in events:
+        if event.action in ("kill", "freeze"):
+            down.add(event.node)
+        else:
+            down.discard(event.node)
+        if len(names) - len(down) < min_nodes:
+            raise ConfigError(f"--drill: after {event.action}:{event.node}@{event.round}, {len(names) - len(down)} "
+                              f"of {len(names)} sites run ({', '.join(name for name in names if name not in down)}), "
+                              f"fewer than comm.min_nodes ({min_nodes}): the run would wait "
+                              "comm.elastic.join_timeout_s and fail; stop fewer sites at once, or lower "
+                              "comm.min_nodes")
 
 
 def rounds_logged(run_dir: Path) -> tuple[int, float]:
@@ -129,29 +157,37 @@ class DrillRunner:
                 if until_halfway_s > 0 and not overdue:
                     wait_s = min(wait_s, until_halfway_s)
                     break
-                self._fire(self.events.pop(0))
+                self._fire(self.events.pop(0), logged + 1)
             if not self.events:
                 self._release_frozen_when_alone()
 
-    def _fire(self, event: DrillEvent) -> None:
+    def _fire(self, event: DrillEvent, in_round: int) -> None:
+        """``in_round``: the 1-based round running now (its round, or a later one when the round before the
+        event's was long, as after a failure); written beside the requested one."""
         index = self._names.index(event.node)
         process = self.processes[index]
+        note = None
         if event.action == "restart":
             if process.poll() is None:
+                note = "it was running: killed first"
                 signal_tree(process.pid, signal.SIGKILL)
                 process.wait()
             self.frozen.discard(index)
             self.processes[index] = self.launcher.start(index)
+        elif process.poll() is not None:
+            note = f"skipped: the site is not running (it exited with code {process.returncode})"
         else:
             signal_tree(process.pid, ACTIONS[event.action])
             if event.action == "freeze":
                 self.frozen.add(index)
             elif event.action == "thaw":
                 self.frozen.discard(index)
-        row = {**asdict(event), "time": time.time()}
+        row = {**asdict(event), "fired_in_round": in_round, "time": time.time(), **({"note": note} if note else {})}
         with open(self.run_dir / DRILL_LOG, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
-        print(f"[geodiloco] drill: {event.action} node {event.node} in round {event.round}", flush=True)
+        late = f" (asked for round {event.round}, which ended first)" if in_round != event.round else ""
+        print(f"[geodiloco] drill: {event.action} node {event.node} in round {in_round}{late}"
+              f"{f'; {note}' if note else ''}", flush=True)
 
     def _release_frozen_when_alone(self) -> None:
         """Once every site that is not frozen has ended, a frozen one would wait forever: kill it."""

@@ -244,6 +244,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("usage: python -m geodiloco.runtime.agent TORCHRUN_ARGS...\n\n" + __doc__.strip())
         return 0
     os.environ[AGENT_STARTED_ENV] = repr(time.time())  # a site that rejoins counts its wait from here
+    from geodiloco.runtime.launcher_watch import exit_with_launcher
+    exit_with_launcher()
     for key, value in QUIET_ENV.items():  # read when torch loads
         os.environ.setdefault(key, value)
     workers_cpp_level = os.environ["TORCH_CPP_LOG_LEVEL"]

@@ -14,6 +14,7 @@ inside a site's agent, so any training site may fail. The same command lines are
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +71,9 @@ def rendezvous_store(site_set, address: str, port: int, run_dir: Path, timeout_s
                "--ready-file", str(ready_file)]
     if site_set is not None:
         command = site_set.command(0, command)
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True)
+    from geodiloco.runtime.launcher_watch import launcher_env
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, start_new_session=True,
+                               env={**os.environ, **launcher_env()})
     try:
         wait_for_file(ready_file, process, timeout_s, "the rendezvous store")
         yield f"{address}:{port}"

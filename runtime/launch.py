@@ -38,6 +38,7 @@ from typing import Iterable, Iterator, Optional
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.auth import launch_env, load_secret, rendezvous_id
 from geodiloco.runtime.node_output import NodeOutput, log_path
+from geodiloco.runtime.launcher_watch import launcher_env
 from geodiloco.runtime.preflight import GPU_NOTICES_ENV, check_host_memory, preflight
 from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
@@ -109,7 +110,7 @@ class NodeLauncher:
     def start(self, index: int, first: Optional[subprocess.Popen] = None) -> subprocess.Popen:
         config = self.config
         env = {**node_env(config, index, self.master_addr, self.port), **self.secret_env,
-               FATAL_FILE_ENV: str(self.fatal_file)}
+               FATAL_FILE_ENV: str(self.fatal_file), **launcher_env()}
         command = [sys.executable, "-m", "geodiloco.runtime.train", *self.train_args]
         if self.rendezvous_endpoint is not None:
             from geodiloco.runtime.elastic_launch import agent_command, agent_env
@@ -288,16 +289,25 @@ def watch_until_all_end(processes: list[subprocess.Popen]) -> list[int]:
         time.sleep(0.2)
 
 
-def say_how_to_resume(run_dir: Path) -> None:
-    """After a failed run: what was kept, and the command that continues it."""
+def resume_after_round(run_dir: Path, node_names: list[str]) -> Optional[int]:
+    """The round (0-based) a resume of ``run_dir`` starts after: the newest round every node saved in full, else
+    the committed one; None when nothing was saved."""
     from geodiloco.runtime.checkpoint import latest_round
-    latest = latest_round(run_dir)
-    if latest is None:
+    from geodiloco.runtime.recovery import choose_resume_point, saved_rounds
+    point = choose_resume_point([saved_rounds(run_dir, name) for name in node_names], node_names)
+    return point.round if point is not None else latest_round(run_dir)
+
+
+def say_how_to_resume(run_dir: Path, node_names: list[str]) -> None:
+    """After a failed or stopped run: the round a resume would start after, and the command that continues it.
+    That round is read from the checkpoint files (the newest round every node saved in full, as a resume
+    chooses it), not from ``latest``, which a background write moves only after the next round's exchange."""
+    resume_after = resume_after_round(run_dir, node_names)
+    if resume_after is None:
         print(f"[geodiloco] no round was saved in {run_dir}", file=sys.stderr, flush=True)
         return
-    print(f"[geodiloco] the last committed checkpoint (round {latest + 1}) is kept in {run_dir} (a resume starts "
-          f"after the newest round every node saved in full, which may be a later one); continue with: "
-          f"geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}", file=sys.stderr, flush=True)
+    print(f"[geodiloco] a resume continues after round {resume_after + 1} (its checkpoint is complete in "
+          f"{run_dir}): geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}", file=sys.stderr, flush=True)
 
 
 def print_tail(name: str, output: Optional[NodeOutput]) -> None:
@@ -343,7 +353,8 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
     check_run_dir(run_dir, resume)
     mode, reason = choose_sites(sites)
     elastic = config.comm.backend == "torch" and (config.comm.elastic.enabled if elastic is None else elastic)
-    drill_events = parse_drill(drill, config) if drill else []
+    rounds_done = (resume_after_round(run_dir, [node.name for node in config.nodes]) or -1) + 1 if resume else 0
+    drill_events = parse_drill(drill, config, rounds_done) if drill is not None else []
     if drill_events and not elastic:
         raise ConfigError("--drill needs elastic membership on the torch backend (comm.elastic.enabled: true); "
                           "without it one failed site stops the run")
@@ -382,7 +393,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
     except KeyboardInterrupt:
         if not announced:
             print("[geodiloco] stopping all nodes (interrupted)", file=sys.stderr, flush=True)
-        say_how_to_resume(run_dir)
+        say_how_to_resume(run_dir, [node.name for node in config.nodes])
         return 130
     finally:
         for signum, handler in previous.items():
@@ -403,7 +414,7 @@ def watch_sites(config: RunConfig, run_dir: Path, processes: list[subprocess.Pop
     else:
         code = watch(processes, names=[node.name for node in config.nodes], outputs=launcher.outputs)
     if code not in (0, 2):
-        say_how_to_resume(run_dir)
+        say_how_to_resume(run_dir, [node.name for node in config.nodes])
     return code
 
 

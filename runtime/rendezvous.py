@@ -78,6 +78,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m geodiloco.runtime.rendezvous", description=DESCRIPTION)
     add_arguments(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from geodiloco.runtime.launcher_watch import exit_with_launcher
+    exit_with_launcher()
     return args.func(args)
 
 

@@ -664,6 +664,8 @@ def main(argv: Optional[list[str]] = None, prog: str = MODULE_PROG) -> int:
     """``prog``: how the user started it, for usage and errors (``geodiloco train`` or the module)."""
     from geodiloco.predictor.schema import ConfigError
     args = build_arg_parser(prog).parse_args(argv)
+    from geodiloco.runtime.launcher_watch import exit_with_launcher
+    exit_with_launcher()
     try:
         return train_from_args(args)
     except ConfigError as err:

@@ -224,10 +224,42 @@ def test_drill_items_parse_in_round_order():
     ("kill:c@9", "round 9 is outside 2..8"),
     ("kill:c@1", r"round 1 is outside 2..8 \(diloco.rounds; an event fires halfway through its round, timed from"),
     ("kill:c", "expected ACTION:NODE@ROUND"),
+    ("kill:c@\u00b2", "expected ACTION:NODE@ROUND"),  # a digit to str.isdigit, not to int()
+    ("", "no event; give ACTION:NODE@ROUND items"),
+    (" , ", "no event; give ACTION:NODE@ROUND items"),
 ])
 def test_bad_drill_items_say_what_is_wrong(text, message):
     with pytest.raises(ConfigError, match=message):
         parse_drill(text, four_node_config())
+
+
+def test_a_drill_that_leaves_fewer_than_min_nodes_sites_is_refused_and_one_that_restarts_in_time_is_not():
+    config = four_node_config(min_nodes=3)
+    with pytest.raises(ConfigError, match=r"^--drill: after kill:b@3, 2 of 4 sites run \(a, d\), fewer than "
+                                          r"comm.min_nodes \(3\): the run would wait comm.elastic.join_timeout_s"):
+        parse_drill("kill:c@2,kill:b@3,restart:c@4", config)
+    assert len(parse_drill("kill:c@2,restart:c@3,freeze:b@4,thaw:b@5", config)) == 4
+
+
+def test_a_resumed_runs_drill_cannot_name_a_round_it_has_done():
+    with pytest.raises(ConfigError, match=r"round 3 is done already \(the run resumes after round 6\); give a "
+                                          r"round from 7 on"):
+        parse_drill("kill:c@7,kill:c@3", four_node_config(), rounds_done=6)
+    assert [event.round for event in parse_drill("kill:c@7", four_node_config(), rounds_done=6)] == [7]
+
+
+def test_an_event_for_a_site_that_is_not_running_is_skipped_and_said(tmp_path, capsys):
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+    ended = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    ended.wait()
+    runner = DrillRunner([], [None, None, ended, None], SimpleNamespace(config=four_node_config()), tmp_path)
+    runner._fire(parse_drill("freeze:c@4", four_node_config())[0], 5)
+    assert read_drill(tmp_path)[0]["note"] == "skipped: the site is not running (it exited with code 3)"
+    assert read_drill(tmp_path)[0]["fired_in_round"] == 5
+    assert capsys.readouterr().out == ("[geodiloco] drill: freeze node c in round 5 (asked for round 4, which ended "
+                                       "first); skipped: the site is not running (it exited with code 3)\n")
 
 
 def test_a_drill_fires_halfway_through_its_round_even_when_it_polls_slowly(tmp_path):
@@ -235,12 +267,14 @@ def test_a_drill_fires_halfway_through_its_round_even_when_it_polls_slowly(tmp_p
     the killed site would already have synced the round (what short test runs met)."""
     fired_s, ends_at = run_drill_against_rounds(tmp_path, "kill:c@3", [1.0, 1.0, 1.0, 1.0], poll_s=0.4)
     assert 0.3 < fired_s - ends_at[1] < 0.7, (fired_s, ends_at)  # round 3 runs from round 2's end to its own
+    assert [(row["round"], row["fired_in_round"]) for row in read_drill(tmp_path)] == [(3, 3)]
 
 
 def test_a_drill_after_a_long_round_fires_by_the_end_of_its_own(tmp_path):
     """Round 2 held a failure (5 s): half of it would reach past round 3, which lasts 1 s."""
     fired_s, ends_at = run_drill_against_rounds(tmp_path, "kill:c@3", [1.0, 5.0, 1.0, 1.0], poll_s=0.2)
     assert ends_at[2] <= fired_s < ends_at[2] + 0.5, (fired_s, ends_at)
+    assert [(row["round"], row["fired_in_round"]) for row in read_drill(tmp_path)] == [(3, 4)]  # as it landed
 
 
 def test_a_drill_in_round_2_fires_halfway_through_it_timed_by_round_1s_local_phase(tmp_path):
@@ -408,3 +442,24 @@ def test_the_drill_reads_live_logs_past_a_half_written_line(tmp_path):
     assert rounds_logged(tmp_path / "absent") == (0, 0.0)
     (tmp_path / "drill.jsonl").write_text('{"event": "kill", "node": "c"}\n{"event": "rest')
     assert read_drill(tmp_path) == [{"event": "kill", "node": "c"}]
+
+
+def test_the_resume_hint_names_the_newest_complete_round_not_the_committed_pointer(tmp_path, capsys):
+    """A background checkpoint write moves ``latest`` only after the next exchange: a run stopped then has a
+    newer complete round on disk, which a resume takes. The hint must name that round, and not say "no round
+    was saved" when one is complete."""
+    from geodiloco.runtime.launch import say_how_to_resume
+    state = {"outer": {"global_params": [torch.zeros(2)]}}
+    for round_idx in (0, 1):
+        checkpoint.save_global(tmp_path, round_idx, state)
+        write_members(tmp_path, round_idx, ["a", "b"])
+        for name in "ab":
+            checkpoint.save_node(tmp_path, round_idx, name, {"round": round_idx})
+    checkpoint.save_global(tmp_path, 2, state)  # round 2 is not complete: b's file is missing
+    write_members(tmp_path, 2, ["a", "b"])
+    checkpoint.save_node(tmp_path, 2, "a", {"round": 2})
+    say_how_to_resume(tmp_path, ["a", "b"])
+    assert capsys.readouterr().err == (f"[geodiloco] a resume continues after round 2 (its checkpoint is complete in "
+                                       f"{tmp_path}): geodiloco run --resume --run-dir {tmp_path}\n")
+    say_how_to_resume(tmp_path / "empty", ["a", "b"])
+    assert capsys.readouterr().err == f"[geodiloco] no round was saved in {tmp_path / 'empty'}\n"

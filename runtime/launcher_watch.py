@@ -1,0 +1,46 @@
+"""Site processes end with the ``geodiloco run`` that started them.
+
+The launcher starts every site (a node's trainer, its torchrun agent, the rendezvous store) in a
+session of its own, so that a closed terminal or a Ctrl-C reaches them only through the launcher,
+which stops them in order. A launcher killed with SIGKILL runs no such code: its sites would go on
+training, restarting workers that fail on its closed output pipe, inside network namespaces the
+next run takes for stale. So each process the launcher starts directly watches for its parent to
+change (the kernel hands orphans to another process) and then stops itself with SIGTERM, the
+signal its own shutdown path already handles. Watching the parent id, not a pid's liveness, is
+immune to pid reuse. Workers under a torchrun agent are not watched: their agent stops them.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Optional
+
+LAUNCHER_PID_ENV = "GEODILOCO_LAUNCHER_PID"
+"""The launcher's pid, set in the environment of every process it starts."""
+POLL_S = 1.0
+
+
+def launcher_env() -> dict[str, str]:
+    """The variable to put in the environment of a process this launcher starts."""
+    return {LAUNCHER_PID_ENV: str(os.getpid())}
+
+
+def exit_with_launcher(poll_s: float = POLL_S) -> Optional[threading.Thread]:
+    """Start a daemon thread that sends this process SIGTERM once the launcher that started it is gone; None
+    (nothing watched) when this process was not started by a launcher directly (started by hand, by torchrun,
+    or a worker of a site's agent)."""
+    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+    if not launcher.isdigit() or os.getppid() != int(launcher):
+        return None
+    launcher_pid = int(launcher)
+
+    def watch() -> None:
+        while os.getppid() == launcher_pid:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="geodiloco-launcher-watch", daemon=True)
+    thread.start()
+    return thread
