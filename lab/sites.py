@@ -37,6 +37,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
+from geodiloco.predictor.schema import ConfigError
 from geodiloco.lab.pids import process_alive
 
 SITE_IFNAME = "wan0"
@@ -435,8 +436,27 @@ def netns_sites(links: Sequence[SiteLink], prefix: str = DEFAULT_PREFIX, subnet:
                 print("warning: could not remove emulated sites: " + "; ".join(errors), file=sys.stderr)
 
 
+SHAPED_MBPS_RANGE = (0.001, 100_000.0)
+"""Link rates a tbf qdisc takes (Mbit/s): tc counts in whole kbit/s, and its bucket is a 32-bit byte count."""
+MAX_LATENCY_MS = 10_000.0
+"""One-way delays a run can live with: beyond it a site cannot reach the rendezvous store in time."""
+
+
 def site_links(nodes) -> list[SiteLink]:
-    """One SiteLink per node of a cluster config (``balancer.cluster.NodeSpec``), shaped by its ``wan``."""
+    """One SiteLink per node of a cluster config (``balancer.cluster.NodeSpec``), shaped by its ``wan``; a rate or
+    delay the kernel cannot emulate is refused here, before any namespace is made."""
+    for index, node in enumerate(nodes):
+        if node.wan is None:
+            continue
+        low, high = SHAPED_MBPS_RANGE
+        if not low <= node.wan.bandwidth_mbps <= high:
+            raise ConfigError(f"nodes[{index}].wan.bandwidth_mbps: {node.wan.bandwidth_mbps:g} Mbit/s cannot be "
+                              f"emulated by --sites netns (tbf takes {low:g} to {high:,.0f}); give a rate in that "
+                              "range")
+        if node.wan.latency_ms > MAX_LATENCY_MS:
+            raise ConfigError(f"nodes[{index}].wan.latency_ms: {node.wan.latency_ms:g} ms one way is past "
+                              f"{MAX_LATENCY_MS:,.0f} ms, where the sites cannot reach the rendezvous store in "
+                              "time; give a shorter delay")
     return [SiteLink(node.name,
                      node.wan.bandwidth_mbps if node.wan else None,
                      node.wan.latency_ms if node.wan else 0.0) for node in nodes]
@@ -454,7 +474,12 @@ def parse_rate_mbps(text: str) -> float:
     if not match or float(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"rate must look like 1gbit, 100mbit, 500kbit or a number of Mbit/s, got {text!r}")
     unit = match.group(2).lower() if match.group(2) else None
-    return float(match.group(1)) * _RATE_TO_MBPS[unit]
+    rate_mbps = float(match.group(1)) * _RATE_TO_MBPS[unit]
+    low, high = SHAPED_MBPS_RANGE
+    if not low <= rate_mbps <= high:
+        raise argparse.ArgumentTypeError(f"rate {text!r} is {rate_mbps:g} Mbit/s; tbf takes {low * 1000:g}kbit to "
+                                         f"{high / 1000:g}gbit")
+    return rate_mbps
 
 
 def describe(prefix: str) -> list[dict]:

@@ -352,6 +352,9 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
     check_host_memory(config)
     check_run_dir(run_dir, resume)
     mode, reason = choose_sites(sites)
+    if mode == "netns":
+        from geodiloco.lab.sites import site_links
+        site_links(config.nodes)  # a link the kernel cannot shape is refused before anything is made
     elastic = config.comm.backend == "torch" and (config.comm.elastic.enabled if elastic is None else elastic)
     rounds_done = (resume_after_round(run_dir, [node.name for node in config.nodes]) or -1) + 1 if resume else 0
     drill_events = parse_drill(drill, config, rounds_done) if drill is not None else []

@@ -18,6 +18,7 @@ import yaml
 from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.lab import sites as sites_mod
 from geodiloco.lab.delayline import Direction, next_wakeup_s, parse_endpoint, write_due_frames
+from geodiloco.predictor.schema import ConfigError
 from geodiloco.lab.sites import Site, SiteLink, Sites, parse_rate_mbps, site_links, tbf_burst_bytes, tbf_rate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +77,10 @@ def test_parse_rate_mbps():
     for bad in ("fast", "0mbit", "1tbit"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_rate_mbps(bad)
+    assert parse_rate_mbps("1kbit") == 0.001 and parse_rate_mbps("100gbit") == 100_000.0  # what tbf takes
+    for past in ("0.0001kbit", "101gbit"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"tbf takes 1kbit to 100gbit"):
+            parse_rate_mbps(past)
 
 
 def test_namespace_owner_only_matches_our_names():
@@ -101,6 +106,18 @@ def test_validate_rejects_bad_prefix_subnet_and_duplicates():
 def test_site_links_from_cluster_nodes():
     nodes = [NodeSpec(name="n1", wan={"bandwidth_mbps": 1000, "latency_ms": 10}), NodeSpec(name="n2")]
     assert site_links(nodes) == [SiteLink("n1", 1000, 10), SiteLink("n2", None, 0.0)]
+
+
+@pytest.mark.parametrize("wan, message", [
+    ({"bandwidth_mbps": 0.0001}, r"^nodes\[1\].wan.bandwidth_mbps: 0.0001 Mbit/s cannot be emulated by --sites netns "
+                                 r"\(tbf takes 0.001 to 100,000\); give a rate in that range$"),
+    ({"bandwidth_mbps": 1e9}, r"^nodes\[1\].wan.bandwidth_mbps: 1e\+09 Mbit/s cannot be emulated"),
+    ({"bandwidth_mbps": 100, "latency_ms": 100_000}, r"^nodes\[1\].wan.latency_ms: 100000 ms one way is past 10,000 ms"),
+])
+def test_a_link_the_kernel_cannot_shape_is_refused_naming_its_field(wan, message):
+    nodes = [NodeSpec(name="n1", wan={"bandwidth_mbps": 1000}), NodeSpec(name="n2", wan=wan)]
+    with pytest.raises(ConfigError, match=message):
+        site_links(nodes)
 
 
 def test_delay_line_holds_frames_until_due():
