@@ -71,6 +71,13 @@ def choose_sites(requested: str) -> tuple[str, str]:
     return "local", f"network namespaces unavailable ({reason})"
 
 
+def announce_unshaped_links(config: RunConfig, mode: str) -> None:
+    """On loopback the nodes' ``wan:`` links are not shaped: say so, or the sync times look like the WAN's."""
+    if mode == "local" and any(node.wan is not None for node in config.nodes):
+        print("[geodiloco] the nodes' wan: links are not emulated on loopback (--sites local): the outer sync "
+              "runs at this machine's speed; --sites netns (root) shapes them", flush=True)
+
+
 def node_env(config: RunConfig, index: int, master_addr: str, master_port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
@@ -374,6 +381,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
                   if config.comm.backend == "hivemind" else "fixed")
     print(f"[geodiloco] {len(config.nodes)} nodes on this machine, sites: {mode} ({reason}); membership: "
           f"{membership}; run directory {run_dir}", flush=True)
+    announce_unshaped_links(config, mode)
 
     def forward_term(signum, _frame):
         raise KeyboardInterrupt

@@ -33,3 +33,16 @@ def test_counting_gpus_does_not_import_torch():
     code = "import sys; from geodiloco.runtime.launch import machine_gpu_count; machine_gpu_count(); " \
            "print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_loopback_sites_say_the_wan_links_are_not_emulated(capsys):
+    from geodiloco.runtime.config import load_config
+    from geodiloco.runtime.launch import announce_unshaped_links
+    shaped = load_config(None)  # the demo's nodes each have a wan: link
+    announce_unshaped_links(shaped, "local")
+    assert capsys.readouterr().out == (
+        "[geodiloco] the nodes' wan: links are not emulated on loopback (--sites local): the outer sync runs at this "
+        "machine's speed; --sites netns (root) shapes them\n")
+    announce_unshaped_links(shaped, "netns")
+    announce_unshaped_links(load_config(None, ["nodes=[{name: a}, {name: b}]"]), "local")
+    assert capsys.readouterr().out == ""
