@@ -21,6 +21,9 @@ PLAN_LOG = "plan.jsonl"
 METRICS_LOG = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 MEMBERSHIP_LOG = "membership.jsonl"
+DRILL_LOG = "drill.jsonl"
+"""``geodiloco run --drill`` events: read as membership events (``"event": "drill"``), since a restart that
+leaves the members as they were shows nowhere else."""
 GPU_COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
 
 
@@ -45,7 +48,8 @@ class RunLogs:
     config: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     membership: list[dict[str, Any]] = field(default_factory=list)
-    """``membership.jsonl``'s events (elastic runs: who left or rejoined, and when), as plain rows."""
+    """``membership.jsonl``'s events (elastic runs: who left or rejoined, and when) and the run's drill events,
+    as plain rows in time order."""
     part_dirs: list[Path] = field(default_factory=list)
     """The sites' run directories this run's logs were joined from (``merge_parts``); empty for one directory."""
 
@@ -209,9 +213,11 @@ def load_run(run_dir: str | Path) -> RunLogs:
     config = _read_config(directory / CONFIG_FILE, warnings)
     records.sort(key=lambda record: (record.round, record.node))
     warnings += _missing_node_rounds(records)
+    membership = _membership_events(directory / MEMBERSHIP_LOG, warnings)
+    drills = [{**row, "event": "drill"} for row in _membership_events(directory / DRILL_LOG, warnings)]
     return RunLogs(run_dir=directory, run_id=run_id, records=records, plans=plans,
                    metrics=metrics, config=config, warnings=warnings,
-                   membership=_membership_events(directory / MEMBERSHIP_LOG, warnings))
+                   membership=sorted(membership + drills, key=lambda event: event.get("time") or 0.0))
 
 
 def _membership_events(path: Path, warnings: list[str]) -> list[dict[str, Any]]:

@@ -273,3 +273,22 @@ def test_the_report_names_who_left_and_rejoined_from_the_membership_log(tmp_path
                                   "after round 1: went on with b again (a, b present)",
                                   "round 2: node b left out of the average (its model went non-finite)"]
     assert "membership.jsonl line 6: not JSON; skipped" in summary.warnings
+
+
+def test_drill_events_join_the_membership_line_in_time_order_with_the_round_they_fired_in(tmp_path):
+    """A restart that leaves the members as they were shows in no membership event: the drill log says it."""
+    import json
+    run = default_run(tmp_path / "run")
+    (run / "membership.jsonl").write_text(json.dumps(
+        {"time": 2.0, "event": "resumed", "after_round": 1, "present": ["a"], "members_before": ["a", "b"]}) + "\n")
+    drills = [{"time": 1.0, "action": "kill", "node": "b", "round": 2, "fired_in_round": 2},
+              {"time": 3.0, "action": "restart", "node": "b", "round": 3, "fired_in_round": 4},
+              {"time": 4.0, "action": "thaw", "node": "b", "round": 4, "fired_in_round": 4,
+               "note": "skipped: the site is not running (it exited with code 1)"}]
+    (run / "drill.jsonl").write_text("".join(json.dumps(row) + "\n" for row in drills))
+    summary = summarize(load_run(run))
+    assert summary.membership == [
+        "--drill kill:b@2 fired in round 1",
+        "after round 1: went on without b (a present)",
+        "--drill restart:b@3 fired in round 3",
+        "--drill thaw:b@4 fired in round 3 (skipped: the site is not running (it exited with code 1))"]
