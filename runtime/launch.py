@@ -314,7 +314,7 @@ def say_how_to_resume(run_dir: Path, node_names: list[str]) -> None:
         print(f"[geodiloco] no round was saved in {run_dir}", file=sys.stderr, flush=True)
         return
     print(f"[geodiloco] a resume continues after round {resume_after + 1} (its checkpoint is complete in "
-          f"{run_dir}): geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}", file=sys.stderr, flush=True)
+          f"{run_dir}); continue with: geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}", file=sys.stderr, flush=True)
 
 
 def print_tail(name: str, output: Optional[NodeOutput]) -> None:

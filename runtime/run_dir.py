@@ -96,8 +96,14 @@ def changed_settings(saved: dict, new: dict) -> dict[str, tuple[Any, Any]]:
             if before.get(key) != after.get(key)}
 
 
+RESUMABLE_NODE_FIELDS = re.compile(r"nodes\[\d+\]\.(wan|emulate)(\.|$)")
+"""A node's emulated link and virtual GPU may change on resume too: the checkpoint holds neither (the link is
+also what ``--sites`` may switch between netns and loopback)."""
+
+
 def resumable(key: str) -> bool:
-    return any(key == allowed or key.startswith(allowed + ".") for allowed in RESUMABLE)
+    return (any(key == allowed or key.startswith(allowed + ".") for allowed in RESUMABLE)
+            or RESUMABLE_NODE_FIELDS.match(key) is not None)
 
 
 def resume_changes(run_dir: Path, config: RunConfig) -> list[str]:
@@ -117,7 +123,7 @@ def resume_changes(run_dir: Path, config: RunConfig) -> list[str]:
         listed = ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in refused[:5])
         raise ConfigError(f"--resume: {listed} cannot change in a resumed run (its checkpoint was written for the "
                           f"saved value); drop the change, or start a new run. Settings that may change: "
-                          f"{', '.join(RESUMABLE)}")
+                          f"{', '.join(RESUMABLE)}, nodes[N].wan, nodes[N].emulate")
     from geodiloco.runtime.run_files import check_kept_files
     check_kept_files(run_dir, config)
     return [f"{key}: {before!r} -> {after!r}" for key, (before, after) in changes.items()]

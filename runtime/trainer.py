@@ -177,8 +177,8 @@ class NodeTrainer:
     def new_planner(self) -> Planner:
         config = self.config
         diloco = config.diloco
-        return Planner(config.balancing, config.nodes, self.dims, self.seq_len, diloco.local_steps,
-                       diloco.batch_size, config.model.precision, sync_settings=planned_sync(config))
+        return Planner(config.balancing.for_mode(diloco.mode), config.nodes, self.dims, self.seq_len,
+                       diloco.local_steps, diloco.batch_size, config.model.precision, sync_settings=planned_sync(config))
 
     # ----- local phase -------------------------------------------------------------------
 

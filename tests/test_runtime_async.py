@@ -313,3 +313,25 @@ def test_a_final_model_clearly_worse_than_an_earlier_round_is_said_with_the_roun
     assert final_model_regression([row(1, 2.727), row(2, 2.95, final=True)]) is None
     assert final_model_regression([row(0, 3.3), row(1, 2.7)]) is None  # it got better
     assert final_model_regression([row(0, 3.3)]) is None
+
+
+def test_auto_weighting_under_async_is_tokens_whatever_the_policy_and_a_set_one_is_kept():
+    """The host applies each stale update alone: normalized weights a straggler's few-step update many times
+    its tokens (experiments/results/async/weighting.md), so async plans tokens under ``auto``."""
+    from pathlib import Path
+
+    from geodiloco.runtime.config import load_config
+    from geodiloco.runtime.trainer import planned_sync
+    from geodiloco.balancer.planner import Planner
+    config_path = str(Path(__file__).resolve().parents[1] / "experiments" / "configs" / "async.yaml")
+
+    def planned_weighting(*sets):
+        config = load_config(config_path, list(sets))
+        planner = Planner(config.balancing.for_mode(config.diloco.mode), config.nodes, config.model.dims(),
+                          config.model.seq_len, config.diloco.local_steps, config.diloco.batch_size,
+                          config.model.precision, sync_settings=planned_sync(config))
+        return planner.plan(0).weighting
+
+    assert planned_weighting() == "tokens"  # adaptive's own choice would be normalized
+    assert planned_weighting("diloco.mode=sync") == "normalized"
+    assert planned_weighting("balancing.weighting=normalized") == "normalized"

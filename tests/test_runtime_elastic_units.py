@@ -460,6 +460,6 @@ def test_the_resume_hint_names_the_newest_complete_round_not_the_committed_point
     checkpoint.save_node(tmp_path, 2, "a", {"round": 2})
     say_how_to_resume(tmp_path, ["a", "b"])
     assert capsys.readouterr().err == (f"[geodiloco] a resume continues after round 2 (its checkpoint is complete in "
-                                       f"{tmp_path}): geodiloco run --resume --run-dir {tmp_path}\n")
+                                       f"{tmp_path}); continue with: geodiloco run --resume --run-dir {tmp_path}\n")
     say_how_to_resume(tmp_path / "empty", ["a", "b"])
     assert capsys.readouterr().err == f"[geodiloco] no round was saved in {tmp_path / 'empty'}\n"

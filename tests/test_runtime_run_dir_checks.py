@@ -35,11 +35,16 @@ def test_a_second_launcher_into_the_same_run_directory_is_refused_until_the_firs
 def test_a_resume_names_the_node_field_it_may_not_change_and_refuses_fewer_rounds_than_done(tmp_path):
     config = saved_run(tmp_path / "run", rounds_done=4)
     changed = config.model_copy(deep=True)
-    changed.nodes[0].emulate.step_time_s = 0.25
+    changed.nodes[0].gpus = ["A30"]
     with pytest.raises(ConfigError) as refused:
         resume_changes(tmp_path / "run", changed)
-    assert str(refused.value).startswith("--resume: nodes[0].emulate.step_time_s (0.2 -> 0.25) cannot change")
+    assert str(refused.value).startswith("--resume: nodes[0].gpus ([] -> ['A30']) cannot change")
     assert "'name': 'b'" not in str(refused.value)  # the field, not the whole list
+    assert str(refused.value).endswith("comm.hivemind, nodes[N].wan, nodes[N].emulate")
+    # a node's virtual GPU and its emulated link hold nothing of the checkpoint: they may change
+    emulated = config.model_copy(deep=True)
+    emulated.nodes[0].emulate.step_time_s = 0.25
+    assert resume_changes(tmp_path / "run", emulated) == ["nodes[0].emulate.step_time_s: 0.2 -> 0.25"]
     fewer = config.model_copy(deep=True)
     fewer.diloco.rounds = 2
     with pytest.raises(ConfigError, match=r"diloco.rounds 2 is below the 4 rounds this run has done; give at least 4"):
@@ -62,8 +67,9 @@ def test_a_run_dir_that_is_a_file_and_a_set_with_an_empty_key_are_named(tmp_path
 def test_the_resume_command_after_an_interrupt_can_be_pasted_when_the_path_has_spaces(tmp_path, capsys):
     run_dir = tmp_path / "with space" / "run 1"
     saved_run(run_dir, rounds_done=3)
-    say_how_to_resume(run_dir)
-    assert f"continue with: geodiloco run --resume --run-dir '{run_dir}'" in capsys.readouterr().err
+    say_how_to_resume(run_dir, ["a", "b"])  # only the global file and latest: the committed round is named
+    assert capsys.readouterr().err == (f"[geodiloco] a resume continues after round 3 (its checkpoint is complete in "
+                                       f"{run_dir}); continue with: geodiloco run --resume --run-dir '{run_dir}'\n")
 
 
 def test_runs_started_in_one_second_get_their_own_directories_and_the_run_id_is_the_directorys_name(tmp_path,
