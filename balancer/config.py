@@ -75,6 +75,14 @@ class SimulationConfig(StrictModel):
 class BalancingConfig(StrictModel):
     """``policy`` picks the balancing rule; docs/balancer.md lists each option per policy."""
 
+    def for_mode(self, mode: str) -> "BalancingConfig":
+        """The settings a run of ``diloco.mode`` ``mode`` plans with: under async, ``weighting: auto`` is the
+        async weighting (``policies.ASYNC_WEIGHTING``), not the policy's."""
+        if mode != "async" or self.weighting != "auto":
+            return self
+        from geodiloco.balancer.policies import ASYNC_WEIGHTING
+        return self.model_copy(update={"weighting": ASYNC_WEIGHTING})
+
     policy: PolicyName = "uniform"
     weighting: WeightingName = "auto"
     # Length of the local phase (time, hybrid, adaptive, deadline).

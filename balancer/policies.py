@@ -31,6 +31,13 @@ POLICY_WEIGHTING = {
     "adaptive": "normalized",
     "deadline": "normalized",
 }
+ASYNC_WEIGHTING = "tokens"
+"""Weighting under ``weighting: auto`` in ``diloco.mode: async``, whatever the policy. The host applies each
+pseudo-gradient alone, from a model pulled several updates before; ``normalized`` scales a node's update by
+tau_eff / H_i of its share, so a node that ran few steps (a straggler under a time-balanced policy) counts many
+times its tokens, and its stale update moved the model most. Measured (experiments/async/weighting.py, real
+losses, virtual GPUs): ``tokens`` ended on a lower eval loss than ``normalized`` on both clusters tried
+(results in experiments/results/async/weighting.md)."""
 
 
 @dataclass

@@ -55,7 +55,7 @@ class PlanningSetup:
     """``diloco.rounds`` of a run config (None for a bare cluster file): ``simulate``'s default."""
 
     def planner(self) -> Planner:
-        return Planner(self.balancing, self.cluster.nodes, self.dims, self.seq_len,
+        return Planner(self.balancing.for_mode(self.mode), self.cluster.nodes, self.dims, self.seq_len,
                        self.local_steps, self.batch_size, self.precision, sync_settings=self.sync)
 
     def to_config(self, run_name: str) -> dict:

@@ -82,7 +82,9 @@ def case_config(mode: str, shards: str, seed: int, wall_s: float) -> dict:
     if mode == "sync-time":
         diloco.update({"overlap": "streaming", "compression": "int8", "fragments": 4})
     if mode in ASYNC_CODECS:
-        diloco.update({"mode": "async", "compression": ASYNC_CODECS[mode]})
+        # as measured: normalized, what `weighting: auto` gave under the adaptive policy then (async `auto` is tokens
+        # since; experiments/async/weighting.py compares the two)
+        diloco.update({"mode": "async", "compression": ASYNC_CODECS[mode], "weighting": "normalized"})
         del diloco["overlap"]
         config["balancing"]["policy"] = "adaptive"  # dynamic local updates: re-planned as speeds are heard of
     for node in config["nodes"]:
@@ -325,8 +327,11 @@ def analyze(results: Path) -> str:
         "",
         "Modes: `sync-uniform` = DiLoCo as published (H steps everywhere, blocking fp32 sync); `sync-time` = the "
         "`time` policy with streaming int8 sync (the sync benchmark's best); `async-fp32` / `async-int8` = "
-        "`diloco.mode: async` (delayed Nesterov with N = 4, dynamic local updates from the `adaptive` policy), "
-        "pushes and pulls through the host node's link in fp32 or int8 (error feedback; pulls as differences).",
+        "`diloco.mode: async` (delayed Nesterov with N = 4, dynamic local updates from the `adaptive` policy, "
+        "`normalized` outer weighting), pushes and pulls through the host node's link in fp32 or int8 (error "
+        "feedback; pulls as differences). Async mode now plans `tokens` under `weighting: auto`, which ended on a "
+        "lower eval loss than `normalized` in experiments/async/weighting.py "
+        "([weighting.md](weighting.md)); these runs predate that choice.",
         "",
         "Target loss: the highest of all runs' best eval losses (every run reaches it). Idle shares are of node "
         "time; waiting in async is the time a push waited behind other nodes' updates at the host and, at the "
