@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import signal
+import shlex
 import socket
 import sys
 import tempfile
@@ -164,6 +165,8 @@ def describe_failure(err: BaseException, args, site: str, fatal: Optional[str],
     from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
                                                           RendezvousStateError, RendezvousTimeoutError)
     run = run_label(args)
+    continue_with = (launcher_resume_command(args)
+                     or "start every site with its command plus --resume and a new --run-id")
     if waited_as_spare and isinstance(err, AttributeError):
         # torchrun's agent returns no result when a spare's rendezvous closes (the run it waited on ended)
         return (f"site {site} waited as a spare and the {run} has ended without it; nothing was trained here: "
@@ -178,12 +181,11 @@ def describe_failure(err: BaseException, args, site: str, fatal: Optional[str],
         how = ("the run has fixed membership (--fixed, or comm.elastic.enabled: false), so they are not restarted"
                if args.max_restarts == 0 else "used up their restarts (--max-restarts)")
         return (f"site {site}: its workers failed (exit code {exit_codes}) and {how}; their own error is above; "
-                "to continue from the last complete checkpoint, start every site with its command plus --resume "
-                "and a new --run-id", 1)
+                f"to continue from the last complete checkpoint, {continue_with}", 1)
     if isinstance(err, RendezvousClosedError):
         return (f"site {site}: the {run} has ended (its rendezvous is closed), and a closed run is not joined "
-                "again: if it finished, there is nothing left to do; to continue a stopped one, start every site "
-                "with --resume and a new --run-id; for a new run, give it a new --run-id", 1)
+                f"again: if it finished, there is nothing left to do; to continue a stopped one, {continue_with}; "
+                "for a new run, give it a new --run-id", 1)
     if isinstance(err, RendezvousTimeoutError):
         return (f"site {site}: no world formed for the {run} within the join timeout (comm.elastic.join_timeout_s): "
                 "fewer sites than comm.min_nodes joined, or a running run already holds every place under this run "
@@ -198,6 +200,18 @@ def describe_failure(err: BaseException, args, site: str, fatal: Optional[str],
                 "--is-host site stopped, or the address is unreachable): restart it, then every site with --resume; "
                 "the last committed checkpoint is kept", 1)
     raise err
+
+
+def launcher_resume_command(args) -> Optional[str]:
+    """``run geodiloco run --resume --run-dir RUN_DIR`` when ``geodiloco run`` started this agent (it gives each run
+    its own rendezvous id, so no --run-id is needed), else None: a site started by hand continues with its own
+    command."""
+    from geodiloco.runtime.launcher_watch import LAUNCHER_PID_ENV
+    script_args = list(getattr(args, "training_script_args", None) or [])
+    if not os.environ.get(LAUNCHER_PID_ENV) or "--run-dir" not in script_args[:-1]:
+        return None
+    run_dir = script_args[script_args.index("--run-dir") + 1]
+    return f"run geodiloco run --resume --run-dir {shlex.quote(run_dir)}"
 
 
 def _store_lost(err: BaseException) -> bool:

@@ -437,7 +437,7 @@ def watch_elastic_sites(config: RunConfig, run_dir: Path, processes: list[subpro
     fatal = read_fatal(launcher.fatal_file)
     if fatal:
         print(f"geodiloco run: error: {fatal}", file=sys.stderr, flush=True)
-        print("[geodiloco] stopped every site: bad input fails the same way on every restart",
+        print("[geodiloco] stopped every site: a restart would meet the same error",
               file=sys.stderr, flush=True)
         return 2
     return elastic_exit_code(config, codes, launcher.outputs)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO
+from typing import IO, Optional
 
 TAIL_LINES = 12
 LOG_DIR = "logs"
@@ -24,7 +24,7 @@ class NodeOutput:
     def __init__(self, process: subprocess.Popen, log_path: Path) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
-        self._log = open(log_path, "a", buffering=1, errors="replace")
+        self._log: Optional[IO[str]] = open(log_path, "a", buffering=1, errors="replace")
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._lock = threading.Lock()
         self._to_terminal = True
@@ -39,8 +39,20 @@ class NodeOutput:
                 sink.write(line)
                 sink.flush()
             with self._lock:
-                self._log.write(line)
+                self._keep(line)
                 self._tail.append(line.rstrip("\n"))
+
+    def _keep(self, line: str) -> None:
+        """Append ``line`` to the node's log file; a log that can no longer be written (the disk is full) is
+        said once and then left, while the terminal and the tail go on getting every line."""
+        if self._log is None:
+            return
+        try:
+            self._log.write(line)
+        except OSError as err:
+            self._log = None
+            print(f"[geodiloco] {self.log_path}: {err.strerror or err}; this node's log stops here (its output "
+                  "still comes here)", file=sys.stderr, flush=True)
 
     def log_only(self) -> None:
         """Stop forwarding to the terminal (the log file still gets every line): for a node the launcher is

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import math
 import os
+import shlex
+import shutil
 from collections import Counter
 import signal
 import sys
@@ -43,6 +46,7 @@ from geodiloco.runtime.recovery import elastic_job, log_membership_event, restar
 from geodiloco.runtime.idle import RoundClock
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint import latest_round
+from geodiloco.runtime.checkpoint_writer import CheckpointWriteError
 from geodiloco.runtime.agent import stop_own_agent
 from geodiloco.runtime.fatal import record_fatal
 from geodiloco.runtime.finite_guard import NonFiniteModel, check_some_node_finite, non_finite_nodes
@@ -124,6 +128,38 @@ class RoundStats:
 
 RESUME_HINT = ("to continue, start every site with its command plus --resume (under torchrun with a new --run-id: "
                "a rendezvous that closed is not joined again)")
+
+
+def resume_hint(run_dir: Path) -> str:
+    """How to continue this run: the launcher's command when ``geodiloco run`` started this site, else each
+    site's own (``RESUME_HINT``)."""
+    from geodiloco.runtime.launcher_watch import LAUNCHER_PID_ENV
+    if os.environ.get(LAUNCHER_PID_ENV):
+        return f"to continue: geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}"
+    return RESUME_HINT
+
+
+STORAGE_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def storage_failure(err: BaseException) -> bool:
+    """Whether ``err`` is the disk's (a checkpoint write that failed, whatever the writer raised, or a full disk
+    or quota anywhere else): a restart meets the same disk, so the site stops instead of being restarted."""
+    return isinstance(err, CheckpointWriteError) or (isinstance(err, OSError) and err.errno in STORAGE_FULL_ERRNOS)
+
+
+def storage_message(err: BaseException, run_dir: Path) -> str:
+    """One line: what failed, the space left where the run writes, the checkpoint kept, and how to go on."""
+    try:
+        free = f"{shutil.disk_usage(run_dir).free / 2**20:,.0f} MiB free there now"
+    except OSError:
+        free = "its free space unknown"
+    latest = latest_round(run_dir)
+    kept = (f"the last complete checkpoint (after round {latest + 1}) stays in {run_dir}" if latest is not None
+            else "no round was saved")
+    what = (str(err) if isinstance(err, CheckpointWriteError)
+            else f"writing {err.filename or run_dir}: {err.strerror}")
+    return f"stopping this site: {what} ({free}); {kept}; free space or fix the path, then {resume_hint(run_dir)}"
 
 
 def resume_check(run_dir: Path, config: RunConfig) -> tuple[list[str], Optional[str]]:
@@ -637,7 +673,13 @@ def train_from_args(args: argparse.Namespace) -> int:
         print(f"[geodiloco] node stopped by {stop}{why}; the last complete checkpoint is kept in {run_dir}",
               file=sys.stderr, flush=True)
         return 143
-    except (RuntimeError, ConnectionError) as err:
+    except (RuntimeError, ConnectionError, OSError) as err:
+        if storage_failure(err):
+            message = storage_message(err, run_dir)
+            print(f"[geodiloco] {message}", file=sys.stderr, flush=True)
+            record_fatal(message)
+            stop_own_agent()  # a restart meets the same disk
+            return 1
         if not lost_a_peer(err):
             raise
         reason = str(err).splitlines()[0].split(". ")[0][-160:]
@@ -646,7 +688,7 @@ def train_from_args(args: argparse.Namespace) -> int:
         why = ("it failed, or is re-forming the world with a site that joined or left; stopping this worker so the "
                "present sites restart from the last complete round" if restarts_left() else
                "it failed or was stopped; with no restart left (fixed membership, or --max-restarts used up) this "
-               f"site stops here, its last complete checkpoint kept in {run_dir}; {RESUME_HINT}")
+               f"site stops here, its last complete checkpoint kept in {run_dir}; {resume_hint(run_dir)}")
         print(f"[geodiloco] lost a peer site ({reason}): {why}", file=sys.stderr, flush=True)
         return PEER_FAILED_EXIT_CODE
 

@@ -1,0 +1,78 @@
+"""A full disk stops a run in a few lines: no restart loop (a restart meets the same disk), the path, the space left,
+the checkpoint kept and the command that continues, and a node log that cannot be written does not kill the
+launcher's output forwarding."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from geodiloco.runtime.checkpoint_writer import CheckpointWriteError
+from geodiloco.runtime.launcher_watch import LAUNCHER_PID_ENV
+from geodiloco.runtime.train import storage_failure, storage_message
+from tests.runtime_helpers import REPO_ROOT, small_config, write_config
+
+
+def test_disk_errors_stop_the_site_and_other_errors_do_not(tmp_path, monkeypatch):
+    write_failed = CheckpointWriteError("writing the checkpoint of round 3 of node a failed: SafetensorError: I/O error")
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "idle.jsonl"))
+    assert storage_failure(write_failed) and storage_failure(full)
+    assert not storage_failure(OSError(errno.ECONNRESET, "Connection reset by peer"))
+    assert not storage_failure(RuntimeError("Connection closed by peer"))
+    monkeypatch.setenv(LAUNCHER_PID_ENV, "1")
+    message = storage_message(full, tmp_path)
+    assert message.startswith(f"stopping this site: writing {tmp_path / 'idle.jsonl'}: No space left on device (")
+    assert message.endswith(f"MiB free there now); no round was saved; free space or fix the path, then to continue: "
+                            f"geodiloco run --resume --run-dir {tmp_path}")
+    monkeypatch.delenv(LAUNCHER_PID_ENV)
+    assert storage_message(write_failed, tmp_path).endswith(
+        "then to continue, start every site with its command plus --resume (under torchrun with a new --run-id: a "
+        "rendezvous that closed is not joined again)")
+
+
+def test_a_node_log_that_cannot_be_written_is_said_once_and_the_output_still_comes(tmp_path, capfd):
+    from geodiloco.runtime.node_output import NodeOutput
+    process = subprocess.Popen([sys.executable, "-c", "print('one'); print('two')"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    output = NodeOutput(process, Path("/dev/full"))  # every write there fails with ENOSPC, as on a full disk
+    process.wait()
+    assert output.tail() == ["one", "two"]
+    captured = capfd.readouterr()
+    assert captured.out == "one\ntwo\n"
+    assert captured.err.count("this node's log stops here (its output still comes here)") == 1
+
+
+def can_mount_tmpfs(target: Path) -> bool:
+    if os.geteuid() != 0:
+        return False
+    target.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6M", "tmpfs", str(target)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_run_on_a_full_disk_stops_in_a_few_lines_without_restarting_its_sites(tmp_path):
+    small = tmp_path / "small"
+    if not can_mount_tmpfs(small):
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        nodes = [{"name": name, "emulate": {"step_time_s": 0.01}} for name in "ab"]
+        config = small_config(nodes, comm={"timeout_s": 60, "elastic": {"enabled": True}})
+        config["diloco"]["rounds"] = 30
+        config["model"]["seq_len"] = 32
+        run_dir = small / "run"
+        done = subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", "run", "--no-report", "--sites", "local",
+                               "--config", str(write_config(tmp_path, config)), "--run-dir", str(run_dir)],
+                              capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+        output = done.stdout + done.stderr
+        assert done.returncode == 2, output[-3000:]
+        assert "No space left on device" in output and "Traceback" not in output
+        assert f"to continue: geodiloco run --resume --run-dir {run_dir}" in output
+        assert "resuming" not in output  # no agent restarted a worker into the same full disk
+        assert "[geodiloco] stopped every site: a restart would meet the same error" in output
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
