@@ -7,7 +7,7 @@ with the round as the step:
 - ``node/<name>/``: ``train_loss``, ``lr``, ``tokens_per_s``, ``local_steps``, ``batch_size``,
   ``compute_s``, ``wait_s``, ``exposed_sync_s``, ``idle_s`` (the last three from the idle
   records, which are logged one round late);
-- ``global/``: ``eval_loss``, ``tokens`` (of the round, all nodes), ``total_idle_s``.
+- ``global/``: ``eval_loss``, ``tokens`` (of the round, all nodes).
 
 ``tensorboard`` and ``wandb`` are optional extras, imported only when configured.
 """
@@ -50,12 +50,15 @@ def metric_scalars(log_name: str, row: dict) -> dict[str, float]:
 
 
 class TensorBoardWriter:
-    """Event files under ``log_dir`` (one per process: hivemind leaders each log their own node)."""
+    """Event files under ``log_dir`` (one per process: hivemind leaders each log their own node). ``first_round``: the
+    round a resumed run starts from; the points the run had logged from it on are purged (those rounds are
+    trained again, as the JSONL logs drop their rows), so no round shows twice."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, first_round: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
         suffix = f".{socket.gethostname()}.{os.getpid()}"
-        self.writer = SummaryWriter(log_dir=str(log_dir), filename_suffix=suffix)
+        self.writer = SummaryWriter(log_dir=str(log_dir), filename_suffix=suffix,
+                                    purge_step=first_round if first_round > 0 else None)
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         for tag, value in values.items():
@@ -68,14 +71,21 @@ class TensorBoardWriter:
 
 class WandbWriter:
     """One W&B run per logging process, grouped by the run's name; ``mode`` offline keeps it local
-    (``wandb sync`` uploads it later)."""
+    (``wandb sync`` uploads it later). A resumed run goes on in the same W&B run (its id is kept in
+    ``id_file``), and every chart's x axis is the round (``round``), not W&B's count of log calls."""
 
     def __init__(self, project: str, run_name: str, run_dir: Path, mode: str, entity: Optional[str],
-                 config: dict) -> None:
+                 config: dict, id_file: Optional[Path] = None, first_round: int = 0) -> None:
         import wandb
         self.wandb = wandb
+        kept_id = id_file.read_text().strip() if id_file is not None and first_round > 0 and id_file.is_file() else None
         self.run = wandb.init(project=project, entity=entity, name=run_name, group=run_name,
-                              dir=str(run_dir), mode=os.environ.get("WANDB_MODE", mode), config=config)
+                              dir=str(run_dir), mode=os.environ.get("WANDB_MODE", mode), config=config,
+                              id=kept_id or None, resume="allow" if kept_id else None)
+        if id_file is not None:
+            id_file.write_text(self.run.id + "\n")
+        self.run.define_metric("round")
+        self.run.define_metric("*", step_metric="round")
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         self.run.log({**values, "round": step})
@@ -114,15 +124,23 @@ class MetricSinks:
         self.writers = []
 
 
-def build_sinks(logging: Any, run_name: str, run_dir: Path, config: dict) -> Optional[MetricSinks]:
-    """The sinks of the config's ``logging`` section, or None when none is configured."""
+WANDB_ID_FILE = ".wandb_run_id"
+
+
+def build_sinks(logging: Any, run_name: str, run_dir: Path, config: dict, first_round: int = 0,
+                writer_name: str = "run") -> Optional[MetricSinks]:
+    """The sinks of the config's ``logging`` section, or None when none is configured. ``first_round``: where a
+    resumed run starts (0 for a new one); ``writer_name``: which logging process this is (the coordinator, or a
+    hivemind node's leader), so each resumes its own W&B run."""
     writers: list[ScalarWriter] = []
     if logging.tensorboard:
-        _start_writer(writers, "TensorBoard", lambda: TensorBoardWriter(Path(logging.tensorboard) / run_name))
+        _start_writer(writers, "TensorBoard",
+                      lambda: TensorBoardWriter(Path(logging.tensorboard) / run_name, first_round))
     if logging.wandb is not None:
         wandb = logging.wandb
+        id_file = run_dir / f"{WANDB_ID_FILE}.{writer_name}"
         _start_writer(writers, "W&B", lambda: WandbWriter(wandb.project, run_name, run_dir, wandb.mode, wandb.entity,
-                                                         config),
+                                                         config, id_file, first_round),
                       hint="log in (wandb login), set WANDB_API_KEY, or set logging.wandb.mode: offline")
     return MetricSinks(writers) if writers else None
 

@@ -245,7 +245,8 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     trainer.warm_up(config.diloco.batch_size)
     sync.exchange(None)
     log = RunLog(trainer.run_dir, build_sinks(config.logging, trainer.run_dir.name, trainer.run_dir,
-                                              config.model_dump(mode="json"))) if topology.is_coordinator else None
+                                              config.model_dump(mode="json"), start.first_round,
+                                              topology.node_name)) if topology.is_coordinator else None
     shared_config_written = sync.logs_own_idle_only and (trainer.run_dir / "config.yaml").is_file()
     if log is not None and not shared_config_written:
         log.write_config(config.to_yaml())
@@ -265,6 +266,8 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         except StopRequested:
             if log is not None and sync.barrier_free:
                 _log_unlogged_phases(trainer, log, run_id)
+            if log is not None:
+                log.close()  # TensorBoard and W&B keep the rounds logged so far (W&B buffers them until closed)
             raise
         except OutOfSync as behind:
             print(f"[geodiloco] node {topology.node_name}: {behind}; reloading the global state from peers",
