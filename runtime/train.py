@@ -256,6 +256,7 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
         _redo_lost_global_row(trainer, log, run_id, start.first_round - 1)
     round_idx, lost_since = start.first_round, start.lost_since
     training_started = time.time()
+    trainer.progress_origin = (training_started, start.first_round)
     last_round = ran_a_round = False
     while round_idx < config.diloco.rounds and not last_round:
         round_started = time.time()
@@ -549,7 +550,38 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, repor
     print(f"[geodiloco] {loss_text}{eval_text} | "
           f"{trainer.topology.node_name} local {clock.compute_s:.2f}s wait {clock.wait_s:.2f}s sync {clock.comm_s:.2f}s"
           f"{f' (+{clock.comm_hidden_s:.2f}s hidden)' if clock.comm_hidden_s > 0 else ''} | "
-          f"steps x batch {steps}{stale}", flush=True)
+          f"steps x batch {steps}{stale}{progress_text(trainer, plan.round, time.time())}", flush=True)
+    if last_round and plan.round + 1 < config.diloco.rounds and config.run.max_wall_s is not None:
+        print(f"[geodiloco] run.max_wall_s ({config.run.max_wall_s:g} s of training) is spent: the run ends after "
+              f"round {plan.round + 1} of {config.diloco.rounds} (diloco.rounds)", flush=True)
+
+
+def progress_text(trainer: NodeTrainer, round_idx: int, now: float) -> str:
+    """`` | 2m05s elapsed, ~4m10s left`` for the progress line: time since this process started training, and the
+    rounds left at this session's mean pace (within what ``run.max_wall_s`` leaves); '' before that is known."""
+    origin = trainer.progress_origin
+    if origin is None:
+        return ""
+    started, first_round = origin
+    elapsed_s, done = now - started, round_idx + 1 - first_round
+    rounds_left = trainer.config.diloco.rounds - (round_idx + 1)
+    if done <= 0 or elapsed_s <= 0:
+        return ""
+    left_s = elapsed_s / done * rounds_left
+    if trainer.config.run.max_wall_s is not None:
+        left_s = min(left_s, max(0.0, trainer.config.run.max_wall_s - elapsed_s))
+    return f" | {duration_text(elapsed_s)} elapsed, ~{duration_text(left_s)} left" if rounds_left else \
+        f" | {duration_text(elapsed_s)} elapsed"
+
+
+def duration_text(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``: a duration at the precision a progress line needs."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 FINAL_REGRESSION_SE = 3.0

@@ -144,6 +144,8 @@ class NodeTrainer:
         self.evaluator: Optional[BackgroundEvaluator] = None
         self.sync_staleness: Optional[int] = None
         """Staleness of this node's last update (async), for the progress line."""
+        self.progress_origin: Optional[tuple[float, int]] = None
+        """(unix time training started in this process, the first round it ran): the progress line's clock."""
         self._warned_batch_growth: set[tuple[int, int]] = set()
         self.micro_batch_cap: Optional[int] = None
         """Samples per pass this node's GPU memory was found to hold (after an out-of-memory error), which

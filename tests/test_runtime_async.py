@@ -335,3 +335,20 @@ def test_auto_weighting_under_async_is_tokens_whatever_the_policy_and_a_set_one_
     assert planned_weighting() == "tokens"  # adaptive's own choice would be normalized
     assert planned_weighting("diloco.mode=sync") == "normalized"
     assert planned_weighting("balancing.weighting=normalized") == "normalized"
+
+
+def test_the_progress_line_says_the_time_elapsed_and_left_within_the_wall_budget():
+    from types import SimpleNamespace
+
+    from geodiloco.runtime.train import duration_text, progress_text
+
+    def trainer(rounds, max_wall_s=None, origin=(1000.0, 2)):
+        config = SimpleNamespace(diloco=SimpleNamespace(rounds=rounds), run=SimpleNamespace(max_wall_s=max_wall_s))
+        return SimpleNamespace(config=config, progress_origin=origin)
+
+    # resumed after round 2: rounds 3-6 (indices 2-5) took 120 s, 30 s each; 14 rounds left of 20
+    assert progress_text(trainer(20), 5, 1120.0) == " | 2m00s elapsed, ~7m00s left"
+    assert progress_text(trainer(20, max_wall_s=300), 5, 1120.0) == " | 2m00s elapsed, ~3m00s left"
+    assert progress_text(trainer(6), 5, 1120.0) == " | 2m00s elapsed"
+    assert progress_text(trainer(20, origin=None), 5, 1120.0) == ""
+    assert [duration_text(value) for value in (42.4, 185, 7620)] == ["42s", "3m05s", "2h07m"]
