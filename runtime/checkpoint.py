@@ -15,12 +15,13 @@ on every load, so loading a checkpoint never unpickles anything and a damaged fi
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from geodiloco.runtime.state_file import CorruptStateFile, EncodedState, encode_state, load_state, write_encoded
 
@@ -62,14 +63,27 @@ def node_uses_dir(run_dir: Path, node_name: str) -> bool:
     return (run_dir / "checkpoints" / NODE_MARKS_DIR / node_name).is_file()
 
 
+@contextlib.contextmanager
+def temp_beside(path: Path, tag: str) -> Iterator[Path]:
+    """A temp file name beside ``path`` for an atomic replace; removed when the block fails, so a full disk
+    or a failed encode leaves no ``*.tmp*`` file behind."""
+    temp_path = path.with_name(f"{path.name}.tmp{tag}")
+    try:
+        yield temp_path
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp_path.unlink(missing_ok=True)
+        raise
+
+
 def _atomic_save(obj: Any, path: Path) -> None:
     """Write a state (or an already encoded snapshot of one) to a temp file, flush it to disk, then rename it
     over ``path`` and flush the directory: after a power loss the file is either whole or absent."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp_path = path.with_name(path.name + f".tmp{os.getpid()}")
-    write_encoded(obj if isinstance(obj, EncodedState) else encode_state(obj), temp_path)
-    _fsync_path(temp_path)
-    os.replace(temp_path, path)
+    with temp_beside(path, str(os.getpid())) as temp_path:
+        write_encoded(obj if isinstance(obj, EncodedState) else encode_state(obj), temp_path)
+        _fsync_path(temp_path)
+        os.replace(temp_path, path)
     _fsync_path(path.parent)
 
 
@@ -147,10 +161,10 @@ def point_latest(run_dir: Path, round_idx: int) -> None:
 
 def write_text_durably(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` atomically and durably (temp file, fsync, rename, fsync of the folder)."""
-    temp_path = path.with_name(f"{path.name}.tmp{os.getpid()}.{threading.get_ident()}")  # nodes may be threads
-    temp_path.write_text(text)
-    _fsync_path(temp_path)
-    os.replace(temp_path, path)
+    with temp_beside(path, f"{os.getpid()}.{threading.get_ident()}") as temp_path:  # nodes may be threads
+        temp_path.write_text(text)
+        _fsync_path(temp_path)
+        os.replace(temp_path, path)
     _fsync_path(path.parent)
 
 

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
+from geodiloco.runtime.checkpoint import temp_beside
+
 if TYPE_CHECKING:
     from geodiloco.runtime.metrics_sinks import MetricSinks
 
@@ -65,6 +67,6 @@ class RunLog:
         if not path.is_file():
             return
         kept = [line for line, row in self._rows(log_name) if row.get("round", -1) < first_dropped_round]
-        temp_path = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        temp_path.write_text("".join(line + "\n" for line in kept))
-        os.replace(temp_path, path)
+        with temp_beside(path, str(os.getpid())) as temp_path:
+            temp_path.write_text("".join(line + "\n" for line in kept))
+            os.replace(temp_path, path)

@@ -76,3 +76,28 @@ def test_a_run_on_a_full_disk_stops_in_a_few_lines_without_restarting_its_sites(
         assert "[geodiloco] stopped every site: a restart would meet the same error" in output
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+def test_a_write_that_fails_leaves_no_temp_file_and_the_old_file_as_it_was(tmp_path, monkeypatch):
+    from geodiloco.runtime import checkpoint
+    from geodiloco.runtime.runlog import RunLog
+    target = tmp_path / "latest"
+    target.write_text("2\n")
+
+    def disk_full(*_args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_fsync_path", disk_full)
+    with pytest.raises(OSError):
+        checkpoint.write_text_durably(target, "3\n")
+    with pytest.raises(OSError):
+        checkpoint.save_global(tmp_path, 0, {"outer": {"step": 1}})
+    monkeypatch.undo()
+    log = RunLog(tmp_path)
+    log.append("idle.jsonl", [{"round": 0, "node": "a"}, {"round": 1, "node": "a"}])
+    monkeypatch.setattr("os.replace", disk_full)
+    with pytest.raises(OSError):
+        log.drop_rounds_from("idle.jsonl", 1)
+    monkeypatch.undo()
+    assert sorted(path.name for path in tmp_path.rglob("*") if ".tmp" in path.name) == []
+    assert target.read_text() == "2\n" and len((tmp_path / "idle.jsonl").read_text().splitlines()) == 2
