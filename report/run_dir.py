@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -57,6 +57,12 @@ class RunLogs:
     def where(self) -> str:
         """The run directory, or the joined ones."""
         return " + ".join(map(str, self.part_dirs)) if self.part_dirs else str(self.run_dir)
+
+    @property
+    def running_launcher(self) -> Optional[int]:
+        """The pid of the ``geodiloco run`` still training into this directory, else None (a finished or stopped
+        run, or sites started by hand, which hold no launcher lock)."""
+        return None if self.part_dirs else running_launcher(self.run_dir)
 
     @property
     def name(self) -> str:
@@ -186,6 +192,22 @@ def _check_metrics_run(metrics: list[MetricRow], run_id: str, path: Path) -> Non
     if others:
         raise ReportError(f"{path}: metrics of run(s) {', '.join(map(repr, others))} mixed with run {run_id!r} "
                           "of idle.jsonl; give each run its own directory")
+
+
+LAUNCHER_LOCK = ".launcher.lock"
+"""Where ``geodiloco run`` writes ``pid N`` and holds a lock while it runs (runtime/launch.py ``hold_run_dir``)."""
+
+
+def running_launcher(run_dir: Path) -> Optional[int]:
+    """The pid written in ``run_dir``'s launcher lock when that process is alive and is a geodiloco launcher (the
+    file stays after the run; the pid is read, not locked, so a report never gets in a launcher's way)."""
+    try:
+        text = (run_dir / LAUNCHER_LOCK).read_text().split()
+        pid = int(text[1]) if len(text) == 2 and text[0] == "pid" else None
+        command = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
+    except (OSError, ValueError):
+        return None
+    return pid if b"geodiloco" in command else None
 
 
 def load_run(run_dir: str | Path) -> RunLogs:

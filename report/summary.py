@@ -115,6 +115,8 @@ class RunSummary:
     stopped_s: float = 0.0
     """Seconds between the run's sessions when no node was in a round (a stop, then ``--resume``): the
     run was not running, so they count neither as run time nor as idle GPU time."""
+    running_launcher: Optional[int] = None
+    """The pid of the ``geodiloco run`` still training this run (its figures are so far), else None."""
 
     @property
     def energy_available(self) -> bool:
@@ -413,4 +415,4 @@ def summarize(logs: RunLogs, skip_rounds: int = 0, prices: Optional[PriceTable] 
         energy_note=_energy_note(total.energy, len(records)),
         final_loss=final_loss, final_eval_loss=final_eval,
         warnings=list(logs.warnings), records=records, stopped_s=stopped_s, prices_used=prices_used(nodes, prices),
-        membership=membership_changes(logs.membership))
+        membership=membership_changes(logs.membership), running_launcher=logs.running_launcher)

@@ -43,9 +43,13 @@ def run_header(summary: RunSummary) -> Text:
         text.append(f" (+{fmt.seconds(summary.stopped_s)} s stopped between sessions, not counted)", style="dim")
     text.append(f"  ·  {fmt.count(summary.tokens)} tokens  ·  {fmt.count(summary.tokens_per_hour)} tokens/h")
     if summary.final_loss is not None or summary.final_eval_loss is not None:
-        text.append(f"  ·  final loss {fmt.number(summary.final_loss, 3)}")
+        which = "latest" if summary.running_launcher else "final"
+        text.append(f"  ·  {which} loss {fmt.number(summary.final_loss, 3)}")
         if summary.final_eval_loss is not None:
             text.append(f" (eval {fmt.number(summary.final_eval_loss, 3)})")
+    if summary.running_launcher:
+        text.append(f"\nin progress: its launcher (pid {summary.running_launcher}) is still training; the figures "
+                    "are those of the rounds logged so far", style="yellow")
     return text
 
 

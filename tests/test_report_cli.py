@@ -267,3 +267,22 @@ def test_the_per_round_view_of_an_async_run_says_its_rounds_overlap(tmp_path, ca
     assert "the nodes' phases overlap" in " ".join(capsys.readouterr().out.split())
     assert main([str(default_run(tmp_path / "sync")), "--rounds"]) == 0
     assert "phases overlap" not in capsys.readouterr().out
+
+
+def test_a_run_still_training_is_reported_as_in_progress_with_its_latest_loss(tmp_path, capsys):
+    """The launcher's lock names a live geodiloco process: the loss is the latest, not the final one."""
+    run = default_run(tmp_path / "run")
+    write_jsonl(run / "metrics.jsonl", [{"round": 2, "node": "a", "loss": 2.5, "run_id": "run-1"}])
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "geodiloco"])
+    try:
+        (run / ".launcher.lock").write_text(f"pid {launcher.pid}\n")
+        assert main([str(run)]) == 0
+        out = capsys.readouterr().out
+        assert "latest loss 2.500" in out and "final loss" not in out
+        assert f"in progress: its launcher (pid {launcher.pid}) is still training" in out
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert main([str(run)]) == 0  # the launcher has ended: the lock file stays, the run is finished
+    out = capsys.readouterr().out
+    assert "final loss 2.500" in out and "in progress" not in out
