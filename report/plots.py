@@ -26,6 +26,18 @@ def _phases(record) -> list[tuple[str, float]]:
             ("WAN sync", record.comm_s), ("other", record.overhead_s)]
 
 
+def labelled_round_starts(round_starts: list[tuple[int, float]], span_s: float) -> list[tuple[int, float]]:
+    """The (round, start s) pairs that get a label: at most ``MAX_ROUND_LABELS``, each at least a
+    ``MAX_ROUND_LABELS``-th of the time axis after the one before, so rounds of unequal lengths (a resume, a slow
+    round) never print their labels over each other."""
+    gap_s = span_s / MAX_ROUND_LABELS if span_s > 0 else 0.0
+    chosen: list[tuple[int, float]] = []
+    for round_index, start_s in round_starts:
+        if not chosen or start_s - chosen[-1][1] >= gap_s:
+            chosen.append((round_index, start_s))
+    return chosen
+
+
 def draw_timeline(axes: Axes, summary: RunSummary) -> None:
     """One row per node; each round's phases laid end to end from the round's start (seconds since the run's start)."""
     nodes = [node.node for node in summary.nodes]
@@ -45,13 +57,13 @@ def draw_timeline(axes: Axes, summary: RunSummary) -> None:
     for record in summary.records:
         first_start_s[record.round] = min(first_start_s.get(record.round, np.inf), record.round_start - origin_s)
     round_starts = sorted(first_start_s.items())
-    label_every = max(1, int(np.ceil(len(round_starts) / MAX_ROUND_LABELS)))
-    for position, (round_index, start_s) in enumerate(round_starts):
-        if len(round_starts) <= MAX_ROUND_LINES or position % label_every == 0:
+    for round_index, start_s in labelled_round_starts(round_starts, max(record.round_end for record in
+                                                                         summary.records) - origin_s):
+        axes.axvline(start_s, color="#444444", linewidth=0.5, linestyle=":", zorder=0)
+        axes.text(start_s, -BAR_HEIGHT / 2 - 0.08, f" round {round_index}", fontsize=7, color="#444444", va="bottom")
+    if len(round_starts) <= MAX_ROUND_LINES:
+        for _, start_s in round_starts:
             axes.axvline(start_s, color="#444444", linewidth=0.5, linestyle=":", zorder=0)
-        if position % label_every == 0:
-            axes.text(start_s, -BAR_HEIGHT / 2 - 0.08, f" round {round_index}", fontsize=7, color="#444444",
-                      va="bottom")
     axes.set_yticks(range(len(nodes)), [f"{name}\n{node.site}" for name, node in zip(nodes, summary.nodes)])
     axes.set_ylim(len(nodes) - 0.5, -0.85)
     axes.set_xlabel("time since the first reported round started (s)")

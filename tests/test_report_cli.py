@@ -273,8 +273,10 @@ def test_a_run_still_training_is_reported_as_in_progress_with_its_latest_loss(tm
     """The launcher's lock names a live geodiloco process: the loss is the latest, not the final one."""
     run = default_run(tmp_path / "run")
     write_jsonl(run / "metrics.jsonl", [{"round": 2, "node": "a", "loss": 2.5, "run_id": "run-1"}])
-    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "geodiloco"])
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)",
+                                 "geodiloco"], stdout=subprocess.PIPE, text=True)
     try:
+        assert launcher.stdout.readline() == "up\n"  # running under its own command line
         (run / ".launcher.lock").write_text(f"pid {launcher.pid}\n")
         assert main([str(run)]) == 0
         out = capsys.readouterr().out
@@ -286,3 +288,17 @@ def test_a_run_still_training_is_reported_as_in_progress_with_its_latest_loss(tm
     assert main([str(run)]) == 0  # the launcher has ended: the lock file stays, the run is finished
     out = capsys.readouterr().out
     assert "final loss 2.500" in out and "in progress" not in out
+
+
+def test_timeline_labels_keep_their_distance_on_rounds_of_unequal_lengths():
+    from geodiloco.report.plots import MAX_ROUND_LABELS, labelled_round_starts
+    # 300 rounds: 280 of 1 s, then 20 of 50 s (a slow stretch): the labels fall by time, not by count
+    starts, clock_s = [], 0.0
+    for round_index in range(300):
+        starts.append((round_index, clock_s))
+        clock_s += 1.0 if round_index < 280 else 50.0
+    chosen = labelled_round_starts(starts, clock_s)
+    assert len(chosen) <= MAX_ROUND_LABELS + 1 and chosen[0] == (0, 0.0)
+    gaps_s = [later[1] - earlier[1] for earlier, later in zip(chosen, chosen[1:])]
+    assert min(gaps_s) >= clock_s / MAX_ROUND_LABELS  # 1,280 s / 25: no two labels closer than 51 s
+    assert labelled_round_starts([(0, 0.0), (1, 5.0)], 10.0) == [(0, 0.0), (1, 5.0)]
