@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -207,6 +208,8 @@ def running_launcher(run_dir: Path) -> Optional[int]:
         command = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
     except (OSError, ValueError):
         return None
+    if pid == os.getpid():
+        return None  # the launcher reporting its own run at its end: that run has finished
     return pid if b"geodiloco" in command else None
 
 

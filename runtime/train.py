@@ -60,8 +60,10 @@ from geodiloco.runtime.stop_notice import post_stop_notice, watch_for_stop_notic
 FORCED_EXIT_GRACE_S = 5.0
 
 
-class StopRequested(Exception):
-    """SIGTERM or SIGINT arrived: stop at once; the last complete checkpoint stays."""
+class StopRequested(BaseException):
+    """SIGTERM or SIGINT arrived: stop at once; the last complete checkpoint stays. A BaseException, like
+    KeyboardInterrupt: raised by the signal handler wherever the main thread is, it must not be taken for the
+    failure of whatever ran there (a metrics writer caught it as its own error and turned itself off)."""
 
 
 def install_stop_handlers() -> None:

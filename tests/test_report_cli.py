@@ -269,7 +269,7 @@ def test_the_per_round_view_of_an_async_run_says_its_rounds_overlap(tmp_path, ca
     assert "phases overlap" not in capsys.readouterr().out
 
 
-def test_a_run_still_training_is_reported_as_in_progress_with_its_latest_loss(tmp_path, capsys):
+def test_a_run_still_training_is_reported_as_in_progress_with_its_latest_loss(tmp_path, capsys, monkeypatch):
     """The launcher's lock names a live geodiloco process: the loss is the latest, not the final one."""
     run = default_run(tmp_path / "run")
     write_jsonl(run / "metrics.jsonl", [{"round": 2, "node": "a", "loss": 2.5, "run_id": "run-1"}])
@@ -282,6 +282,11 @@ def test_a_run_still_training_is_reported_as_in_progress_with_its_latest_loss(tm
         out = capsys.readouterr().out
         assert "latest loss 2.500" in out and "final loss" not in out
         assert f"in progress: its launcher (pid {launcher.pid}) is still training" in out
+        # the launcher reports its own run at its end, still holding the lock: that run has finished
+        monkeypatch.setattr("geodiloco.report.run_dir.os.getpid", lambda: launcher.pid)
+        assert main([str(run)]) == 0
+        assert "in progress" not in capsys.readouterr().out
+        monkeypatch.undo()
     finally:
         launcher.kill()
         launcher.wait()

@@ -41,3 +41,25 @@ def test_a_resumed_run_goes_on_in_the_same_wandb_run(tmp_path, monkeypatch):
     assert fresh.run.id != first_id  # a new run in the same directory (a first round of 0) starts a W&B run of its own
     fresh.close()
     assert os.listdir(tmp_path / "wandb")
+
+
+def test_a_stop_that_lands_inside_a_metrics_write_stops_the_run_and_keeps_the_writer():
+    """Ctrl-C raises StopRequested wherever the main thread is; inside a TensorBoard write it was taken for the
+    writer's failure, which turned TensorBoard off for the rest of the run (its last rounds went missing)."""
+    import pytest
+
+    from geodiloco.runtime.metrics_sinks import MetricSinks
+    from geodiloco.runtime.train import StopRequested
+
+    class Interrupted:
+        def scalars(self, values, step):
+            raise StopRequested("SIGTERM")
+
+        def close(self):
+            pass
+
+    writer = Interrupted()
+    sinks = MetricSinks([writer])
+    with pytest.raises(StopRequested):
+        sinks.rows("metrics.jsonl", [{"round": 3, "node": "global", "tokens": 10}])
+    assert sinks.writers == [writer]
