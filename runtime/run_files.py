@@ -134,4 +134,18 @@ def _tokenizer_changes(kept: Path, named: str) -> str:
         return f"vocabulary of {len(vocab_before)} tokens -> {len(vocab_after)}, {moved} token(s) new or renumbered"
     if before.special_tokens_map != after.special_tokens_map:
         return f"special tokens {before.special_tokens_map} -> {after.special_tokens_map}"
+    changed = [text for text in TOKENIZER_PROBES if before.encode(text) != after.encode(text)]
+    if changed:
+        return f"the same vocabulary splits text differently (e.g. {changed[0]!r}: merges or normalization changed)"
     return ""
+
+
+TOKENIZER_PROBES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "THE QUICK BROWN FOX, 1234567890 times: isn't it?",
+    "def train(model, data):\n    return model.fit(data)  # tabs\tand spaces",
+    "Unicode: café, naïve, Straße, 東京, emoji 🙂",
+    "the the the there their then them these those other another together",
+)
+"""Texts both tokenizers encode on ``--resume``: a vocabulary can stay the same while merges or normalization
+change how text splits into it."""

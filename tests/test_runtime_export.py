@@ -189,3 +189,15 @@ def test_a_resume_refuses_a_tokenizer_retrained_in_place(tmp_path):
         resume_changes(run_dir, parse_config(config, "run.yaml"))
     subprocess.run(["cp", "-r", f"{run_dir}/tokenizer/.", str(tokenizer_dir)], check=True)  # as the message says
     assert resume_changes(run_dir, parse_config(config, "run.yaml")) == []
+
+
+def test_a_resume_refuses_a_tokenizer_that_splits_text_differently_with_the_same_vocabulary(tmp_path):
+    import json
+    run_dir, _, tokenizer_dir, config = kept_hf_run(tmp_path)
+    tokenizer_file = tokenizer_dir / "tokenizer.json"
+    spec = json.loads(tokenizer_file.read_text())
+    spec["normalizer"] = {"type": "Lowercase"}  # the vocabulary and special tokens stay as they were
+    tokenizer_file.write_text(json.dumps(spec))
+    with pytest.raises(ConfigError, match=r"changed since this run started \(the same vocabulary splits text "
+                                          r"differently \(e.g. 'The quick brown fox"):
+        resume_changes(run_dir, parse_config(config, "run.yaml"))
