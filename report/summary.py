@@ -247,7 +247,7 @@ def prices_used(nodes: list[NodeSummary], prices: Optional[PriceTable]) -> list[
 def membership_changes(events: list[dict]) -> list[str]:
     """Lines naming the nodes a world went on without or with again (``resumed`` events: its members before and
     now), the nodes left out of an average for a non-finite model, and ``--drill`` events (the round they fired
-    in, counted as the logs count). ``peer_failed`` events name the node that
+    in, and the one asked for where it differs, both counted as the logs count, from 0). ``peer_failed`` events name the node that
     noticed, not the one that failed, so they are not used."""
     lines = []
     for event in events:
@@ -260,11 +260,12 @@ def membership_changes(events: list[dict]) -> list[str]:
             if change:
                 lines.append(f"after round {event.get('after_round')}: went on {change} ({', '.join(present)} present)")
         elif event.get("event") == "drill":
-            asked = f"{event.get('action')}:{event.get('node')}@{event.get('round')}"
-            fired = event.get("fired_in_round", event.get("round"))
-            when = f" fired in round {fired - 1}" if isinstance(fired, int) else ""
+            asked, fired = event.get("round"), event.get("fired_in_round", event.get("round"))
+            when = (f" in round {fired - 1}" if fired == asked else
+                    f" in round {fired - 1}, asked for round {asked - 1}") if isinstance(fired, int) and \
+                isinstance(asked, int) else ""
             note = f" ({event['note']})" if event.get("note") else ""
-            lines.append(f"--drill {asked}{when}{note}")
+            lines.append(f"drill: {event.get('action')} {event.get('node')}{when}{note}")
         elif event.get("event") == "non_finite":
             lines.append(f"round {event.get('round')}: node {event.get('node')} left out of the average (its model "
                          "went non-finite)")

@@ -173,8 +173,8 @@ def describe_failure(err: BaseException, args, site: str, fatal: Optional[str],
                 "start a new run with its own --run-id", 1)
     if isinstance(err, SignalException):
         if err.sigval == LEAVE_SIGNAL or (fatal and err.sigval == signal.SIGTERM):
-            return (f"site {site} stopped on bad input (its error is above) and was not restarted: fix it and start "
-                    "this site again", 2)
+            return (f"site {site} stopped on bad input or a full disk (its error is above) and was not restarted: "
+                    "a restart would meet it again; fix it and start this site again", 2)
         return f"site {site} stopped by {err.sigval.name}", 128 + int(err.sigval)
     if isinstance(err, ChildFailedError):
         exit_codes = ", ".join(map(str, sorted({failure.exitcode for failure in err.failures.values()})))

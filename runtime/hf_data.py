@@ -21,6 +21,7 @@ only here.
 from __future__ import annotations
 
 import glob
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
@@ -228,10 +229,14 @@ def stream_files(hf: Any, shards: str) -> list:
         return [None]
     if shards != "non_iid":
         return [[path] for path in hf.data_files]
-    groups = []
+    groups, seen = [], set()
     for pattern in hf.data_files:
-        matched = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else []
-        groups.extend([[path] for path in matched] if matched else [[pattern]])
+        matched = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else []
+        for path in matched or [pattern]:
+            real = os.path.realpath(path) if os.path.exists(path) else path
+            if real not in seen:  # a file named twice (two patterns) is dealt once: two nodes would read it
+                seen.add(real)
+                groups.append([path])
     return groups
 
 

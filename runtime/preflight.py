@@ -55,7 +55,7 @@ def check_data_files(config: RunConfig) -> None:
         raise ConfigError(f"data.hf_dataset.data_files: the {hf.path} builder reads local files; list them")
     check_builder_name(hf.path)
     for pattern in hf.data_files:
-        matched = glob.glob(pattern)
+        matched = glob.glob(pattern, recursive=True)
         if not matched:
             relative = "" if Path(pattern).is_absolute() else \
                 f" (relative paths are read from the current directory, {Path.cwd()})"
@@ -96,7 +96,7 @@ def check_text_field(config: RunConfig) -> None:
     hf = config.data.hf_dataset
     if hf is None or hf.path != "json" or not hf.data_files:
         return
-    files = sorted({path for pattern in hf.data_files for path in glob.glob(pattern)})
+    files = sorted({path for pattern in hf.data_files for path in glob.glob(pattern, recursive=True)})
     for path in files[:JSON_FILES_CHECKED]:
         check_json_lines_head(Path(path), hf.text_field)
 

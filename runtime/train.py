@@ -157,11 +157,13 @@ def storage_message(err: BaseException, run_dir: Path) -> str:
     except OSError:
         free = "its free space unknown"
     latest = latest_round(run_dir)
-    kept = (f"the last complete checkpoint (after round {latest + 1}) stays in {run_dir}" if latest is not None
-            else "no round was saved")
     what = (str(err) if isinstance(err, CheckpointWriteError)
             else f"writing {err.filename or run_dir}: {err.strerror}")
-    return f"stopping this site: {what} ({free}); {kept}; free space or fix the path, then {resume_hint(run_dir)}"
+    if latest is None:
+        return (f"stopping this site: {what} ({free}); no round was saved, so there is nothing to resume: free "
+                "space or fix the path, then start the run again")
+    return (f"stopping this site: {what} ({free}); the last complete checkpoint (after round {latest + 1}) stays in "
+            f"{run_dir}; free space or fix the path, then {resume_hint(run_dir)}")
 
 
 def resume_check(run_dir: Path, config: RunConfig) -> tuple[list[str], Optional[str]]:

@@ -2,9 +2,9 @@
 streaming with a resumable position, and errors that name the field."""
 from __future__ import annotations
 
-
 import gzip
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -150,6 +150,10 @@ def test_streaming_non_iid_deals_the_files_a_glob_matches(corpus):
     iid = parse_config({**config.model_dump(mode="json", exclude_none=True),
                         "data": {**config.data.model_dump(mode="json", exclude_none=True), "shards": "iid"}}, "run.yaml")
     assert [group for group in node_data(iid, 0, 3)[1].layout.files] == [[pattern]]  # iid reads the glob as one group
+    from geodiloco.runtime.hf_data import stream_files
+    recursive = str(Path(corpus["files"][0]).parent.parent / "**" / "*.jsonl")
+    twice = SimpleNamespace(data_files=[recursive, files[0]])  # a file named twice is dealt once
+    assert stream_files(twice, "non_iid") == [[path] for path in files]
 
 
 def test_a_tokenizer_larger_than_the_embedding_is_one_config_error(corpus, tmp_path):

@@ -49,7 +49,7 @@ def test_the_leave_signal_is_added_to_the_signals_torchrun_handles_unless_the_us
     (RendezvousConnectionError("The connection to the C10d store has failed."),
      "site a: lost the rendezvous store of the run exp7 at 10.0.0.1:29400", 1),
     (ConnectionResetError("Connection reset by peer"), "site a: lost the rendezvous store", 1),
-    (SignalException("got signal", LEAVE_SIGNAL), "site a stopped on bad input (its error is above) and was not "
+    (SignalException("got signal", LEAVE_SIGNAL), "site a stopped on bad input or a full disk (its error is above) and was not "
                                                   "restarted", 2),
     (SignalException("got signal", signal.SIGINT), "site a stopped by SIGINT", 130),
     (ChildFailedError("geodiloco.runtime.train", {0: ProcessFailure(0, 4242, 75, "<N/A>")}),
@@ -199,7 +199,7 @@ def test_a_site_that_joins_with_another_config_leaves_and_the_run_goes_on(tmp_pa
     assert edited_output.count("node c's config differs from node a's in optim.outer.lr: 0.5 at node c, "
                                "0.7 at node a") == 1, edited_output[-3000:]
     assert "this site leaves the run and the other sites go on without it" in edited_output
-    assert "[geodiloco] site c stopped on bad input (its error is above) and was not restarted" in edited_output
+    assert "[geodiloco] site c stopped on bad input or a full disk (its error is above) and was not restarted" in edited_output
     assert "Traceback" not in edited_output
     for name, output in outputs.items():
         assert running[name].returncode == 0, output[-3000:]

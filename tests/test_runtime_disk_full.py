@@ -26,11 +26,17 @@ def test_disk_errors_stop_the_site_and_other_errors_do_not(tmp_path, monkeypatch
     monkeypatch.setenv(LAUNCHER_PID_ENV, "1")
     message = storage_message(full, tmp_path)
     assert message.startswith(f"stopping this site: writing {tmp_path / 'idle.jsonl'}: No space left on device (")
-    assert message.endswith(f"MiB free there now); no round was saved; free space or fix the path, then to continue: "
-                            f"geodiloco run --resume --run-dir {tmp_path}")
+    assert message.endswith("MiB free there now); no round was saved, so there is nothing to resume: free space or "
+                            "fix the path, then start the run again")
+    from geodiloco.runtime import checkpoint
+    checkpoint.save_global(tmp_path, 3, {"outer": {"step": 4}})
+    checkpoint.mark_latest(tmp_path, 3, keep=2)
+    assert storage_message(full, tmp_path).endswith(
+        f"MiB free there now); the last complete checkpoint (after round 4) stays in {tmp_path}; free space or fix "
+        f"the path, then to continue: geodiloco run --resume --run-dir {tmp_path}")
     monkeypatch.delenv(LAUNCHER_PID_ENV)
     assert storage_message(write_failed, tmp_path).endswith(
-        "then to continue, start every site with its command plus --resume (under torchrun with a new --run-id: a "
+        "the path, then to continue, start every site with its command plus --resume (under torchrun with a new --run-id: a "
         "rendezvous that closed is not joined again)")
 
 
@@ -71,7 +77,8 @@ def test_a_run_on_a_full_disk_stops_in_a_few_lines_without_restarting_its_sites(
         output = done.stdout + done.stderr
         assert done.returncode == 2, output[-3000:]
         assert "No space left on device" in output and "Traceback" not in output
-        assert f"to continue: geodiloco run --resume --run-dir {run_dir}" in output
+        assert "no round was saved, so there is nothing to resume: free space or fix the path, then start the run " \
+               "again" in output  # a 6 MiB disk holds no round of the two nodes
         assert "resuming" not in output  # no agent restarted a worker into the same full disk
         assert "[geodiloco] stopped every site: a restart would meet the same error" in output
     finally:
