@@ -176,6 +176,8 @@ class DrillRunner:
             self.processes[index] = self.launcher.start(index)
         elif process.poll() is not None:
             note = f"skipped: the site is not running (it exited with code {process.returncode})"
+        elif event.action == "thaw" and index not in self.frozen:
+            note = "skipped: the site was not frozen"
         else:
             signal_tree(process.pid, ACTIONS[event.action])
             if event.action == "freeze":

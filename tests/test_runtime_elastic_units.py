@@ -260,6 +260,15 @@ def test_an_event_for_a_site_that_is_not_running_is_skipped_and_said(tmp_path, c
     assert read_drill(tmp_path)[0]["fired_in_round"] == 5
     assert capsys.readouterr().out == ("[geodiloco] drill: freeze node c in round 5 (asked for round 4, which ended "
                                        "first); skipped: the site is not running (it exited with code 3)\n")
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        runner = DrillRunner([], [None, None, running, None], SimpleNamespace(config=four_node_config()), tmp_path)
+        runner._fire(parse_drill("thaw:c@4", four_node_config())[0], 4)
+        assert read_drill(tmp_path)[-1]["note"] == "skipped: the site was not frozen"
+        assert running.poll() is None  # nothing was sent to it
+    finally:
+        running.kill()
+        running.wait()
 
 
 def test_a_drill_fires_halfway_through_its_round_even_when_it_polls_slowly(tmp_path):
