@@ -16,6 +16,7 @@ on every load, so loading a checkpoint never unpickles anything and a damaged fi
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import threading
 import shutil
@@ -135,14 +136,14 @@ def mark_latest(run_dir: Path, round_idx: int, keep: int) -> None:
     the node needs when it rejoins (docs/elastic.md), so no rounds deleted here make it train its data again."""
     point_latest(run_dir, round_idx)
     saved = [saved_round for saved_round in _saved_rounds(run_dir) if saved_round <= round_idx]
-    newer_node_files = {path.name for kept in saved[-keep:] for path in round_dir(run_dir, kept).glob(NODE_FILE_GLOB)}
+    newer_node_files = {name for kept in saved[-keep:] for name in _node_file_names(round_dir(run_dir, kept))}
     for old_round in reversed(saved[:-keep]):
         folder = round_dir(run_dir, old_round)
-        node_files = {path.name for path in folder.glob(NODE_FILE_GLOB)}
+        node_files = _node_file_names(folder)
         if node_files <= newer_node_files:
             shutil.rmtree(folder, ignore_errors=True)
         else:
-            for entry in folder.iterdir():
+            for entry in _entries(folder):
                 if entry.name in node_files - newer_node_files:
                     continue
                 if entry.is_dir():
@@ -150,6 +151,19 @@ def mark_latest(run_dir: Path, round_idx: int, keep: int) -> None:
                 else:
                     entry.unlink(missing_ok=True)
         newer_node_files |= node_files
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The folder's entries; none once it is gone. Nodes sharing a run directory (several on one machine) each
+    prune old rounds after their commit, so a folder one lists may be deleted by another meanwhile."""
+    try:
+        return list(folder.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _node_file_names(folder: Path) -> set[str]:
+    return {entry.name for entry in _entries(folder) if fnmatch.fnmatch(entry.name, NODE_FILE_GLOB)}
 
 
 def point_latest(run_dir: Path, round_idx: int) -> None:
