@@ -19,7 +19,6 @@ import logging
 import os
 import re
 import signal
-import shlex
 import socket
 import sys
 import tempfile
@@ -165,7 +164,7 @@ def describe_failure(err: BaseException, args, site: str, fatal: Optional[str],
     from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
                                                           RendezvousStateError, RendezvousTimeoutError)
     run = run_label(args)
-    continue_with = (launcher_resume_command(args)
+    continue_with = (launcher_continue_hint(args)
                      or "start every site with its command plus --resume and a new --run-id")
     if waited_as_spare and isinstance(err, AttributeError):
         # torchrun's agent returns no result when a spare's rendezvous closes (the run it waited on ended)
@@ -202,16 +201,15 @@ def describe_failure(err: BaseException, args, site: str, fatal: Optional[str],
     raise err
 
 
-def launcher_resume_command(args) -> Optional[str]:
-    """``run geodiloco run --resume --run-dir RUN_DIR`` when ``geodiloco run`` started this agent (it gives each run
-    its own rendezvous id, so no --run-id is needed), else None: a site started by hand continues with its own
-    command."""
-    from geodiloco.runtime.launcher_watch import LAUNCHER_PID_ENV
+def launcher_continue_hint(args) -> Optional[str]:
+    """``run geodiloco run --resume --run-dir RUN_DIR`` when ``geodiloco run`` started this agent, else None (its
+    workers' ``--run-dir`` is read from the training script's arguments)."""
+    from geodiloco.runtime.launcher_watch import launcher_resume_command
     script_args = list(getattr(args, "training_script_args", None) or [])
-    if not os.environ.get(LAUNCHER_PID_ENV) or "--run-dir" not in script_args[:-1]:
+    if "--run-dir" not in script_args[:-1]:
         return None
-    run_dir = script_args[script_args.index("--run-dir") + 1]
-    return f"run geodiloco run --resume --run-dir {shlex.quote(run_dir)}"
+    command = launcher_resume_command(script_args[script_args.index("--run-dir") + 1])
+    return f"run {command}" if command else None
 
 
 def _store_lost(err: BaseException) -> bool:

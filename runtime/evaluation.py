@@ -180,3 +180,27 @@ def read_eval_rows(path: Path) -> list[dict]:
     if unreadable:
         print(f"[geodiloco] {path}: {unreadable} line(s) that are not evaluation rows were dropped", file=sys.stderr)
     return rows
+
+
+FINAL_REGRESSION_SE = 3.0
+"""How many standard errors of the eval loss the final model may score above the run's best evaluated round before
+the run warns (eval sets are small; a smaller gap is noise)."""
+
+
+def final_model_regression(metrics_rows: list[dict]) -> Optional[str]:
+    """What to say when the run's final global model scores clearly worse than an earlier evaluated round (an
+    async run whose last updates were stale can end there), or None. The advice does not name a round to export:
+    an async run's final model replaces the global file of the newest round every node saved."""
+    scored = [row for row in metrics_rows if row.get("node") == "global" and row.get("eval_loss") is not None
+              and math.isfinite(row["eval_loss"])]
+    if len(scored) < 2:
+        return None
+    final, earlier = scored[-1], scored[:-1]
+    best = min(earlier, key=lambda row: row["eval_loss"])
+    noise = FINAL_REGRESSION_SE * max(final.get("eval_loss_se") or 0.0, best.get("eval_loss_se") or 0.0)
+    if final["eval_loss"] <= best["eval_loss"] + max(noise, 0.01 * best["eval_loss"]):
+        return None
+    return (f"the final global model scores eval loss {final['eval_loss']:.3f}, above the {best['eval_loss']:.3f} of "
+            f"round {best['round'] + 1}: the run's last updates made the model worse; `geodiloco evaluate RUN_DIR` "
+            "scores the rounds still kept (checkpoint.keep) and `geodiloco export RUN_DIR --round N` writes the one "
+            "you choose")

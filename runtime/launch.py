@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -38,7 +37,7 @@ from typing import Iterable, Iterator, Optional
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.auth import launch_env, load_secret, rendezvous_id
 from geodiloco.runtime.node_output import NodeOutput, log_path
-from geodiloco.runtime.launcher_watch import launcher_env
+from geodiloco.runtime.launcher_watch import launcher_env, resume_command
 from geodiloco.runtime.preflight import GPU_NOTICES_ENV, check_host_memory, preflight
 from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
@@ -314,7 +313,7 @@ def say_how_to_resume(run_dir: Path, node_names: list[str]) -> None:
         print(f"[geodiloco] no round was saved in {run_dir}", file=sys.stderr, flush=True)
         return
     print(f"[geodiloco] a resume continues after round {resume_after + 1} (its checkpoint is complete in "
-          f"{run_dir}); continue with: geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}", file=sys.stderr, flush=True)
+          f"{run_dir}); continue with: {resume_command(run_dir)}", file=sys.stderr, flush=True)
 
 
 def print_tail(name: str, output: Optional[NodeOutput]) -> None:
@@ -363,7 +362,8 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
         from geodiloco.lab.sites import site_links
         site_links(config.nodes)  # a link the kernel cannot shape is refused before anything is made
     elastic = config.comm.backend == "torch" and (config.comm.elastic.enabled if elastic is None else elastic)
-    rounds_done = (resume_after_round(run_dir, [node.name for node in config.nodes]) or -1) + 1 if resume else 0
+    resumed_after = resume_after_round(run_dir, [node.name for node in config.nodes]) if resume else None
+    rounds_done = 0 if resumed_after is None else resumed_after + 1
     drill_events = parse_drill(drill, config, rounds_done) if drill is not None else []
     if drill_events and not elastic:
         raise ConfigError("--drill needs elastic membership on the torch backend (comm.elastic.enabled: true); "

@@ -12,9 +12,11 @@ immune to pid reuse. Workers under a torchrun agent are not watched: their agent
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 LAUNCHER_PID_ENV = "GEODILOCO_LAUNCHER_PID"
@@ -25,6 +27,18 @@ POLL_S = 1.0
 def launcher_env() -> dict[str, str]:
     """The variable to put in the environment of a process this launcher starts."""
     return {LAUNCHER_PID_ENV: str(os.getpid())}
+
+
+def resume_command(run_dir: Path | str) -> str:
+    """The command that continues a run ``geodiloco run`` started (it gives each run its own rendezvous id, so no
+    ``--run-id`` is needed), pasteable whatever the path holds."""
+    return f"geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}"
+
+
+def launcher_resume_command(run_dir: Path | str) -> Optional[str]:
+    """``resume_command`` when this process was started under ``geodiloco run`` (directly, or as a worker of a site
+    it started), else None: a site started by hand continues with its own command."""
+    return resume_command(run_dir) if os.environ.get(LAUNCHER_PID_ENV) else None
 
 
 def exit_with_launcher(poll_s: float = POLL_S) -> Optional[threading.Thread]:

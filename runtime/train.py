@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import math
 import os
-import shlex
 import shutil
 from collections import Counter
 import signal
@@ -50,8 +48,10 @@ from geodiloco.runtime.checkpoint_writer import CheckpointWriteError
 from geodiloco.runtime.agent import stop_own_agent
 from geodiloco.runtime.fatal import record_fatal
 from geodiloco.runtime.finite_guard import NonFiniteModel, check_some_node_finite, non_finite_nodes
+from geodiloco.runtime.evaluation import final_model_regression
 from geodiloco.runtime.metrics_sinks import build_sinks
 from geodiloco.runtime.mig_devices import cuda_device_index, pin_mig_instance
+from geodiloco.runtime.progress import progress_text
 from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.sync import CannotStart, OutOfSync, RoundSync, SyncOutcome, TooFewToGoOn, join_world
 from geodiloco.runtime.trainer import LocalResult, NodeTrainer
@@ -135,10 +135,9 @@ RESUME_HINT = ("to continue, start every site with its command plus --resume (un
 def resume_hint(run_dir: Path) -> str:
     """How to continue this run: the launcher's command when ``geodiloco run`` started this site, else each
     site's own (``RESUME_HINT``)."""
-    from geodiloco.runtime.launcher_watch import LAUNCHER_PID_ENV
-    if os.environ.get(LAUNCHER_PID_ENV):
-        return f"to continue: geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}"
-    return RESUME_HINT
+    from geodiloco.runtime.launcher_watch import launcher_resume_command
+    command = launcher_resume_command(run_dir)
+    return f"to continue: {command}" if command else RESUME_HINT
 
 
 STORAGE_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -560,58 +559,6 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, repor
               f"round {plan.round + 1} of {config.diloco.rounds} (diloco.rounds)", flush=True)
 
 
-def progress_text(trainer: NodeTrainer, round_idx: int, now: float) -> str:
-    """`` | 2m05s elapsed, ~4m10s left`` for the progress line: time since this process started training, and the
-    rounds left at this session's mean pace (within what ``run.max_wall_s`` leaves); '' before that is known."""
-    origin = trainer.progress_origin
-    if origin is None:
-        return ""
-    started, first_round = origin
-    elapsed_s, done = now - started, round_idx + 1 - first_round
-    rounds_left = trainer.config.diloco.rounds - (round_idx + 1)
-    if done <= 0 or elapsed_s <= 0:
-        return ""
-    left_s = elapsed_s / done * rounds_left
-    if trainer.config.run.max_wall_s is not None:
-        left_s = min(left_s, max(0.0, trainer.config.run.max_wall_s - elapsed_s))
-    return f" | {duration_text(elapsed_s)} elapsed, ~{duration_text(left_s)} left" if rounds_left else \
-        f" | {duration_text(elapsed_s)} elapsed"
-
-
-def duration_text(seconds: float) -> str:
-    """``42s``, ``3m05s``, ``2h07m``: a duration at the precision a progress line needs."""
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-FINAL_REGRESSION_SE = 3.0
-"""How many standard errors of the eval loss the final model may score above the run's best evaluated round before
-the run warns (eval sets are small; a smaller gap is noise)."""
-
-
-def final_model_regression(metrics_rows: list[dict]) -> Optional[str]:
-    """What to say when the run's final global model scores clearly worse than an earlier evaluated round (an
-    async run whose last updates were stale can end there), or None. The advice does not name a round to export:
-    an async run's final model replaces the global file of the newest round every node saved."""
-    scored = [row for row in metrics_rows if row.get("node") == "global" and row.get("eval_loss") is not None
-              and math.isfinite(row["eval_loss"])]
-    if len(scored) < 2:
-        return None
-    final, earlier = scored[-1], scored[:-1]
-    best = min(earlier, key=lambda row: row["eval_loss"])
-    noise = FINAL_REGRESSION_SE * max(final.get("eval_loss_se") or 0.0, best.get("eval_loss_se") or 0.0)
-    if final["eval_loss"] <= best["eval_loss"] + max(noise, 0.01 * best["eval_loss"]):
-        return None
-    return (f"the final global model scores eval loss {final['eval_loss']:.3f}, above the {best['eval_loss']:.3f} of "
-            f"round {best['round'] + 1}: the run's last updates made the model worse; `geodiloco evaluate RUN_DIR` "
-            "scores the rounds still kept (checkpoint.keep) and `geodiloco export RUN_DIR --round N` writes the one "
-            "you choose")
-
-
 def _log_unlogged_phases(trainer: NodeTrainer, log: RunLog, run_id: str) -> list[dict]:
     """Async host: log the phases other nodes pushed since its own last pull; returns them. At the run's end
     (their last phases), and when the host is stopped mid-run: those phases would be logged at its next pull,
@@ -712,7 +659,7 @@ def train_from_args(args: argparse.Namespace) -> int:
         print(f"[geodiloco] node stopped by {stop}{why}; the last complete checkpoint is kept in {run_dir}",
               file=sys.stderr, flush=True)
         return 143
-    except (RuntimeError, ConnectionError, OSError) as err:
+    except (RuntimeError, OSError) as err:  # OSError takes ConnectionError in
         if storage_failure(err):
             message = storage_message(err, run_dir)
             print(f"[geodiloco] {message}", file=sys.stderr, flush=True)

@@ -298,7 +298,7 @@ def test_report_of_an_async_run_shows_staleness_and_no_barrier_prediction(async_
 
 
 def test_a_final_model_clearly_worse_than_an_earlier_round_is_said_with_the_round_to_export():
-    from geodiloco.runtime.train import final_model_regression
+    from geodiloco.runtime.evaluation import final_model_regression
 
     def row(round_idx, loss, se=0.08, **extra):
         return {"node": "global", "round": round_idx, "eval_loss": loss, "eval_loss_se": se, **extra}
@@ -340,7 +340,7 @@ def test_auto_weighting_under_async_is_tokens_whatever_the_policy_and_a_set_one_
 def test_the_progress_line_says_the_time_elapsed_and_left_within_the_wall_budget():
     from types import SimpleNamespace
 
-    from geodiloco.runtime.train import duration_text, progress_text
+    from geodiloco.runtime.progress import duration_text, progress_text
 
     def trainer(rounds, max_wall_s=None, origin=(1000.0, 2)):
         config = SimpleNamespace(diloco=SimpleNamespace(rounds=rounds), run=SimpleNamespace(max_wall_s=max_wall_s))
