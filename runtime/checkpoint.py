@@ -28,6 +28,7 @@ from geodiloco.runtime.state_file import CorruptStateFile, EncodedState, encode_
 
 LATEST_FILE = "latest"
 GLOBAL_FILE = "global.safetensors"
+MEMBERS_FILE = "members.json"
 NODE_MARKS_DIR = "nodes"
 _flush_to_disk = True
 
@@ -188,6 +189,32 @@ def drop_rounds_after(run_dir: Path, round_idx: int) -> None:
     for newer in _saved_rounds(run_dir):
         if newer > round_idx:
             shutil.rmtree(round_dir(run_dir, newer), ignore_errors=True)
+
+
+def drop_node_files_after(run_dir: Path, node_name: str, round_idx: int) -> None:
+    """Delete ``node_name``'s own files of rounds newer than ``round_idx`` (an async node resuming after that
+    phase redoes them; left on disk, a later resume could take one for a phase of the new run). Other nodes'
+    files stay: nodes of different speeds resume after different phases."""
+    for newer in _saved_rounds(run_dir):
+        if newer > round_idx:
+            (round_dir(run_dir, newer) / node_file_name(node_name)).unlink(missing_ok=True)
+            _remove_if_empty(round_dir(run_dir, newer))
+
+
+def drop_global_files_after(run_dir: Path, round_idx: int) -> None:
+    """Delete global files (and their members lists) of rounds newer than ``round_idx``: the host that resumes
+    after its phase ``round_idx`` writes them again, and it never replaces a global file already on disk."""
+    for newer in _saved_rounds(run_dir):
+        if newer > round_idx:
+            folder = round_dir(run_dir, newer)
+            for name in (GLOBAL_FILE, MEMBERS_FILE):
+                (folder / name).unlink(missing_ok=True)
+            _remove_if_empty(folder)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def latest_round(run_dir: Path) -> Optional[int]:

@@ -25,7 +25,7 @@ from typing import Optional
 from geodiloco.balancer.records import read_json_lines
 from geodiloco.runtime import checkpoint
 
-MEMBERS_FILE = "members.json"
+MEMBERS_FILE = checkpoint.MEMBERS_FILE
 MEMBERSHIP_LOG = "membership.jsonl"
 
 

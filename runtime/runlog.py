@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from geodiloco.runtime.checkpoint import temp_beside
 
@@ -63,10 +63,15 @@ class RunLog:
     def drop_rounds_from(self, log_name: str, first_dropped_round: int) -> None:
         """Remove rows of rounds >= ``first_dropped_round`` (they are redone after a resume). The file is
         replaced atomically, so a process killed meanwhile leaves the old log, not an empty one."""
+        self.drop_rows(log_name, lambda row: row.get("round", -1) >= first_dropped_round)
+
+    def drop_rows(self, log_name: str, dropped: Callable[[dict], bool]) -> None:
+        """Remove the rows for which ``dropped`` is true (an async resume redoes each node's phases after its
+        own). Replaced atomically, as ``drop_rounds_from``; lines that are not JSON objects are kept."""
         path = self.run_dir / log_name
         if not path.is_file():
             return
-        kept = [line for line, row in self._rows(log_name) if row.get("round", -1) < first_dropped_round]
+        kept = [line for line, row in self._rows(log_name) if not (isinstance(row, dict) and dropped(row))]
         with temp_beside(path, str(os.getpid())) as temp_path:
             temp_path.write_text("".join(line + "\n" for line in kept))
             os.replace(temp_path, path)

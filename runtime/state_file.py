@@ -169,3 +169,24 @@ def load_state(path: Path) -> Any:
         return _decode(json.loads(metadata["structure"]), tensors)
     except (json.JSONDecodeError, KeyError) as err:
         raise CorruptStateFile(f"{path}: malformed structure ({err})") from None
+
+
+def load_structure(path: Path) -> Any:
+    """The non-tensor part of the state saved in ``path``, each tensor given as None, read from the file's
+    header alone: a few kilobytes, where ``load_state`` reads and hashes every byte. Not verified by its
+    hash, so only for choosing among files that are loaded (and verified) afterwards."""
+    from safetensors import SafetensorError
+    from safetensors.torch import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            names = list(handle.keys())
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CorruptStateFile(f"{path}: not a readable safetensors file ({err})") from None
+    if metadata.get("format") != FORMAT or "structure" not in metadata:
+        raise CorruptStateFile(f"{path}: not a GeoDiLoCo state file (format {metadata.get('format')!r})")
+    try:
+        return _decode(json.loads(metadata["structure"]), dict.fromkeys(names))
+    except (json.JSONDecodeError, KeyError) as err:
+        raise CorruptStateFile(f"{path}: malformed structure ({err})") from None

@@ -352,3 +352,102 @@ def test_the_progress_line_says_the_time_elapsed_and_left_within_the_wall_budget
     assert progress_text(trainer(6), 5, 1120.0) == " | 2m00s elapsed"
     assert progress_text(trainer(20, origin=None), 5, 1120.0) == ""
     assert [duration_text(value) for value in (42.4, 185, 7620)] == ["42s", "3m05s", "2h07m"]
+
+
+def test_async_resume_applies_each_phase_once_when_nodes_stopped_at_different_phases(tmp_path):
+    # equal local steps (uniform policy) at speeds 1 : 2 : 4, stopped by a wall budget: each node ends at its own
+    # phase, the fast one several ahead. A resume must go on after each node's own last phase the global model
+    # holds: every phase's update applied once (version = nodes x rounds) and logged once.
+    config = async_config(14)
+    config["balancing"] = {"policy": "uniform"}
+    config["run"]["max_wall_s"] = 4.0
+    run_dir = tmp_path / "run"
+    first = geodiloco("run", "--no-report", "--config", str(write_config(tmp_path, config)), "--run-dir",
+                      str(run_dir), timeout=240)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    phases = {}
+    for row in read_jsonl(run_dir / "idle.jsonl"):
+        phases[row["node"]] = max(phases.get(row["node"], -1), row["round"])
+    assert phases["fast"] >= phases["slow"] + 2, phases  # the stop left the nodes at different phases
+    del config["run"]["max_wall_s"]
+    more = geodiloco("run", "--no-report", "--resume", "--config", str(write_config(tmp_path, config, "more.yaml")),
+                     "--run-dir", str(run_dir), timeout=240)
+    assert more.returncode == 0, more.stdout[-2000:] + more.stderr[-2000:]
+    held = ", ".join(f"{name} {phases[name] + 1}" for name in ("fast", "mid", "slow"))
+    assert f"which holds each node's phases up to: {held}; each node goes on after its own" in more.stdout, \
+        more.stdout[-3000:]
+    latest = int((run_dir / "checkpoints" / "latest").read_text())
+    state = load_state(run_dir / "checkpoints" / f"round_{latest:05d}" / "global.safetensors")
+    assert state["final"] is True
+    assert state["sync"]["version"] == 3 * 14
+    assert state["sync"]["pushed_rounds"] == {"fast": 13, "mid": 13, "slow": 13}
+    idle = read_jsonl(run_dir / "idle.jsonl")
+    assert sorted((row["node"], row["round"]) for row in idle) == sorted(
+        (name, round_idx) for name in ("fast", "mid", "slow") for round_idx in range(14))
+
+
+# ----- where each node resumes ------------------------------------------------------------------
+
+def test_host_records_each_nodes_newest_phase_even_when_left_out_and_keeps_it_in_its_state():
+    host = host_of(["a", "b"])
+    host.push("a", {**stats("a"), "round": 3}, torch.zeros(2), 0, "uniform")
+    host.push("b", {**stats("b", finite=False), "round": 1}, torch.full((2,), float("nan")), 0, "uniform")
+    host.push("a", {**stats("a"), "round": 4}, torch.zeros(2), 1, "uniform")
+    saved = host.state_dict()
+    assert saved["pushed_rounds"] == {"a": 4, "b": 1} and saved["version"] == 2
+    again = host_of(["a", "b"])
+    again.load_state_dict(saved)
+    assert again.state_dict()["pushed_rounds"] == {"a": 4, "b": 1}
+
+
+def test_resume_takes_the_global_file_with_most_updates_not_the_newest_round(tmp_path):
+    from geodiloco.runtime import checkpoint
+    from geodiloco.runtime.state_file import save_state
+    from geodiloco.runtime.sync.async_resume import choose_global, newest_global_offer
+    # the final model (version 15) written over round 3, the host's own later rounds holding older models
+    for round_idx, version in ((3, 15), (4, 11), (5, 13)):
+        folder = checkpoint.round_dir(tmp_path, round_idx)
+        folder.mkdir(parents=True)
+        save_state({"outer": {"global_params": [torch.ones(3)]},
+                    "sync": {"version": version, "pushed_rounds": {"a": round_idx, "b": 2}}},
+                   folder / checkpoint.GLOBAL_FILE)
+    offer = newest_global_offer(tmp_path, "a", {3: ["a", "b"], 4: ["a", "b"], 5: ["a", "b"]})
+    assert (offer.round, offer.version, offer.pushed_rounds) == (3, 15, {"a": 3, "b": 2})
+    other = offer.__class__("b", 7, 15, ["a", "b"], {"a": 1, "b": 1})
+    assert choose_global([other, offer], ["a", "b"]).node == "a"  # equal versions: the first present node's
+    newer = offer.__class__("b", 2, 16, ["a", "b"], {})
+    assert choose_global([offer, newer], ["a", "b"]) is newer
+
+
+def test_a_node_resumes_after_its_newest_file_the_global_model_holds():
+    from geodiloco.runtime.sync.async_resume import resume_round
+    assert resume_round([2, 4, 6, 8], 6) == 6
+    assert resume_round([2, 4, 6, 8], 7) == 6  # phase 7's file was never written: 7 is trained again
+    assert resume_round([2, 4, 6, 8], 1) is None
+    assert resume_round([2, 4], None) is None  # never pushed into this global model: joins as a new node
+
+
+def test_dropping_a_nodes_redone_files_leaves_the_other_nodes_files(tmp_path):
+    from geodiloco.runtime import checkpoint
+    for round_idx in (4, 5, 6):
+        folder = checkpoint.round_dir(tmp_path, round_idx)
+        folder.mkdir(parents=True)
+        for name in ("node_fast.safetensors", "node_slow.safetensors", "global.safetensors", "members.json"):
+            (folder / name).write_text("x")
+    checkpoint.drop_node_files_after(tmp_path, "fast", 4)
+    checkpoint.drop_global_files_after(tmp_path, 5)
+    left = sorted(str(path.relative_to(tmp_path / "checkpoints")) for path in (tmp_path / "checkpoints").rglob("*.*"))
+    assert left == ["round_00004/global.safetensors", "round_00004/members.json", "round_00004/node_fast.safetensors",
+                    "round_00004/node_slow.safetensors", "round_00005/global.safetensors",
+                    "round_00005/members.json", "round_00005/node_slow.safetensors",
+                    "round_00006/node_slow.safetensors"]
+
+
+def test_a_state_files_structure_is_read_from_its_header_without_its_tensors(tmp_path):
+    from geodiloco.runtime.state_file import CorruptStateFile, load_structure, save_state
+    path = tmp_path / "state.safetensors"
+    save_state({"sync": {"version": 7}, "weights": [torch.ones(4)]}, path)
+    assert load_structure(path) == {"sync": {"version": 7}, "weights": [None]}
+    (tmp_path / "junk.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00hello")
+    with pytest.raises(CorruptStateFile, match="not a readable safetensors file"):
+        load_structure(tmp_path / "junk.safetensors")

@@ -10,16 +10,18 @@ nodes' statistics it has not seen; its next phase starts from that model at once
 for the slowest node except the end of the run (every node ends on the final global model).
 
 The world is formed and authenticated exactly as in the synchronous mode (the run's secret;
-runtime/auth.py), and start/resume reuse the torch backend's: the host's global checkpoint holds
-the global parameters, outer momentum, pending delayed-Nesterov buffer and version; each node's
-file its inner state. The checkpoint pointer moves to the newest round every node has saved, so
-a run whose host died resumes (``--resume``) exactly from that global state, every node starting
-its next phase from it.
+runtime/auth.py), and start reuses the torch backend's: the host's global checkpoint holds
+the global parameters, outer momentum, pending delayed-Nesterov buffer, version and each node's newest
+phase it took in; each node's file its inner state. A resume (``--resume``, or the elastic agents'
+restart) takes the global file with the most updates and starts each node after its own newest phase
+that file holds (runtime/sync/async_resume.py). The checkpoint pointer moves to the newest round every
+node has saved, for the tools that read one round (export, evaluate).
 """
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import asdict
 from typing import Any, Optional
 
 import torch
@@ -29,12 +31,15 @@ from geodiloco.runtime import checkpoint
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import DilocoSection, ElasticSection, OuterOptim
 from geodiloco.runtime.diloco import DelayedNesterov
-from geodiloco.runtime.plain_collectives import all_gather_values
+from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
+from geodiloco.runtime.recovery import ResumePoint, SavedRounds, log_membership_event, saved_rounds
+from geodiloco.runtime.runlog import RunLog
+from geodiloco.runtime.sync.async_resume import GlobalOffer, choose_global, newest_global_offer, resume_round
 from geodiloco.runtime.sync.async_server import GlobalModelHost, PushResult, serve_node
 from geodiloco.runtime.sync.async_wire import PullShadows, PushFeedback, apply_pull
 from geodiloco.runtime.sync.messages import DONE, PUSH, RECORD, REPLY, Message, receive_message, send_message
 from geodiloco.runtime.sync.protocol import RoundSync, StartPoint, SyncHandles, SyncOutcome
-from geodiloco.runtime.sync.torch_backend import TorchOuterSync
+from geodiloco.runtime.sync.torch_backend import TorchOuterSync, rejoin_lost_since
 
 
 class AsyncOuterSync(TorchOuterSync):
@@ -91,6 +96,104 @@ class AsyncOuterSync(TorchOuterSync):
                 self.host.load_state_dict(self._pending_global_state)
                 self._start_serving()
         return point
+
+    def _resume(self, point: ResumePoint, own_report: Optional[SavedRounds], restarted: bool) -> StartPoint:
+        """Each node after its own newest phase the newest global model holds (runtime/sync/async_resume.py);
+        checkpoints without that record resume every node from ``point`` as the synchronous mode does."""
+        topology, run_dir = self.topology, self.handles.run_dir
+        own_offer = (newest_global_offer(run_dir, topology.node_name, own_report.global_members)
+                     if topology.is_leader and own_report is not None else None)
+        offers = [GlobalOffer(**item) for item in self.exchange(asdict(own_offer) if own_offer else None) if item]
+        chosen = choose_global(offers, topology.present_names)
+        if chosen is None or chosen.pushed_rounds is None:
+            return super()._resume(point, own_report, restarted)
+        own = None
+        if topology.is_leader:
+            report = own_report or saved_rounds(run_dir, topology.node_name)
+            own = {"node": topology.node_name, "newest_own": max(report.node_rounds, default=None),
+                   "round": resume_round(report.node_rounds, chosen.pushed_rounds.get(topology.node_name))}
+        resumed = {item["node"]: item for item in self.exchange(own) if item}
+        own_round = resumed[topology.node_name]["round"]
+        global_state, node_state = self._resumed_states(chosen, resumed)
+        same_members = sorted(chosen.members) == sorted(topology.present_names)
+        run_id, pending = self.handles.restore(global_state, node_state, same_members)
+        logged = broadcast_value(sorted(RunLog(run_dir).logged_keys("idle.jsonl")) if topology.is_coordinator else None,
+                                 src=0)
+        self._drop_redone(resumed)
+        if topology.is_coordinator:
+            held = ", ".join(f"{name} {item['round'] + 1}" if item["round"] is not None else f"{name} none"
+                             for name, item in resumed.items())
+            print(f"[geodiloco] async resume from the global model of version {global_state['sync'].get('version', 0)}, "
+                  f"which holds each node's phases up to: {held}; each node goes on after its own", flush=True)
+            if restarted or not same_members:
+                log_membership_event(run_dir, "resumed", after_round=resumed[topology.present_names[0]]["round"],
+                                     present=topology.present_names, members_before=chosen.members,
+                                     source=chosen.node)
+        return self._own_start(run_id, pending, own_round, node_state, [tuple(key) for key in logged], restarted)
+
+    def _resumed_states(self, chosen: GlobalOffer, resumed: dict[str, dict]) -> tuple[dict, Optional[dict]]:
+        """(the global state, from the node whose disk holds it; this node's own state of the phase it resumes
+        after, or for a node with none its data position and the sender's inner optimizer state)."""
+        topology, run_dir = self.topology, self.handles.run_dir
+        source = topology.leader_ranks[topology.present_names.index(chosen.node)]
+        sent = None
+        if topology.rank == source:
+            source_round = resumed[chosen.node]["round"]
+            joiners = any(item["round"] is None for item in resumed.values())
+            lent = (checkpoint.load_node(run_dir, source_round, chosen.node)["inner_optimizer"]
+                    if joiners and source_round is not None else None)
+            sent = (checkpoint.load_global(run_dir, chosen.round), lent)
+        global_state, lent_inner_state = broadcast_value(sent, src=source)
+        own = resumed[topology.node_name]
+        if own["round"] is not None:
+            return global_state, checkpoint.load_node(run_dir, own["round"], topology.node_name)
+        newest = own["newest_own"]
+        state: dict = {"rejoined_after": newest}
+        if lent_inner_state is not None:
+            state["inner_optimizer"] = lent_inner_state
+        if newest is not None:
+            older = checkpoint.load_node(run_dir, newest, topology.node_name)
+            state["data_position"] = older["data_position"]
+            state["own_round_end"] = (older.get("pending_record") or {}).get("round_end")
+        return global_state, state
+
+    def _drop_redone(self, resumed: dict[str, dict]) -> None:
+        """Before any node writes again: each leader deletes its own files of the phases it redoes, the host the
+        global files past its own phase, and the coordinator those phases' log rows."""
+        topology, run_dir = self.topology, self.handles.run_dir
+        after = {name: resumed_after(item) for name, item in resumed.items()}
+        host_round = after[topology.present_names[0]]
+        if topology.is_leader:
+            checkpoint.drop_node_files_after(run_dir, topology.node_name, after[topology.node_name])
+        if self.is_host:
+            checkpoint.drop_global_files_after(run_dir, host_round)
+            latest = checkpoint.latest_round(run_dir)
+            if latest is not None and not checkpoint.has_global(run_dir, latest):
+                kept = [round_idx for round_idx in checkpoint.saved_global_rounds(run_dir) if round_idx <= latest]
+                if kept:
+                    checkpoint.point_latest(run_dir, kept[-1])
+        if topology.is_coordinator:
+            log = RunLog(run_dir)
+
+            def redone(row: dict) -> bool:
+                node = row.get("node")
+                return row.get("round", -1) > (host_round if node == "global" else after.get(node, float("inf")))
+
+            log.drop_rows("idle.jsonl", redone)
+            log.drop_rows("metrics.jsonl", redone)
+            log.drop_rounds_from("plan.jsonl", host_round + 1)
+
+    def _own_start(self, run_id: str, pending: Optional[dict], own_round: Optional[int], node_state: Optional[dict],
+                   logged: list[tuple], restarted: bool) -> StartPoint:
+        """This node's first phase, its saved idle record when the log lacks it, and where lost time began."""
+        name = self.topology.node_name
+        if own_round is not None:
+            relogged = pending if (own_round, name) not in logged else None
+            lost_since = pending.get("round_end") if restarted and pending else None
+            return StartPoint(run_id, own_round + 1, relogged, lost_since=lost_since)
+        lost_since = rejoin_lost_since(node_state or {}) if restarted else None
+        newest = (node_state or {}).get("rejoined_after")
+        return StartPoint(run_id, (-1 if newest is None else newest) + 1, None, lost_since=lost_since)
 
     def _start_serving(self) -> None:
         shadows = PullShadows(self.codec, list(self.pair_groups), self.host.global_flat()[1])
@@ -267,3 +370,11 @@ class AsyncOuterSync(TorchOuterSync):
         for thread in self._threads:
             thread.join(timeout=1.0)
         super().close()
+
+
+def resumed_after(item: dict) -> int:
+    """The phase (round index) a node goes on after on an async resume: the one the global model holds, else,
+    for a node with none there, its newest own file (its data position); -1 for a node with neither."""
+    if item["round"] is not None:
+        return item["round"]
+    return -1 if item["newest_own"] is None else item["newest_own"]

@@ -51,6 +51,9 @@ class GlobalModelHost:
         self.latest_stats: dict[str, dict] = {}
         self.unseen: dict[str, list[dict]] = {name: [] for name in node_names}
         self.saved_round: dict[str, int] = {}
+        self.pushed_round: dict[str, int] = {}
+        """Each node's newest phase (round index) the host took in, applied or left out as non-finite: the global
+        model holds that node's work up to there, so a resume starts the node after it (runtime/sync/async_resume.py)."""
         self.done: set[str] = set()
         self.final_items: dict[str, dict] = {}
         self.failure: Optional[BaseException] = None
@@ -68,6 +71,8 @@ class GlobalModelHost:
             self.latest_stats[node] = stats
             if stats.get("saved_round") is not None:
                 self.saved_round[node] = max(self.saved_round.get(node, -1), int(stats["saved_round"]))
+            if stats.get("round") is not None:
+                self.pushed_round[node] = int(stats["round"])
             if pseudo_gradient is not None and stats.get("finite", True):
                 self.optimizer.apply(pseudo_gradient * self.weight_of(node, weighting))
                 self.version += 1
@@ -145,14 +150,17 @@ class GlobalModelHost:
     # ----- checkpoints ---------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """What the global checkpoint needs beside ``OuterState``: version and delayed-Nesterov buffer."""
+        """What the global checkpoint needs beside ``OuterState``: version, delayed-Nesterov buffer and each
+        node's newest phase the global model holds."""
         with self.lock:
-            return {"version": self.version, "optimizer": self.optimizer.state_dict()}
+            return {"version": self.version, "optimizer": self.optimizer.state_dict(),
+                    "pushed_rounds": dict(self.pushed_round)}
 
     def load_state_dict(self, state: dict) -> None:
         with self.lock:
             self.version = int(state.get("version", 0))
             self.optimizer.load_state_dict(state.get("optimizer", {}))
+            self.pushed_round = {node: int(round_idx) for node, round_idx in (state.get("pushed_rounds") or {}).items()}
 
 
 def serve_node(host: GlobalModelHost, node: str, peer_rank: int, group, shadows: PullShadows,
