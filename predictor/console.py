@@ -24,3 +24,30 @@ def cli_console():
 
     piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
     return PipeConsole(width=PIPE_WIDTH if piped else None)
+
+
+def prefix_notices() -> None:
+    """Print the ``geodiloco.*`` loggers' warnings (an unknown GPU's stand-in, a balancing option the policy
+    never reads, fragments nothing sends) as ``[geodiloco] ...`` lines on stderr, like the runtime's own
+    notices; without a handler, logging's last resort prints them bare. Called by the command-line entry
+    points, not on import: a program that uses the package keeps its own logging setup."""
+    import logging
+
+    package_log = logging.getLogger("geodiloco")
+    if package_log.handlers:
+        return
+    class CurrentStderr(logging.StreamHandler):
+        """Writes to ``sys.stderr`` as it is when a notice comes, not as it was when the handler was made."""
+
+        @property
+        def stream(self):
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, _value) -> None:
+            pass
+
+    handler = CurrentStderr()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("[geodiloco] %(message)s"))
+    package_log.addHandler(handler)

@@ -11,6 +11,7 @@ import errno
 import os
 import sys
 
+from geodiloco.predictor.console import prefix_notices
 from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime.fatal import LaunchError
 
@@ -68,6 +69,7 @@ def check_planning_file(path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    prefix_notices()
     if argv[:1] == ["train"]:
         from geodiloco.runtime.train import exit_process, main as train_main
         exit_process(train_main(argv[1:], prog="geodiloco train"))

@@ -690,7 +690,9 @@ def lost_a_peer(err: BaseException) -> bool:
 
 def main(argv: Optional[list[str]] = None, prog: str = MODULE_PROG) -> int:
     """``prog``: how the user started it, for usage and errors (``geodiloco train`` or the module)."""
+    from geodiloco.predictor.console import prefix_notices
     from geodiloco.predictor.schema import ConfigError
+    prefix_notices()
     args = build_arg_parser(prog).parse_args(argv)
     from geodiloco.runtime.launcher_watch import exit_with_launcher
     exit_with_launcher()

@@ -135,3 +135,17 @@ def test_fragments_past_the_models_tensors_are_planned_as_the_run_sends_them_and
         "diloco.fragments 1024: the model has 17 parameter tensors and streaming sends whole tensors, so a round "
         "syncs in at most 17 fragments (planned so)",
         "diloco.fragments has no effect under diloco.overlap: none; it is read by diloco.overlap: streaming"]
+
+
+def test_the_command_line_prints_notices_with_the_prefix_once(tmp_path):
+    import subprocess
+    import sys
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes:\n  - {name: a, gpus: [A100-SXM4-80GB]}\n  - {name: b, gpus: [RTX 3090]}\n")
+    done = subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", "plan", "--cluster", str(cluster),
+                           "--policy", "uniform", "--set", "hysteresis=0.1"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    notice = "balancing.hysteresis has no effect under policy uniform; it is read by adaptive, deadline"
+    lines = [line for line in done.stderr.splitlines() if notice in line]
+    assert lines == [f"[geodiloco] {notice}"], done.stderr
