@@ -62,9 +62,17 @@ def check_data_files(config: RunConfig) -> None:
             raise ConfigError(f"data.hf_dataset.data_files: {pattern} matches no file{relative}")
         folders = [path for path in matched if Path(path).is_dir()]
         if folders:
-            suffix = {"json": "jsonl", "text": "txt"}.get(hf.path, hf.path)
             raise ConfigError(f"data.hf_dataset.data_files: {folders[0]} is a directory; list its files, e.g. "
-                              f"{Path(folders[0]) / ('*.' + suffix)}")
+                              f"{folder_glob(Path(folders[0]), hf.path)}")
+
+
+def folder_glob(folder: Path, builder: str) -> Path:
+    """The glob that lists a folder's data files for the hint: ``folder/*.jsonl`` when such files sit in the
+    folder itself, ``folder/**/*.jsonl`` when they sit only in subfolders (globs take ``**``)."""
+    suffix = {"json": "jsonl", "text": "txt"}.get(builder, builder)
+    if not any(folder.glob(f"*.{suffix}")) and any(folder.glob(f"**/*.{suffix}")):
+        return folder / "**" / f"*.{suffix}"
+    return folder / f"*.{suffix}"
 
 
 JSON_HEAD_BYTES = 1 << 20

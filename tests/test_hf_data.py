@@ -353,3 +353,13 @@ def test_the_text_builder_reads_a_file_as_one_document_unless_told_otherwise(cor
 def test_sample_by_belongs_to_the_text_builder_only(corpus):
     with pytest.raises(ConfigError, match="data.hf_dataset.sample_by: read only by the text builder"):
         hf_config(corpus, hf_dataset={"path": "json", "data_files": corpus["files"], "sample_by": "line"})
+
+
+def test_a_folder_whose_files_sit_in_subfolders_is_named_with_a_recursive_glob(tmp_path):
+    from geodiloco.runtime.preflight import folder_glob
+    (tmp_path / "shards" / "2024").mkdir(parents=True)
+    (tmp_path / "shards" / "2024" / "a.jsonl").write_text('{"text": "one"}\n')
+    assert folder_glob(tmp_path / "shards", "json") == tmp_path / "shards" / "**" / "*.jsonl"
+    (tmp_path / "shards" / "b.jsonl").write_text('{"text": "two"}\n')
+    assert folder_glob(tmp_path / "shards", "json") == tmp_path / "shards" / "*.jsonl"
+    assert folder_glob(tmp_path / "shards", "text") == tmp_path / "shards" / "*.txt"  # none anywhere: the plain one
