@@ -147,6 +147,8 @@ class DataSection(StrictModel):
     """``source``: 'stdlib' (Python's own sources) or a text file / directory, as byte tokens.
     Or ``hf_dataset`` with ``tokenizer`` (a directory ``AutoTokenizer.from_pretrained`` loads):
     documents tokenized and packed into sequences; ``max_tokens`` caps a non-streaming corpus.
+    Or ``token_file``: token ids tokenized beforehand, one flat array, as a ``.npy`` file or raw
+    ``token_dtype`` values (nanoGPT's ``train.bin`` is uint16); memory-mapped, never read whole.
 
     ``shards``: how the corpus is split among nodes. ``iid`` deals windows of the whole
     corpus to every node (DiLoCo's usual assumption: nodes draw from one distribution);
@@ -160,6 +162,8 @@ class DataSection(StrictModel):
 
     source: str = "stdlib"
     max_bytes: int = Field(default=8_000_000, ge=10_000)
+    token_file: Optional[str] = None
+    token_dtype: Literal["uint16", "uint32", "int32", "int64"] = "uint16"
     hf_dataset: Optional[HFDatasetSection] = None
     tokenizer: Optional[str] = None
     max_tokens: int = Field(default=20_000_000, ge=1_000)
@@ -175,6 +179,11 @@ class DataSection(StrictModel):
                              "with the tokenizer); give both, or neither for byte-level text")
         if self.hf_dataset is not None and self.source != "stdlib":
             raise ValueError("data: give data.source (byte-level text) or data.hf_dataset, not both")
+        if self.token_file is not None and (self.hf_dataset is not None or self.source != "stdlib"):
+            other = "data.hf_dataset" if self.hf_dataset is not None else "data.source"
+            raise ValueError(f"data: give data.token_file (token ids already tokenized) or {other}, not both")
+        if "token_dtype" in self.model_fields_set and self.token_file is None:
+            raise ValueError("data.token_dtype: describes data.token_file, which is not set")
         return self
 
 

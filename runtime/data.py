@@ -108,6 +108,31 @@ def load_corpus(source: str, max_bytes: int) -> np.ndarray:
     return np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8)
 
 
+def load_token_file(path: str, dtype: str) -> np.ndarray:
+    """Token ids tokenized beforehand, memory-mapped read-only: a ``.npy`` file (its own dtype, one dimension)
+    or raw values of ``dtype`` back to back (nanoGPT's ``train.bin``: uint16). Pages are read as windows are
+    drawn, so a corpus larger than memory trains; ``ConfigError`` names ``data.token_file`` for a bad file."""
+    file = Path(path)
+    if not file.is_file():
+        where = "" if file.is_absolute() else f" (relative paths are read from the current directory, {Path.cwd()})"
+        raise ConfigError(f"data.token_file: {path} is not a file{where}")
+    if file.suffix == ".npy":
+        try:
+            tokens = np.load(file, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise ConfigError(f"data.token_file: {path} is not a readable .npy array ({err})") from None
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise ConfigError(f"data.token_file: {path} holds a {tokens.dtype} array of shape {tokens.shape}; "
+                              "token ids are one flat array of integers (np.save(path, ids.ravel()))")
+        return tokens
+    itemsize = np.dtype(dtype).itemsize
+    size = file.stat().st_size
+    if size == 0 or size % itemsize:
+        raise ConfigError(f"data.token_file: {path} has {size} bytes, not a whole number of {dtype} values "
+                          f"({itemsize} bytes each); set data.token_dtype to the type it was written with")
+    return np.memmap(file, dtype=np.dtype(dtype), mode="r")
+
+
 ShardMode = Literal["iid", "non_iid"]
 
 EVAL_SAMPLE_STREAM = 1_000_001
@@ -131,7 +156,8 @@ def window_tokens(seq_len: int) -> int:
 
 CorpusCap = tuple[str, str, int]
 """(the source's setting, the cap's setting, the cap): ("data.source", "data.max_bytes", 8_000_000) for a byte
-corpus, ("data.hf_dataset", "data.max_tokens", N) for a tokenized one. Tells a short source from a low cap."""
+corpus, ("data.hf_dataset", "data.max_tokens", N) for a tokenized one, ("data.token_file", "data.token_file", 0) for
+a token file (read whole: no cap). Tells a short source from a low cap."""
 
 
 def more_text_hint(num_tokens: int, cap: Optional[CorpusCap], unit: str) -> str:
@@ -140,6 +166,8 @@ def more_text_hint(num_tokens: int, cap: Optional[CorpusCap], unit: str) -> str:
     if cap is None:
         return "give the corpus more text"
     source, cap_setting, limit = cap
+    if source == cap_setting:  # no cap: the whole source is read
+        return f"give {source} more tokens (it holds {num_tokens})"
     if num_tokens < limit:
         return f"give {source} more text (it holds only {num_tokens} {unit}, under {cap_setting} {limit})"
     return f"raise {cap_setting}"
@@ -173,16 +201,16 @@ def eval_batches(tokens: np.ndarray, starts: np.ndarray, seq_len: int,
     the same on every node; ``len(starts)`` must be a multiple of ``batch_size``."""
     if len(starts) % batch_size:
         raise ValueError(f"{len(starts)} eval windows do not fill batches of data.eval_batch_size = {batch_size}")
-    import torch
-    windows = gather_windows(torch.from_numpy(np.array(tokens)), starts, seq_len)
+    windows = gather_windows(tokens, starts, seq_len)
     return [(batch[:, :-1], batch[:, 1:]) for batch in windows.split(batch_size)]
 
 
-def gather_windows(tokens: torch.Tensor, starts: np.ndarray, seq_len: int) -> torch.Tensor:
-    """(len(starts), seq_len + 1) int64 windows of ``tokens`` beginning at ``starts``."""
+def gather_windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> torch.Tensor:
+    """(len(starts), seq_len + 1) int64 windows of ``tokens`` beginning at ``starts``. Only those windows are
+    read and widened, so a memory-mapped corpus is never loaded whole."""
     import torch
-    offsets = torch.arange(window_tokens(seq_len))
-    return tokens[torch.as_tensor(starts, dtype=torch.int64)[:, None] + offsets].long()
+    offsets = np.arange(window_tokens(seq_len), dtype=np.int64)
+    return torch.from_numpy(tokens[np.asarray(starts, dtype=np.int64)[:, None] + offsets].astype(np.int64))
 
 
 def outside_held_out(starts: np.ndarray, seq_len: int, held_out_starts: np.ndarray) -> np.ndarray:
@@ -248,8 +276,7 @@ class NodeShard:
                               f"from a corpus of {len(tokens)} {unit} split {num_nodes} ways ({shards}) after the eval "
                               f"windows; {more_text_hint(len(tokens), cap, unit)}, or use fewer nodes, a shorter "
                               "model.seq_len or a smaller eval set")
-        self._corpus: Optional[np.ndarray] = np.array(tokens)
-        self._tokens: Optional[torch.Tensor] = None
+        self._corpus = tokens
         self.window_starts = starts
         self.seq_len = seq_len
         self.num_windows = len(starts)
@@ -259,19 +286,9 @@ class NodeShard:
         self._order = self._epoch_order(0)
 
     @property
-    def tokens(self) -> torch.Tensor:
-        """The corpus as a tensor, made on first use: ``geodiloco run`` builds every node's shard
-        to check the data before any node starts, and needs no torch for that."""
-        if self._tokens is None:
-            import torch
-            self._tokens = torch.from_numpy(self._corpus)
-            self._corpus = None
-        return self._tokens
-
-    @property
     def corpus_array(self) -> np.ndarray:
-        """The whole corpus (every node's shard is a view of it), as an array."""
-        return self._corpus if self._corpus is not None else self.tokens.numpy()
+        """The whole corpus (every node's shard is a view of it), as an array (memory-mapped for a token file)."""
+        return self._corpus
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, self.node_index, epoch])
@@ -297,5 +314,5 @@ class NodeShard:
                 self._order = self._epoch_order(self.cursor.epoch)
             starts.append(self.window_starts[self._order[self.cursor.index]])
             self.cursor.index += 1
-        windows = gather_windows(self.tokens, np.asarray(starts, dtype=np.int64), self.seq_len)
+        windows = gather_windows(self._corpus, np.asarray(starts, dtype=np.int64), self.seq_len)
         return windows[:, :-1], windows[:, 1:]

@@ -1,8 +1,8 @@
 """The eval set and each node's training shard, from whichever source ``data`` names.
 
-Byte-level text (``data.source``) and a tokenized Hugging Face dataset (``data.hf_dataset``,
-not streamed) both become one token array, windowed by runtime/data.py; a streamed dataset is
-read by runtime/hf_data.py's ``StreamShard``. Every node computes the same eval set.
+Byte-level text (``data.source``), a tokenized Hugging Face dataset (``data.hf_dataset``, not
+streamed) and a file of token ids (``data.token_file``, memory-mapped) each become one token array,
+windowed by runtime/data.py; a streamed dataset is read by runtime/hf_data.py's ``StreamShard``. Every node computes the same eval set.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from geodiloco.runtime.config import RunConfig
-from geodiloco.runtime.data import NodeShard, eval_batches, eval_window_starts, load_corpus, window_tokens
+from geodiloco.runtime.data import (NodeShard, eval_batches, eval_window_starts, load_corpus, load_token_file,
+                                    window_tokens)
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -20,6 +21,10 @@ Batches = list[tuple[torch.Tensor, torch.Tensor]]
 def load_tokens(config: RunConfig) -> np.ndarray:
     """The whole (non-streamed) corpus as a token array."""
     data = config.data
+    if data.token_file is not None:
+        tokens = load_token_file(data.token_file, data.token_dtype)
+        check_token_ids(tokens, config)
+        return tokens
     if data.hf_dataset is None:
         return load_corpus(data.source, data.max_bytes)
     from geodiloco.runtime.hf_data import load_token_corpus
@@ -32,8 +37,15 @@ def check_token_ids(tokens: np.ndarray, config: RunConfig) -> None:
     """Token ids past the model's embedding would fail deep inside the first forward pass."""
     from geodiloco.predictor.schema import ConfigError
     vocab_size = config.model.dims().vocab_size
-    if len(tokens) and int(tokens.max()) >= vocab_size:
-        raise ConfigError(f"data.tokenizer: produces token id {int(tokens.max())}, but the model's embedding has "
+    if not len(tokens):
+        return
+    largest, smallest = int(tokens.max()), int(tokens.min())
+    if config.data.token_file is not None and (largest >= vocab_size or smallest < 0):
+        raise ConfigError(f"data.token_file: holds token id {largest if largest >= vocab_size else smallest}, but the "
+                          f"model's embedding has rows 0-{vocab_size - 1} (vocab_size {vocab_size}); give the model "
+                          "the tokenizer's vocab_size, or check data.token_dtype")
+    if largest >= vocab_size:
+        raise ConfigError(f"data.tokenizer: produces token id {largest}, but the model's embedding has "
                           f"{vocab_size} rows (vocab_size); use a tokenizer that fits or a larger vocab_size")
 
 
@@ -58,6 +70,8 @@ def eval_set(config: RunConfig, batch_size: Optional[int] = None) -> Batches:
 def corpus_cap(config: RunConfig) -> tuple[str, str, int]:
     """The corpus's source setting and the cap it was read under (runtime.data.CorpusCap)."""
     data = config.data
+    if data.token_file is not None:
+        return "data.token_file", "data.token_file", 0
     if data.hf_dataset is None:
         return "data.source", "data.max_bytes", data.max_bytes
     return "data.hf_dataset", "data.max_tokens", data.max_tokens

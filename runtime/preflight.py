@@ -316,6 +316,9 @@ def check_byte_corpus(config: RunConfig) -> None:
     data = config.data
     if data.hf_dataset is not None:
         return
+    if data.token_file is not None:
+        check_token_file(config)
+        return
     for notice in corpus_notices(data.source, data.max_bytes):
         print(f"[geodiloco] {notice}", flush=True)
     try:
@@ -330,6 +333,22 @@ def check_byte_corpus(config: RunConfig) -> None:
         message = str(err)
         raise ConfigError(message if message.startswith("data.") else f"data.source: {message}") from None
     check_bytes_fit_vocab(corpus, config)
+
+
+def check_token_file(config: RunConfig) -> None:
+    """A token file exists, is whole, fits the model's vocabulary and holds the eval set plus a training window
+    per node (``runtime/data_sources.load_tokens`` reads it as the nodes will)."""
+    from geodiloco.runtime.data import NodeShard, eval_window_starts
+    from geodiloco.runtime.data_sources import corpus_cap, load_tokens
+    data = config.data
+    tokens = load_tokens(config)
+    cap = corpus_cap(config)
+    held_out = eval_window_starts(len(tokens), config.model.seq_len, data.eval_batches * data.eval_batch_size,
+                                  config.run.seed, cap=cap)
+    for index in range(len(config.nodes)):
+        NodeShard(tokens, index, len(config.nodes), config.model.seq_len, config.run.seed, shards=data.shards,
+                  held_out_starts=held_out, cap=cap)
+    print(f"[geodiloco] data.token_file: {len(tokens):,} tokens ({tokens.dtype}) from {data.token_file}", flush=True)
 
 
 def check_bytes_fit_vocab(corpus, config: RunConfig) -> None:

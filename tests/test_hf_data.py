@@ -58,7 +58,7 @@ def drain(shard, batches: int, batch_size: int = 2) -> list[list[int]]:
 def test_packed_corpus_is_every_document_then_end_of_text(corpus):
     config = hf_config(corpus, eval_batches=0)
     _, shard = node_data(config, 0, 3)
-    assert shard.tokens.tolist() == independent_tokens(corpus)
+    assert shard.corpus_array.tolist() == independent_tokens(corpus)
 
 
 def test_node_shards_are_disjoint_and_skip_the_eval_windows(corpus):

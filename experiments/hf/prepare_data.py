@@ -7,7 +7,10 @@ Writes, under ``--out`` (default ``runs/hf_example``):
   ``data.shards: non_iid`` with ``streaming: true`` can give each site files of its own;
 - ``tokenizer/``: a byte-level BPE tokenizer with ``--vocab-size`` entries (``<|endoftext|>``
   included) trained on that corpus with Hugging Face ``tokenizers``, saved as a transformers
-  tokenizer directory (``AutoTokenizer.from_pretrained`` loads it).
+  tokenizer directory (``AutoTokenizer.from_pretrained`` loads it);
+- ``tokens.bin``: every document tokenized with it, each followed by ``<|endoftext|>``, as raw
+  uint16 ids back to back (nanoGPT's ``train.bin`` layout): the pre-tokenized corpus that
+  ``data.token_file`` reads (experiments/configs/token_file.yaml).
 
 Needs the ``hf`` extra: ``pip install -e '.[hf]'``. Run from the repository root:
 ``python experiments/hf/prepare_data.py`` then ``geodiloco run --config experiments/configs/hf_llama.yaml``.
@@ -68,6 +71,21 @@ def train_tokenizer(documents: list[str], vocab_size: int, out_dir: Path) -> int
     return len(wrapped)
 
 
+def write_token_file(documents: list[str], tokenizer_dir: Path, path: Path) -> int:
+    """Each document's ids and the end-of-text id, back to back, as uint16 (the vocabulary is under 65,536)."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if len(tokenizer) > 65_536:
+        raise SystemExit(f"a vocabulary of {len(tokenizer)} does not fit uint16; write uint32 and set data.token_dtype")
+    ids: list[int] = []
+    for encoded in tokenizer(documents, add_special_tokens=False)["input_ids"]:
+        ids += encoded + [tokenizer.eos_token_id]
+    np.asarray(ids, dtype=np.uint16).tofile(path)
+    return len(ids)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     documents = stdlib_documents(args.max_bytes)
     paths = write_corpus(documents, args.out / "corpus", args.files)
     vocab = train_tokenizer(documents, args.vocab_size, args.out / "tokenizer")
+    tokens = write_token_file(documents, args.out / "tokenizer", args.out / "tokens.bin")
     print(f"{len(documents)} documents in {len(paths)} files under {args.out / 'corpus'}; "
-          f"tokenizer of {vocab} tokens in {args.out / 'tokenizer'}")
+          f"tokenizer of {vocab} tokens in {args.out / 'tokenizer'}; {tokens:,} token ids in {args.out / 'tokens.bin'}")
     return 0
 
 
