@@ -182,7 +182,7 @@ class DataSection(StrictModel):
         if self.token_file is not None and (self.hf_dataset is not None or self.source != "stdlib"):
             other = "data.hf_dataset" if self.hf_dataset is not None else "data.source"
             raise ValueError(f"data: give data.token_file (token ids already tokenized) or {other}, not both")
-        if "token_dtype" in self.model_fields_set and self.token_file is None:
+        if self.token_dtype != "uint16" and self.token_file is None:  # the default is saved in every run's config
             raise ValueError("data.token_dtype: describes data.token_file, which is not set")
         return self
 

@@ -123,3 +123,11 @@ def test_a_run_trains_on_a_token_file_and_records_it(tmp_path):
     assert record["corpus"]["tokens"] == 60_000
     losses = [row["eval_loss"] for row in read_jsonl(run_dir / "metrics.jsonl") if row.get("eval_loss") is not None]
     assert len(losses) == 2 and losses[-1] < losses[0]
+
+
+def test_a_saved_config_without_a_token_file_parses_again(tmp_path):
+    # every run saves its whole config, defaults included; reading it back must not refuse token_dtype
+    from geodiloco.runtime.config import load_config
+    config = parse_config(small_config(NODES), "run.yaml")
+    (tmp_path / "config.yaml").write_text(config.to_yaml())
+    assert load_config(tmp_path / "config.yaml").data.token_dtype == "uint16"
