@@ -75,6 +75,35 @@ def folder_glob(folder: Path, builder: str) -> Path:
     return folder / f"*.{suffix}"
 
 
+def check_hub_dataset(config: RunConfig) -> None:
+    """A dataset named by its Hub id must be readable here before the nodes start: otherwise each node retries the
+    Hub for about half a minute and fails with the same error (every restart again). Resolves the dataset's
+    builder only (metadata from the cache or the Hub; no data is downloaded), with the Hub client's retry
+    warnings kept to the one-line error."""
+    hf = config.data.hf_dataset
+    if hf is None or hf.path in LOCAL_BUILDERS or Path(hf.path).exists():
+        return
+    import contextlib
+    from datasets import load_dataset_builder
+    from geodiloco.runtime.hf_data import reading_error
+    print(f"[geodiloco] data.hf_dataset: looking {hf.path!r} up in the datasets cache and on the Hugging Face Hub",
+          flush=True)
+    quiet = [logging.getLogger(name) for name in ("huggingface_hub", "datasets")]
+    levels = [log.level for log in quiet]
+    with contextlib.ExitStack() as restore:
+        for log, level in zip(quiet, levels):
+            log.setLevel(logging.ERROR)
+            restore.callback(log.setLevel, level)
+        try:
+            load_dataset_builder(hf.path, hf.name, data_files=hf.data_files or None)
+        except Exception as err:  # datasets' and the Hub client's own errors, whatever their types
+            raise ConfigError(f"data.hf_dataset.path: {hf.path!r} cannot be read on this machine ({reading_error(err)}): "
+                              "it is not in the datasets cache, and the Hugging Face Hub did not give it (check the id "
+                              "and data.hf_dataset.name, and the network); load it once where the Hub is reachable "
+                              "(datasets caches it), or save it to local files and name them with path: json (or "
+                              "text, csv, parquet) and data_files") from None
+
+
 JSON_HEAD_BYTES = 1 << 20
 """How much of each local JSON Lines file the launcher reads before the nodes start (the rest is checked by
 the nodes as they read it, with the same messages)."""
@@ -441,6 +470,7 @@ def preflight(config: RunConfig, data: bool = True) -> None:
     check_stream_shards(config)
     if data:
         check_byte_corpus(config)
+        check_hub_dataset(config)
     check_tokenizer(config)
     if data:
         for notice in tokenizer_notices(config.data.tokenizer):

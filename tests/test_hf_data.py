@@ -363,3 +363,28 @@ def test_a_folder_whose_files_sit_in_subfolders_is_named_with_a_recursive_glob(t
     (tmp_path / "shards" / "b.jsonl").write_text('{"text": "two"}\n')
     assert folder_glob(tmp_path / "shards", "json") == tmp_path / "shards" / "*.jsonl"
     assert folder_glob(tmp_path / "shards", "text") == tmp_path / "shards" / "*.txt"  # none anywhere: the plain one
+
+
+@pytest.mark.slow
+def test_a_hub_dataset_this_machine_cannot_read_stops_the_run_before_any_node_starts(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import yaml
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    config = {"model": {"hf": {"config": str(repo / "experiments/configs/hf/llama_tiny.json")}, "seq_len": 32},
+              "data": {"hf_dataset": {"path": "no-such-owner/no-such-dataset"}, "tokenizer": str(tmp_path)},
+              "comm": {"elastic": {"enabled": False}},
+              "nodes": [{"name": name, "gpus": ["A100-SXM4-80GB"], "emulate": {"step_time_s": 0.1}} for name in "ab"]}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # no Hub here: fail at once, not after retries
+    done = subprocess.run([sys.executable, "-m", "geodiloco.runtime.cli", "run", "--no-report", "--config",
+                           str(tmp_path / "run.yaml"), "--run-dir", str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=180, env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith(
+        "geodiloco run: error: data.hf_dataset.path: 'no-such-owner/no-such-dataset' cannot be read on this machine ("), \
+        done.stderr
+    assert "nodes on this machine" not in done.stdout  # refused before any node was started
