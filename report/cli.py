@@ -84,7 +84,7 @@ def _report(args: argparse.Namespace) -> int:
         print(text)
     else:
         piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-        console = PipeConsole(width=PIPE_WIDTH if piped else None)
+        console = PipeConsole(width=PIPE_WIDTH if piped else None, markup=False)  # names from logs are text, never markup
         print_uncut(console, renderables)
     sys.stdout.flush()
     return 0

@@ -64,7 +64,7 @@ def write_json(summaries: list[RunSummary], destination: str) -> str:
 
 def write_html(renderables: list[RenderableType], destination: str, width: int = 160) -> None:
     """The terminal report with its colors as a standalone HTML page."""
-    console = Console(record=True, file=io.StringIO(), width=width, color_system="truecolor")
+    console = Console(record=True, file=io.StringIO(), width=width, color_system="truecolor", markup=False)
     for renderable in renderables:
         console.print(renderable)
     _write(Path(destination), console.export_html(inline_styles=True), "--html")

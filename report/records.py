@@ -9,13 +9,32 @@ from __future__ import annotations
 
 from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, field_validator,
+                      model_validator)
+
+
+CONTROL_CHARACTERS = dict.fromkeys([*range(0x20), 0x7F, *range(0x80, 0xA0)])
+
+
+def printable(text: str) -> str:
+    """``text`` without control characters: a name in an edited log must not reach the terminal as an escape
+    sequence (a window title, a hyperlink, a clipboard write)."""
+    return text.translate(CONTROL_CHARACTERS)
 
 
 class LogLine(BaseModel):
     """A log line: extra keys are allowed so newer writers do not break older reports."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _printable(cls, value):
+        if isinstance(value, str):
+            return printable(value)
+        if isinstance(value, list):
+            return [printable(item) if isinstance(item, str) else item for item in value]
+        return value
 
 
 PHASE_SPAN_TOLERANCE = 0.01

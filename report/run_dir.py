@@ -15,7 +15,7 @@ import yaml
 
 from geodiloco.report.errors import ReportError
 from geodiloco.report.jsonl import read_jsonl
-from geodiloco.report.records import MetricRow, NodeRound, PlanRound
+from geodiloco.report.records import MetricRow, NodeRound, PlanRound, printable
 
 IDLE_LOG = "idle.jsonl"
 PLAN_LOG = "plan.jsonl"
@@ -108,7 +108,18 @@ def _read_config(path: Path, warnings: list[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         warnings.append(f"{path.name}: not a mapping of sections (a {type(data).__name__}); labels come from idle.jsonl")
         return {}
-    return data
+    return _printable_strings(data)
+
+
+def _printable_strings(value: Any) -> Any:
+    """The config's strings without control characters (they label the report: run name, nodes, GPUs)."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {_printable_strings(key): _printable_strings(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_printable_strings(item) for item in value]
+    return value
 
 
 def _optional_log(path: Path, schema, warnings: list[str]) -> list:

@@ -31,7 +31,8 @@ MARGIN_CHARS = 2
 
 def render_lines(renderables: list[RenderableType], width_chars: int) -> list[list[Segment]]:
     """Lay out the renderables as a terminal of ``width_chars`` columns would, one segment list per line."""
-    console = Console(width=width_chars, file=io.StringIO(), color_system="truecolor", force_terminal=True)
+    console = Console(width=width_chars, file=io.StringIO(), color_system="truecolor", force_terminal=True,
+                      markup=False)
     lines: list[list[Segment]] = []
     for renderable in renderables:
         lines.extend(console.render_lines(renderable, console.options, pad=False))

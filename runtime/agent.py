@@ -15,6 +15,7 @@ own arguments (``scripts/launch_site.sh``, ``runtime/elastic_launch.py``):
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -224,9 +225,9 @@ def prepare_environment(leave_signal: signal.Signals, environ=os.environ) -> tup
     environ[LEAVE_SIGNAL_ENV] = str(int(leave_signal))
     if environ.get(FATAL_FILE_ENV):
         return Path(environ[FATAL_FILE_ENV]), False
-    handle, path = tempfile.mkstemp(prefix="geodiloco-fatal-", suffix=".txt")
-    os.close(handle)
-    os.unlink(path)  # a worker creates it (exclusively) when it stops on bad input
+    # a worker creates it (exclusively) when it stops on bad input; inside a folder of this user's alone (0700),
+    # since a name freed in the shared temp folder could be taken first by another user, who then speaks for it
+    path = os.path.join(tempfile.mkdtemp(prefix="geodiloco-fatal-"), "fatal_error.txt")
     environ[FATAL_FILE_ENV] = path
     return Path(path), True
 
@@ -282,6 +283,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         if own_fatal_file:
             fatal_file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                fatal_file.parent.rmdir()
     return 0
 
 

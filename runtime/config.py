@@ -25,6 +25,10 @@ from geodiloco.predictor.workload import ModelDims, dims_from_mapping, hf_config
 
 DEFAULT_CONFIG_NAME = "default.yaml"
 
+LONGEST_WAIT_S = 2_592_000
+"""Upper bound of every timeout and period (30 days): larger finite values pass as numbers but overflow the C
+integer torch.distributed and the threading waits take, in every worker, after the nodes started."""
+
 
 class RunSection(StrictModel):
     """``deterministic``: deterministic torch kernels (bitwise resume on CPU).
@@ -34,7 +38,7 @@ class RunSection(StrictModel):
     out_dir: str = "runs"
     seed: int = 0
     deterministic: bool = False
-    gpu_sample_interval_s: float = Field(default=1.0, ge=0)
+    gpu_sample_interval_s: float = Field(default=1.0, ge=0, le=LONGEST_WAIT_S)
     max_wall_s: Optional[float] = Field(default=None, gt=0)
     """Stop cleanly at the first outer boundary after this many seconds of training (wall clock, from
     the moment every node is ready); None = run every round. Compares modes at equal wall-clock."""
@@ -287,14 +291,14 @@ class HivemindSection(StrictModel):
     initial_peers: list[str] = Field(default_factory=list)
     host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     announce_maddrs: list[str] = Field(default_factory=list)
-    start_wait_s: float = Field(default=60.0, gt=0)
-    round_timeout_s: float = Field(default=300.0, gt=0)
-    heartbeat_ttl_s: float = Field(default=6.0, gt=0)
-    matchmaking_time_s: float = Field(default=2.0, gt=0)
-    request_timeout_s: float = Field(default=1.0, gt=0)
-    matchmaking_timeout_s: float = Field(default=30.0, gt=0)
-    allreduce_timeout_s: float = Field(default=300.0, gt=0)
-    chunk_timeout_s: float = Field(default=10.0, gt=0)
+    start_wait_s: float = Field(default=60.0, gt=0, le=LONGEST_WAIT_S)
+    round_timeout_s: float = Field(default=300.0, gt=0, le=LONGEST_WAIT_S)
+    heartbeat_ttl_s: float = Field(default=6.0, gt=0, le=LONGEST_WAIT_S)
+    matchmaking_time_s: float = Field(default=2.0, gt=0, le=LONGEST_WAIT_S)
+    request_timeout_s: float = Field(default=1.0, gt=0, le=LONGEST_WAIT_S)
+    matchmaking_timeout_s: float = Field(default=30.0, gt=0, le=LONGEST_WAIT_S)
+    allreduce_timeout_s: float = Field(default=300.0, gt=0, le=LONGEST_WAIT_S)
+    chunk_timeout_s: float = Field(default=10.0, gt=0, le=LONGEST_WAIT_S)
     target_group_size: Optional[int] = Field(default=None, ge=2)
     compression: Literal["none", "fp16", "8bit"] = "none"
     resync_tolerance: Optional[float] = Field(default=None, gt=0)
@@ -328,12 +332,12 @@ class ElasticSection(StrictModel):
     """
 
     enabled: bool = True
-    failure_timeout_s: float = Field(default=20.0, gt=0)
-    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    failure_timeout_s: float = Field(default=20.0, gt=0, le=LONGEST_WAIT_S)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0, le=LONGEST_WAIT_S)
     max_restarts: int = Field(default=10, ge=0)
-    last_call_s: int = Field(default=8, ge=1)
-    keep_alive_s: int = Field(default=2, ge=1)
-    join_timeout_s: int = Field(default=600, ge=1)
+    last_call_s: int = Field(default=8, ge=1, le=LONGEST_WAIT_S)
+    keep_alive_s: int = Field(default=2, ge=1, le=LONGEST_WAIT_S)
+    join_timeout_s: int = Field(default=600, ge=1, le=LONGEST_WAIT_S)
 
     @model_validator(mode="after")
     def _heartbeat_below_timeout(self) -> "ElasticSection":
@@ -375,10 +379,10 @@ class CommSection(StrictModel):
     backend: Literal["torch", "hivemind"] = "torch"
     outer_device: Literal["cpu", "cuda"] = "cpu"
     sync_threads: Optional[int] = Field(default=None, ge=1, le=4096)
-    timeout_s: float = Field(default=300.0, gt=0)
+    timeout_s: float = Field(default=300.0, gt=0, le=LONGEST_WAIT_S)
     transfer_timeout_factor: float = Field(default=10.0, ge=1.0, le=1000.0)
-    transfer_min_timeout_s: float = Field(default=60.0, gt=0)
-    init_timeout_s: float = Field(default=120.0, gt=0)
+    transfer_min_timeout_s: float = Field(default=60.0, gt=0, le=LONGEST_WAIT_S)
+    init_timeout_s: float = Field(default=120.0, gt=0, le=LONGEST_WAIT_S)
     min_nodes: int = Field(default=1, ge=1)
     elastic: ElasticSection = Field(default_factory=ElasticSection)
     hivemind: HivemindSection = Field(default_factory=HivemindSection)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime.checkpoint import write_text_durably
 from geodiloco.runtime.auth import launch_env, load_secret, rendezvous_id
 from geodiloco.runtime.node_output import NodeOutput, log_path
 from geodiloco.runtime.launcher_watch import launcher_env, resume_command
@@ -86,6 +87,9 @@ def node_env(config: RunConfig, index: int, master_addr: str, master_port: int) 
         "GEODILOCO_DEVICE": "cpu", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
         "PYTHONUNBUFFERED": "1", "GEODILOCO_CPU_GROUP_OWNER": str(os.getpid()),
         GPU_NOTICES_ENV: "shown",
+        # loopback, where every node of this machine talks (a netns site's env names its own interface instead):
+        # otherwise gloo listens on the address the host name resolves to, often one the network reaches
+        "GLOO_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo",
     })
     # Inside a namespace the host name has no reverse lookup; c10d warns about it on every connect.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -334,7 +338,12 @@ def hold_run_dir(run_dir: Path):
     process ends, however it ends). A second ``geodiloco run`` into the same directory is refused before it
     touches a file there: it would rewrite config.yaml and the fatal-error file the first run's launcher watches."""
     import fcntl
-    handle = open(run_dir / LOCK_FILE, "a+")
+    try:  # never through a link: another user's link in a shared run directory would aim it at any file
+        handle = os.fdopen(os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
+                           "a+")
+    except OSError as err:
+        raise ConfigError(f"--run-dir {run_dir}: cannot take its {LOCK_FILE} ({err.strerror}; a link there is "
+                          "refused); remove it or choose another --run-dir") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -374,7 +383,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
     config_path = run_dir / "config.yaml"
     for change in (resume_changes(run_dir, config) if resume else []):
         print(f"[geodiloco] resuming with a changed setting: {change}", flush=True)
-    config_path.write_text(config.to_yaml())
+    write_text_durably(config_path, config.to_yaml())  # replaces a link there rather than writing through it
     train_args = ["--config", str(config_path), "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
     membership = (f"elastic (torchrun agents, at least {config.comm.min_nodes} of {len(config.nodes)} nodes)"
                   if elastic else "hivemind (whoever is alive; nodes may stop and come back)"

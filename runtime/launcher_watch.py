@@ -32,7 +32,8 @@ def launcher_env() -> dict[str, str]:
 def resume_command(run_dir: Path | str) -> str:
     """The command that continues a run ``geodiloco run`` started (it gives each run its own rendezvous id, so no
     ``--run-id`` is needed), pasteable whatever the path holds."""
-    return f"geodiloco run --resume --run-dir {shlex.quote(str(run_dir))}"
+    path = shlex.quote(str(run_dir))
+    return f"geodiloco run --resume --run-dir{'=' if path.startswith('-') else ' '}{path}"  # argparse takes -x for an option
 
 
 def launcher_resume_command(run_dir: Path | str) -> Optional[str]:

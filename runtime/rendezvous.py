@@ -48,6 +48,10 @@ def serve(host: str, port: int, ready_file: Optional[Path] = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     print(f"[geodiloco] rendezvous store listening on {host}:{port} (Ctrl+C stops it)", flush=True)
+    if host in ("0.0.0.0", ""):
+        print("[geodiloco] warning: the store listens on every interface and has no authentication of its own; "
+              "pass --host with the one address the sites reach (a VPN or tunnel address), see docs/security.md",
+              file=sys.stderr, flush=True)
     if ready_file is not None:
         ready_file.write_text(f"{host}:{port}\n")
     stop.wait()

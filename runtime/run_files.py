@@ -10,6 +10,7 @@ tokenizer's own files only: a model directory given as the tokenizer is not copi
 """
 from __future__ import annotations
 
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -99,7 +100,8 @@ def check_kept_files(run_dir: Path, config) -> None:
         changes = _config_changes(kept_config, named)
         if changes:
             raise ConfigError(f"--resume: {field}: {named} changed since this run started ({changes}); the run "
-                              f"trained with its copy {kept_config}: put that back (cp {kept_config} {named}), "
+                              f"trained with its copy {kept_config}: put that back "
+                              f"(cp {shlex.quote(str(kept_config))} {shlex.quote(str(named))}), "
                               "or start a new run")
     kept_tokenizer = run_dir / TOKENIZER_DIR
     if config.data.tokenizer and kept_tokenizer.is_dir():
@@ -107,7 +109,8 @@ def check_kept_files(run_dir: Path, config) -> None:
         if changes:
             raise ConfigError(f"--resume: data.tokenizer: {config.data.tokenizer} changed since this run started "
                               f"({changes}); the model learned the token ids of the run's copy {kept_tokenizer}: "
-                              f"put that back (cp -r {kept_tokenizer}/. {config.data.tokenizer}), or start a new run")
+                              f"put that back (cp -r {shlex.quote(f'{kept_tokenizer}/.')} {shlex.quote(config.data.tokenizer)}), "
+                              "or start a new run")
 
 
 def _config_changes(kept: Path, named: Path) -> str:

@@ -3,8 +3,9 @@
 A state (nested dicts, lists, tuples, numbers, strings, tensors: what the trainer saves) is
 written as one safetensors file: the tensors as safetensors tensors, everything else as JSON in
 the file's metadata, with a SHA-256 over both. Loading parses no pickle (safetensors and JSON
-only) and recomputes the hash, so a truncated, overwritten or edited file is refused with
-``CorruptStateFile`` instead of being trained on.
+only) and recomputes the hash, so a truncated, overwritten or carelessly edited file is refused with
+``CorruptStateFile`` instead of being trained on. The hash is not keyed: it finds damage, not a
+deliberate edit by someone who may write the run directory (they may write a matching hash too).
 """
 from __future__ import annotations
 
@@ -106,7 +107,8 @@ def from_bytes(data: bytes) -> Any:
     try:
         structure = json.loads(data[8:8 + size].decode())
         return _decode(structure, load(data[8 + size:]))
-    except (SafetensorError, UnicodeDecodeError, json.JSONDecodeError, KeyError, ValueError) as err:
+    except (SafetensorError, UnicodeDecodeError, json.JSONDecodeError, KeyError, ValueError, TypeError,
+            RecursionError) as err:
         raise CorruptStateFile(f"malformed state from a peer ({err})") from None
 
 
@@ -167,7 +169,7 @@ def load_state(path: Path) -> Any:
         raise CorruptStateFile(f"{path}: content does not match its SHA-256; the file was changed or damaged")
     try:
         return _decode(json.loads(metadata["structure"]), tensors)
-    except (json.JSONDecodeError, KeyError) as err:
+    except (json.JSONDecodeError, KeyError, ValueError, TypeError, RecursionError) as err:
         raise CorruptStateFile(f"{path}: malformed structure ({err})") from None
 
 

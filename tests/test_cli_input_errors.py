@@ -124,6 +124,10 @@ def two_node_file(tmp_path, head: str, node_a: str = '{name: a, gpus: ["A30"]}')
     ('diloco: {local_steps: "0"}', "diloco.local_steps: Input should be greater than"),
     ("diloco: {overlap: streaming, fragments: true}", "diloco.fragments: expected a number, not a boolean (got True)"),
     ("diloco: {rounds: true}", "diloco.rounds: expected a number, not a boolean (got True)"),
+    # a finite but huge wait overflowed torch's C int in every worker, after the nodes started
+    ("comm: {timeout_s: 1.0e+308}", "comm.timeout_s: Input should be less than or equal to 2592000"),
+    ("comm: {elastic: {failure_timeout_s: 1.0e+20}}",
+     "comm.elastic.failure_timeout_s: Input should be less than or equal to 2592000"),
 ])
 def test_plan_checks_a_run_configs_sections_as_a_run_does(tmp_path, capsys, head, message):
     path = two_node_file(tmp_path, head)

@@ -319,6 +319,39 @@ def test_an_averaging_group_with_a_stranger_is_refused_before_any_tensor_moves(m
     assert aggregated == [["peer-a", "peer-b"]]
 
 
+def test_a_stranger_asking_to_join_a_group_is_refused_before_matchmaking(monkeypatch):
+    """Without a member record a peer cannot enter matchmaking at all: let in, it would make every member refuse
+    the group and fail the round's average (seen with a peer holding no secret, only an address and the run name)."""
+    from hivemind.averaging import DecentralizedAverager
+    from hivemind.proto import averaging_pb2
+
+    matched = []
+
+    async def hivemind_join(self, request, context):
+        matched.append(str(context.remote_id))
+        yield averaging_pb2.MessageFromLeader(code=averaging_pb2.ACCEPTED)
+
+    monkeypatch.setattr(DecentralizedAverager, "rpc_join_group", hivemind_join)
+
+    class Unstarted(make_averager_class()):
+        def __del__(self):
+            pass
+
+        async def _members(self):
+            return {"peer-a", "peer-b"}
+
+    averager = object.__new__(Unstarted)
+
+    async def answers(peer: str) -> list[str]:
+        stream = averager.rpc_join_group(averaging_pb2.JoinRequest(), SimpleNamespace(remote_id=peer))
+        return [averaging_pb2.MessageCode.Name(message.code) async for message in stream]
+
+    assert asyncio.run(answers("peer-x")) == ["PROTOCOL_VIOLATION"]
+    assert matched == []
+    assert asyncio.run(answers("peer-b")) == ["ACCEPTED"]
+    assert matched == ["peer-b"]
+
+
 def test_incomplete_share_counts_lost_results_and_inputs_this_node_reduced_without():
     """1000 values, this node reduces 300 of them in 2 parts from 3 senders: one sender's input to one part
     timed out (1/6 of 300 values averaged over two peers only), and 100 values of results never came back."""

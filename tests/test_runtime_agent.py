@@ -210,3 +210,18 @@ def test_a_site_that_joins_with_another_config_leaves_and_the_run_goes_on(tmp_pa
     assert late.returncode == 1, late_output[-3000:]
     assert "[geodiloco] site c: the run" in late_output and "has ended (its rendezvous is closed)" in late_output
     assert "Traceback" not in late_output
+
+
+def test_an_agents_own_fatal_error_file_lies_in_a_folder_only_its_user_can_enter():
+    # a name freed in the shared temp folder could be created first by another user, who would then speak for it
+    import stat
+    from geodiloco.runtime.agent import prepare_environment
+    environ: dict[str, str] = {}
+    path, chosen = prepare_environment(signal.SIGTERM, environ)
+    try:
+        assert chosen and not path.exists() and environ["GEODILOCO_FATAL_FILE"] == str(path)
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and path.parent.stat().st_uid == os.getuid()
+    finally:
+        path.parent.rmdir()
+    kept, chosen = prepare_environment(signal.SIGTERM, {"GEODILOCO_FATAL_FILE": "/somewhere/fatal.txt"})
+    assert (str(kept), chosen) == ("/somewhere/fatal.txt", False)

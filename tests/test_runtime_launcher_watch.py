@@ -75,3 +75,15 @@ def test_a_killed_launcher_takes_its_elastic_sites_agents_workers_and_store_with
     launcher.kill()
     launcher.wait()
     assert wait_gone(sites, timeout_s=30.0) == []
+
+
+def test_the_resume_command_keeps_a_run_dir_that_begins_with_a_dash_an_argument():
+    import argparse
+    import shlex
+    from geodiloco.runtime.launcher_watch import resume_command
+    assert resume_command("runs/a b") == "geodiloco run --resume --run-dir 'runs/a b'"
+    command = resume_command("-odd")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--run-dir")
+    assert parser.parse_args(shlex.split(command)[2:]).run_dir == "-odd"

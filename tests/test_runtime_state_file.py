@@ -70,3 +70,22 @@ def test_a_foreign_safetensors_file_is_refused(tmp_path):
     save_file({"weight": torch.ones(3)}, str(path))
     with pytest.raises(CorruptStateFile, match="not a GeoDiLoCo state file"):
         load_state(path)
+
+
+@pytest.mark.parametrize("structure", ['{"__tuple__": 5}', '{"__items__": [[[1], 2]]}', "[" * 100_000 + "]" * 100_000])
+def test_a_file_whose_hash_matches_but_whose_structure_is_malformed_is_refused(tmp_path, structure):
+    # hashed anew after the edit: the check that remains is the decoding, which must refuse rather than crash
+    from safetensors.torch import save_file
+    from geodiloco.runtime.checkpoint import usable_file
+    from geodiloco.runtime.state_file import FORMAT, content_hash, from_bytes
+    path = tmp_path / "edited.safetensors"
+    tensors = {"t0": torch.zeros(2)}
+    save_file(tensors, str(path), metadata={"format": FORMAT, "structure": structure,
+                                            "sha256": content_hash(structure, tensors)})
+    with pytest.raises(CorruptStateFile, match="malformed structure"):
+        load_state(path)
+    assert usable_file(path) is False  # an older round is used instead
+    wire = len(structure).to_bytes(8, "little") + structure.encode()
+    from safetensors.torch import save
+    with pytest.raises(CorruptStateFile, match="malformed state from a peer"):
+        from_bytes(wire + save(tensors))

@@ -336,3 +336,14 @@ def test_launch_site_names_an_option_given_without_its_value():
         result = run_launch(*args)
         assert result.returncode == 2, result
         assert result.stderr.startswith(f"launch_site.sh: error: {option} needs a value (see --help)"), result.stderr
+
+
+def test_nodes_on_this_machine_listen_on_loopback_and_a_netns_site_on_its_own_interface():
+    # gloo otherwise listens on the address the host name resolves to, which the network may reach
+    from geodiloco.runtime.config import parse_config
+    from geodiloco.runtime.launch import node_env
+    config = parse_config({"nodes": [{"name": "seoul", "gpus": ["A30"]}, {"name": "busan", "gpus": ["A30"]}]}, "x")
+    local = node_env(config, 1, "127.0.0.1", 29555)
+    assert (local["GLOO_SOCKET_IFNAME"], local["TP_SOCKET_IFNAME"], local["MASTER_ADDR"]) == ("lo", "lo", "127.0.0.1")
+    site = make_sites().env(1, master_port=29555, base=local)
+    assert (site["GLOO_SOCKET_IFNAME"], site["TP_SOCKET_IFNAME"]) == ("wan0", "wan0")

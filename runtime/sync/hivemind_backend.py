@@ -247,6 +247,17 @@ def make_averager_class():
             async for part in super().rpc_download_state(_request, _context):
                 yield part
 
+        async def rpc_join_group(self, request, context):
+            """Matchmaking only with members: a peer without a member record (no secret) is refused before it is
+            let into a group, where it would make every member refuse that group and fail the round's average."""
+            members = await self._members()
+            if members is not None and str(context.remote_id) not in members:
+                from hivemind.proto import averaging_pb2
+                yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+                return
+            async for response in super().rpc_join_group(request, context):
+                yield response
+
         async def _aggregate_with_group(self, group_info, min_vector_size: int, **kwargs):
             """No tensor goes to a group with a peer that is not a member (see ``_members``).
 
@@ -271,6 +282,7 @@ def make_averager_class():
 
         # hivemind reads a handler's protobuf types from its annotations (strings in this module)
         rpc_download_state.__annotations__ = typing.get_type_hints(DecentralizedAverager.rpc_download_state)
+        rpc_join_group.__annotations__ = typing.get_type_hints(DecentralizedAverager.rpc_join_group)
 
         def set_target_group_size(self, size: int) -> None:
             from hivemind.utils import MPFuture
