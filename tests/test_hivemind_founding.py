@@ -13,7 +13,8 @@ import pytest
 
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.sync import hivemind_backend
-from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync, Member, TooFewNodes
+from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync, Member
+from geodiloco.runtime.sync.protocol import TooFewNodes
 from geodiloco.runtime.sync.protocol import TooFewToGoOn
 from tests.runtime_helpers import read_jsonl, write_config
 from tests.test_hivemind_run import hivemind_config, node_rounds, start_node, stop_all, wait_for

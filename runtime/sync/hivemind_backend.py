@@ -48,8 +48,10 @@ from geodiloco.runtime.sync.multiaddrs import checked_multiaddrs
 from geodiloco.runtime.diloco import group_average_scale, group_average_terms
 from geodiloco.runtime.host_threads import choose_leader_threads, intra_op_threads
 from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
+from geodiloco.runtime.sync.hivemind_session import (finish_hivemind, join_from_peers, reload_global_state,
+                                                     start_hivemind)
 from geodiloco.runtime.sync.protocol import (CannotStart, OutOfSync, RoundSync, StartPoint, SyncHandles,
-                                              SyncOutcome, TooFewToGoOn)
+                                              SyncOutcome, TooFewNodes, TooFewToGoOn)
 
 POLL_S = 0.1
 STATE_DECLARE_PERIOD_S = 10.0
@@ -181,10 +183,6 @@ def initial_peers(options: HivemindSection) -> list[str]:
     """Peers to bootstrap from: the config's, plus GEODILOCO_INITIAL_PEERS (comma separated)."""
     extra = [addr.strip() for addr in os.environ.get(INITIAL_PEERS_ENV, "").split(",") if addr.strip()]
     return list(options.initial_peers) + checked_multiaddrs(extra, INITIAL_PEERS_ENV, names_peer=True)
-
-
-class TooFewNodes(RuntimeError):
-    """Founding gave up: fewer than ``comm.min_nodes`` nodes came up in time."""
 
 
 def peer_start_failure(node_name: str, error: str, peers: list[str], start_wait_s: float) -> str:
@@ -664,7 +662,6 @@ class HivemindOuterSync:
     # ----- the round loop's seam (runtime/sync/protocol.py) ------------------------------
 
     def start(self, resume: bool, handles: SyncHandles) -> StartPoint:
-        from geodiloco.runtime.sync.hivemind_session import start_hivemind
         self.handles = handles
         if self.topology.is_leader:
             self.sync_threads = choose_leader_threads(self.topology.node_name, self.topology.local_world_size,
@@ -751,7 +748,6 @@ class HivemindOuterSync:
         """Reload the global state when this node drifted from the majority; share ours for joiners.
         A drifted node that found no peer to reload from keeps parameters that are not the round's
         full average: it writes no global checkpoint of the round."""
-        from geodiloco.runtime.sync.hivemind_session import reload_global_state
         if self.share_in_node(self.diverged) and not reload_global_state(self, round_idx):
             self.global_withheld = ("its parameters differ from the majority's and no peer shared the global "
                                     "state to reload")
@@ -759,11 +755,9 @@ class HivemindOuterSync:
             self.publish_state(*self.handles.export_state(round_idx, run_id))
 
     def recover(self, error: OutOfSync) -> StartPoint:
-        from geodiloco.runtime.sync.hivemind_session import join_from_peers
         return join_from_peers(self)
 
     def finish(self, run_id: str, last_round: int) -> None:
-        from geodiloco.runtime.sync.hivemind_session import finish_hivemind
         finish_hivemind(self, run_id, last_round)
         self._final_key = f"saved_{run_id}_{last_round}"  # a resumed run of the same id ends at another round
 

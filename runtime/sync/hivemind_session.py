@@ -13,7 +13,7 @@ from geodiloco.predictor.schema import ConfigError
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config_agreement import check_all_same
 from geodiloco.runtime.runlog import RunLog
-from geodiloco.runtime.sync.protocol import CannotStart, StartPoint
+from geodiloco.runtime.sync.protocol import CannotStart, StartPoint, TooFewNodes
 
 if TYPE_CHECKING:
     from geodiloco.runtime.sync.hivemind_backend import HivemindOuterSync
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 def start_hivemind(sync: "HivemindOuterSync", resume: bool) -> StartPoint:
     """Join peers already training, or found the run with the nodes starting now (lowest index wins)."""
-    from geodiloco.runtime.sync.hivemind_backend import TooFewNodes
     handles, topology = sync.handles, sync.topology
     run_dir = handles.run_dir
     decision = None

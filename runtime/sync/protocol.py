@@ -29,6 +29,10 @@ class CannotStart(RuntimeError):
     ``comm.min_nodes`` sites came up; a checkpoint in the run directory without ``--resume``)."""
 
 
+class TooFewNodes(RuntimeError):
+    """Founding a hivemind run gave up: fewer than ``comm.min_nodes`` nodes came up in time."""
+
+
 class TooFewToGoOn(RuntimeError):
     """Fewer than ``comm.min_nodes`` nodes stayed live and none (re)joined in time: this node stops
     between rounds, its last complete checkpoint kept for ``--resume``."""
