@@ -257,7 +257,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("usage: python -m geodiloco.runtime.agent TORCHRUN_ARGS...\n\n" + __doc__.strip())
         return 0
     os.environ[AGENT_STARTED_ENV] = repr(time.time())  # a site that rejoins counts its wait from here
-    from geodiloco.runtime.launcher_watch import exit_with_launcher
+    from geodiloco.runtime.launcher_watch import LAUNCHER_PID_ENV, exit_with_launcher
     exit_with_launcher()
     for key, value in QUIET_ENV.items():  # read when torch loads
         os.environ.setdefault(key, value)
@@ -278,7 +278,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception as err:  # a torchrun failure: told in one line (others re-raised by describe_failure)
         line, exit_code = describe_failure(err, args, site, read_fatal(fatal_file), notices.waited_as_spare,
                                            notices.joined)
-        print(f"[geodiloco] {line}", file=sys.stderr, flush=True)
+        if not (exit_code == 2 and os.environ.get(LAUNCHER_PID_ENV)):  # `geodiloco run` says it once for every site
+            print(f"[geodiloco] {line}", file=sys.stderr, flush=True)
         return exit_code
     finally:
         if own_fatal_file:

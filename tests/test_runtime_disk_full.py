@@ -81,6 +81,8 @@ def test_a_run_on_a_full_disk_stops_in_a_few_lines_without_restarting_its_sites(
                "again" in output  # a 6 MiB disk holds no round of the two nodes
         assert "resuming" not in output  # no agent restarted a worker into the same full disk
         assert "[geodiloco] stopped every site: a restart would meet the same error" in output
+        assert "was not restarted" not in output  # each site's agent leaves that to the launcher's one line
+        assert len(output.strip().splitlines()) <= 8, output
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)
 
