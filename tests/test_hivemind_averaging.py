@@ -290,6 +290,18 @@ def test_codecs_round_trip_within_their_rounding(name, max_error):
         assert float((restored - original).abs().mean()) <= max_error
 
 
+def averager_of_members(*members: str):
+    """The run's averager, not started (no DHT), whose member records name ``members``."""
+    class Unstarted(make_averager_class()):
+        def __del__(self):
+            pass
+
+        async def _members(self):
+            return set(members)
+
+    return object.__new__(Unstarted)
+
+
 def test_an_averaging_group_with_a_stranger_is_refused_before_any_tensor_moves(monkeypatch):
     """With a secret, only peers that wrote a member record (which needs the secret) may be in a group."""
     from hivemind.averaging import DecentralizedAverager
@@ -303,14 +315,7 @@ def test_an_averaging_group_with_a_stranger_is_refused_before_any_tensor_moves(m
 
     monkeypatch.setattr(DecentralizedAverager, "_aggregate_with_group", hivemind_aggregate)
 
-    class Unstarted(make_averager_class()):
-        def __del__(self):
-            pass
-
-        async def _members(self):
-            return {"peer-a", "peer-b"}
-
-    averager = object.__new__(Unstarted)
+    averager = averager_of_members("peer-a", "peer-b")
     averager._running_groups = {}
     with pytest.raises(AllreduceException, match="not members of this run .*: peer-x"):
         asyncio.run(averager._aggregate_with_group(SimpleNamespace(group_id=b"g", peer_ids=["peer-a", "peer-x"]), 0))
@@ -333,14 +338,7 @@ def test_a_stranger_asking_to_join_a_group_is_refused_before_matchmaking(monkeyp
 
     monkeypatch.setattr(DecentralizedAverager, "rpc_join_group", hivemind_join)
 
-    class Unstarted(make_averager_class()):
-        def __del__(self):
-            pass
-
-        async def _members(self):
-            return {"peer-a", "peer-b"}
-
-    averager = object.__new__(Unstarted)
+    averager = averager_of_members("peer-a", "peer-b")
 
     async def answers(peer: str) -> list[str]:
         stream = averager.rpc_join_group(averaging_pb2.JoinRequest(), SimpleNamespace(remote_id=peer))
