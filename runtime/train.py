@@ -253,7 +253,7 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
     shared_config_written = sync.logs_own_idle_only and (trainer.run_dir / "config.yaml").is_file()
     if log is not None and not shared_config_written:
         log.write_config(config.to_yaml())
-        if start.first_round > 0:
+        if start.first_round > 0 and not sync.barrier_free:  # async: the backend said where each node goes on
             print(f"[geodiloco] resuming {run_id} after round {start.first_round}", flush=True)
     if log is not None and start.first_round > 0:
         _redo_lost_global_row(trainer, log, run_id, start.first_round - 1)

@@ -105,8 +105,11 @@ class AsyncOuterSync(TorchOuterSync):
                      if topology.is_leader and own_report is not None else None)
         offers = [GlobalOffer(**item) for item in self.exchange(asdict(own_offer) if own_offer else None) if item]
         chosen = choose_global(offers, topology.present_names)
-        if chosen is None or chosen.pushed_rounds is None:
-            return super()._resume(point, own_report, restarted)
+        if chosen is None or chosen.pushed_rounds is None:  # written before pushed_rounds: all from one round
+            start = super()._resume(point, own_report, restarted)
+            if topology.is_coordinator:
+                print(f"[geodiloco] resuming {start.run_id} after round {start.first_round}", flush=True)
+            return start
         own = None
         if topology.is_leader:
             report = own_report or saved_rounds(run_dir, topology.node_name)
@@ -123,8 +126,9 @@ class AsyncOuterSync(TorchOuterSync):
         if topology.is_coordinator:
             held = ", ".join(f"{name} {item['round'] + 1}" if item["round"] is not None else f"{name} none"
                              for name, item in resumed.items())
-            print(f"[geodiloco] async resume from the global model of version {global_state['sync'].get('version', 0)}, "
-                  f"which holds each node's phases up to: {held}; each node goes on after its own", flush=True)
+            version = global_state["sync"].get("version", 0)
+            print(f"[geodiloco] resuming {run_id} from the global model of version {version}, which holds each "
+                  f"node's phases up to: {held}; each node goes on after its own", flush=True)
             if restarted or not same_members:
                 log_membership_event(run_dir, "resumed", after_round=resumed[topology.present_names[0]]["round"],
                                      present=topology.present_names, members_before=chosen.members,
