@@ -356,10 +356,12 @@ def test_the_progress_line_says_the_time_elapsed_and_left_within_the_wall_budget
 
 def test_async_resume_applies_each_phase_once_when_nodes_stopped_at_different_phases(tmp_path):
     # equal local steps (uniform policy) at speeds 1 : 2 : 4, stopped by a wall budget: each node ends at its own
-    # phase, the fast one several ahead. A resume must go on after each node's own last phase the global model
-    # holds: every phase's update applied once (version = nodes x rounds) and logged once.
-    config = async_config(14)
+    # phase, the fast one (the host) done with all of them. A resume must go on after each node's own last phase the
+    # global model holds: every phase's update applied once (version = nodes x rounds) and logged once, and the
+    # final model committed even though the host trains no phase of it.
+    config = async_config(8)
     config["balancing"] = {"policy": "uniform"}
+    config["checkpoint"]["keep"] = 2
     config["run"]["max_wall_s"] = 4.0
     run_dir = tmp_path / "run"
     first = geodiloco("run", "--no-report", "--config", str(write_config(tmp_path, config)), "--run-dir",
@@ -368,22 +370,28 @@ def test_async_resume_applies_each_phase_once_when_nodes_stopped_at_different_ph
     phases = {}
     for row in read_jsonl(run_dir / "idle.jsonl"):
         phases[row["node"]] = max(phases.get(row["node"], -1), row["round"])
-    assert phases["fast"] >= phases["slow"] + 2, phases  # the stop left the nodes at different phases
+    assert phases["fast"] == 7 and phases["slow"] <= 5, phases  # the stop left the nodes at different phases
     del config["run"]["max_wall_s"]
-    more = geodiloco("run", "--no-report", "--resume", "--config", str(write_config(tmp_path, config, "more.yaml")),
-                     "--run-dir", str(run_dir), timeout=240)
+    more_config = str(write_config(tmp_path, config, "more.yaml"))
+    more = geodiloco("run", "--no-report", "--resume", "--config", more_config, "--run-dir", str(run_dir), timeout=240)
     assert more.returncode == 0, more.stdout[-2000:] + more.stderr[-2000:]
     held = ", ".join(f"{name} {phases[name] + 1}" for name in ("fast", "mid", "slow"))
     assert f"which holds each node's phases up to: {held}; each node goes on after its own" in more.stdout, \
         more.stdout[-3000:]
-    latest = int((run_dir / "checkpoints" / "latest").read_text())
-    state = load_state(run_dir / "checkpoints" / f"round_{latest:05d}" / "global.safetensors")
+    assert int((run_dir / "checkpoints" / "latest").read_text()) == 7
+    state = load_state(run_dir / "checkpoints" / "round_00007" / "global.safetensors")
     assert state["final"] is True
-    assert state["sync"]["version"] == 3 * 14
-    assert state["sync"]["pushed_rounds"] == {"fast": 13, "mid": 13, "slow": 13}
+    assert state["sync"]["version"] == 3 * 8
+    assert state["sync"]["pushed_rounds"] == {"fast": 7, "mid": 7, "slow": 7}
+    assert sorted(path.name for path in (run_dir / "checkpoints").glob("round_*")) == ["round_00006", "round_00007"]
     idle = read_jsonl(run_dir / "idle.jsonl")
     assert sorted((row["node"], row["round"]) for row in idle) == sorted(
-        (name, round_idx) for name in ("fast", "mid", "slow") for round_idx in range(14))
+        (name, round_idx) for name in ("fast", "mid", "slow") for round_idx in range(8))
+    again = geodiloco("run", "--no-report", "--resume", "--config", more_config, "--run-dir", str(run_dir), timeout=240)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "which holds each node's phases up to: fast 8, mid 8, slow 8" in again.stdout
+    assert load_state(run_dir / "checkpoints" / "round_00007" / "global.safetensors")["sync"]["version"] == 24
+    assert len(read_jsonl(run_dir / "idle.jsonl")) == 24
 
 
 # ----- where each node resumes ------------------------------------------------------------------

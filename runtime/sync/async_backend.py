@@ -75,6 +75,9 @@ class AsyncOuterSync(TorchOuterSync):
         self.weighting = "uniform"
         self.handles: Optional[SyncHandles] = None
         self.committed_round: Optional[int] = None
+        self.resumed_round: Optional[int] = None
+        """The round whose own file this node resumed from: what it reports as saved until it saves another (a node
+        that resumes with no phase left saves none, and the final model must still be committed)."""
         self._run_id = ""
         self._threads: list[threading.Thread] = []
         self._host_sent_bytes = 0
@@ -107,6 +110,7 @@ class AsyncOuterSync(TorchOuterSync):
         chosen = choose_global(offers, topology.present_names)
         if chosen is None or chosen.pushed_rounds is None:  # written before pushed_rounds: all from one round
             start = super()._resume(point, own_report, restarted)
+            self.resumed_round = point.round
             if topology.is_coordinator:
                 print(f"[geodiloco] resuming {start.run_id} after round {start.first_round}", flush=True)
             return start
@@ -191,6 +195,7 @@ class AsyncOuterSync(TorchOuterSync):
                    logged: list[tuple], restarted: bool) -> StartPoint:
         """This node's first phase, its saved idle record when the log lacks it, and where lost time began."""
         name = self.topology.node_name
+        self.resumed_round = own_round if own_round is not None else (node_state or {}).get("rejoined_after")
         if own_round is not None:
             relogged = pending if (own_round, name) not in logged else None
             lost_since = pending.get("round_end") if restarted and pending else None
@@ -225,7 +230,7 @@ class AsyncOuterSync(TorchOuterSync):
         gathered = all_gather_values(stats, group=self.topology.node_group) if self.topology.node_group else [stats]
         if self.stage != "final" or not self.topology.is_leader:
             return gathered
-        own = gathered[0]
+        own = self._with_saved_round(gathered[0])
         if self.host is None:
             send_message(Message(RECORD, own), self.host_rank, self._own_pair_group())
             return gathered
@@ -248,7 +253,7 @@ class AsyncOuterSync(TorchOuterSync):
         """Push this phase's pseudo-gradient, pull the newest global model (the node's ranks all get it)."""
         self.weighting = round_sync.weighting
         name = self.topology.node_name
-        own = round_sync.stats_by_node[name]
+        own = self._with_saved_round(round_sync.stats_by_node[name])
         started = time.time()
         result: Optional[PushResult] = None
         sent = 0
@@ -268,6 +273,11 @@ class AsyncOuterSync(TorchOuterSync):
         return SyncOutcome(stats_by_node={name: own, **latest}, sync_intervals=[(started, ended)],
                            sent_bytes=sent + self._take_host_bytes(), staleness=reply["staleness"],
                            waited_s=min(reply["queued_s"], ended - started), reported=[own, *news])
+
+    def _with_saved_round(self, stats: dict) -> dict:
+        if stats.get("saved_round") is None and self.resumed_round is not None:
+            return {**stats, "saved_round": self.resumed_round}
+        return stats
 
     def _pseudo_gradient(self) -> torch.Tensor:
         return torch.cat([(pulled - local.detach().to(pulled.device, torch.float32)).reshape(-1)
