@@ -512,7 +512,7 @@ def with_absolute_paths(mapping: dict, base: Path) -> dict:
     model, data = result.get("model") or {}, result.get("data") or {}
     hf_model = model.get("hf") or {}
     for section, key in ((model, "file"), (hf_model, "config"), (hf_model, "pretrained"), (data, "tokenizer"),
-                         (result, "gpu_files")):
+                         (data, "token_file"), (result, "gpu_files")):
         if section.get(key):
             section[key] = absolute(section[key])
     if data.get("source") and data["source"] != "stdlib":

@@ -122,8 +122,11 @@ def load_token_file(path: str, dtype: str) -> np.ndarray:
         except (ValueError, OSError) as err:
             raise ConfigError(f"data.token_file: {path} is not a readable .npy array ({err})") from None
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-            raise ConfigError(f"data.token_file: {path} holds a {tokens.dtype} array of shape {tokens.shape}; "
+            raise ConfigError(f"data.token_file: {path} holds an array of {tokens.dtype} of shape {tokens.shape}; "
                               "token ids are one flat array of integers (np.save(path, ids.ravel()))")
+        if dtype != "uint16" and np.dtype(dtype) != tokens.dtype:
+            raise ConfigError(f"data.token_dtype: {dtype}, but {path} is a .npy array of {tokens.dtype}, which is what "
+                              "it is read as; leave data.token_dtype out for .npy files")
         return tokens
     itemsize = np.dtype(dtype).itemsize
     size = file.stat().st_size

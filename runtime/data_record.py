@@ -39,10 +39,31 @@ def eval_set_digest(batches: list) -> dict:
     return tokens_digest(inputs.numpy() for inputs, _ in batches)
 
 
+SAMPLED_ABOVE_BYTES = 256 << 20
+"""A memory-mapped corpus (``data.token_file``) larger than this is digested from samples, not read whole: every
+node's leader records it at each start, and hashing tens of GB there would hold the formed world for minutes."""
+SAMPLE_BLOCKS, SAMPLE_BLOCK_BYTES = 256, 64 << 10
+
+
+def corpus_digest(corpus: np.ndarray) -> dict:
+    """``tokens_digest`` of the corpus; for a large memory-mapped one, the SHA-256 of its size and 256 blocks of
+    64 KiB spread evenly over it, the last one included (``"sampled": true``): an edit that changes no sampled
+    block, or only the order of equal-sized parts between them, goes unseen."""
+    if not isinstance(corpus, np.memmap) or corpus.nbytes <= SAMPLED_ABOVE_BYTES:
+        return tokens_digest([corpus])
+    raw = corpus.view(np.uint8).reshape(-1)
+    digest = hashlib.sha256(str(raw.size).encode())
+    last_start = raw.size - SAMPLE_BLOCK_BYTES
+    for index in range(SAMPLE_BLOCKS):
+        start = last_start * index // (SAMPLE_BLOCKS - 1)
+        digest.update(raw[start:start + SAMPLE_BLOCK_BYTES].tobytes())
+    return {"tokens": int(corpus.size), "sha256": digest.hexdigest(), "sampled": True}
+
+
 def data_record(eval_batches: list, corpus: Optional[np.ndarray]) -> dict:
     """The run's record: the eval set's digest, and the corpus's (None for a streamed dataset)."""
     return {"eval_set": eval_set_digest(eval_batches),
-            "corpus": None if corpus is None else tokens_digest([corpus])}
+            "corpus": None if corpus is None else corpus_digest(corpus)}
 
 
 def read_record(run_dir: Path) -> Optional[dict]:

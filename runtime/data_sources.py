@@ -39,14 +39,31 @@ def check_token_ids(tokens: np.ndarray, config: RunConfig) -> None:
     vocab_size = config.model.dims().vocab_size
     if not len(tokens):
         return
-    largest, smallest = int(tokens.max()), int(tokens.min())
+    smallest, largest = id_range(tokens)
     if config.data.token_file is not None and (largest >= vocab_size or smallest < 0):
-        raise ConfigError(f"data.token_file: holds token id {largest if largest >= vocab_size else smallest}, but the "
-                          f"model's embedding has rows 0-{vocab_size - 1} (vocab_size {vocab_size}); give the model "
-                          "the tokenizer's vocab_size, or check data.token_dtype")
+        raise ConfigError(f"data.token_file: {config.data.token_file} holds token id "
+                          f"{largest if largest >= vocab_size else smallest}, but the model's embedding has rows "
+                          f"0-{vocab_size - 1} (vocab_size {vocab_size}); give the model the tokenizer's vocab_size, "
+                          "or check data.token_dtype")
     if largest >= vocab_size:
         raise ConfigError(f"data.tokenizer: produces token id {largest}, but the model's embedding has "
                           f"{vocab_size} rows (vocab_size); use a tokenizer that fits or a larger vocab_size")
+
+
+ID_RANGE_CHUNK = 1 << 24
+"""Token ids per slice when a corpus's smallest and largest id are found: one pass over a memory-mapped file in
+slices of 16 Mi ids (32-128 MiB), never the whole file in memory at once."""
+
+
+def id_range(tokens: np.ndarray) -> tuple[int, int]:
+    """(smallest, largest) id, in one pass over ``tokens``."""
+    smallest, largest = None, None
+    for start in range(0, len(tokens), ID_RANGE_CHUNK):
+        chunk = np.asarray(tokens[start:start + ID_RANGE_CHUNK])
+        low, high = int(chunk.min()), int(chunk.max())
+        smallest = low if smallest is None else min(smallest, low)
+        largest = high if largest is None else max(largest, high)
+    return smallest, largest
 
 
 def streamed(config: RunConfig) -> bool:

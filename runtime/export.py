@@ -117,6 +117,9 @@ def write_model_files(config, model: torch.nn.Module, out_dir: Path) -> str:
     if config.model.hf is not None:
         from geodiloco.runtime.hf_model import export_pretrained
         export_pretrained(model, out_dir, config.data.tokenizer)
+        if config.data.token_file:
+            return ("a transformers save_pretrained directory without a tokenizer (the run trained on the ids of "
+                    f"data.token_file {config.data.token_file}: add the tokenizer that wrote them)")
         if not config.data.tokenizer:
             return ("a transformers save_pretrained directory without a tokenizer (the run trained on bytes: "
                     "token id = byte value of UTF-8 text)")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from geodiloco.predictor.schema import ConfigError
+from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint import write_text_durably
 from geodiloco.runtime.auth import launch_env, load_secret, rendezvous_id
 from geodiloco.runtime.node_output import NodeOutput, log_path
@@ -308,16 +309,18 @@ def resume_after_round(run_dir: Path, node_names: list[str]) -> Optional[int]:
     return point.round if point is not None else latest_round(run_dir)
 
 
-def say_how_to_resume(run_dir: Path, node_names: list[str]) -> None:
+def say_how_to_resume(run_dir: Path, node_names: list[str], barrier_free: bool = False) -> None:
     """After a failed or stopped run: the round a resume would start after, and the command that continues it.
     That round is read from the checkpoint files (the newest round every node saved in full, as a resume
-    chooses it), not from ``latest``, which a background write moves only after the next round's exchange."""
+    chooses it), not from ``latest``, which a background write moves only after the next round's exchange.
+    ``barrier_free`` (async mode): each node resumes after its own phase, so no one round is named."""
     resume_after = resume_after_round(run_dir, node_names)
-    if resume_after is None:
+    if resume_after is None and not (barrier_free and checkpoint.saved_global_rounds(run_dir)):
         print(f"[geodiloco] no round was saved in {run_dir}", file=sys.stderr, flush=True)
         return
-    print(f"[geodiloco] a resume continues after round {resume_after + 1} (its checkpoint is complete in "
-          f"{run_dir}); continue with: {resume_command(run_dir)}", file=sys.stderr, flush=True)
+    where = ("each node continues after its own newest phase the saved global model holds" if barrier_free else
+             f"a resume continues after round {resume_after + 1} (its checkpoint is complete in {run_dir})")
+    print(f"[geodiloco] {where}; continue with: {resume_command(run_dir)}", file=sys.stderr, flush=True)
 
 
 def print_tail(name: str, output: Optional[NodeOutput]) -> None:
@@ -413,7 +416,7 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
     except KeyboardInterrupt:
         if not announced:
             print("[geodiloco] stopping all nodes (interrupted)", file=sys.stderr, flush=True)
-        say_how_to_resume(run_dir, [node.name for node in config.nodes])
+        say_how_to_resume(run_dir, [node.name for node in config.nodes], config.diloco.mode == "async")
         return 130
     finally:
         for signum, handler in previous.items():
@@ -434,7 +437,7 @@ def watch_sites(config: RunConfig, run_dir: Path, processes: list[subprocess.Pop
     else:
         code = watch(processes, names=[node.name for node in config.nodes], outputs=launcher.outputs)
     if code not in (0, 2):
-        say_how_to_resume(run_dir, [node.name for node in config.nodes])
+        say_how_to_resume(run_dir, [node.name for node in config.nodes], config.diloco.mode == "async")
     return code
 
 

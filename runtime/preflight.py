@@ -326,7 +326,8 @@ def fragment_notices(config: RunConfig) -> list[str]:
     """``diloco.fragments`` set where nothing reads it, or above what the model can be split into: streaming
     sends whole parameter tensors, so a model has at most one fragment per tensor (the planner prices as many)."""
     diloco = config.diloco
-    if "fragments" not in diloco.model_fields_set:
+    # the default counts as unset: every run saves its whole config, and a resume reads it back
+    if diloco.fragments == type(diloco).model_fields["fragments"].default:
         return []
     if diloco.mode == "async" or diloco.overlap != "streaming":
         reader = "diloco.mode: async" if diloco.mode == "async" else f"diloco.overlap: {diloco.overlap}"

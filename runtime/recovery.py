@@ -52,6 +52,9 @@ class ResumePoint:
     round: int
     source_node: str
     members: list[str]
+    synthetic: bool = False
+    """Not a round every present member can restart after: the newest global state, for a backend that chooses each
+    node's start itself (async mode)."""
 
 
 AGENT_STARTED_ENV = "GEODILOCO_AGENT_STARTED"

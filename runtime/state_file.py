@@ -190,5 +190,5 @@ def load_structure(path: Path) -> Any:
         raise CorruptStateFile(f"{path}: not a GeoDiLoCo state file (format {metadata.get('format')!r})")
     try:
         return _decode(json.loads(metadata["structure"]), dict.fromkeys(names))
-    except (json.JSONDecodeError, KeyError) as err:
+    except (json.JSONDecodeError, KeyError, ValueError, TypeError, RecursionError) as err:
         raise CorruptStateFile(f"{path}: malformed structure ({err})") from None

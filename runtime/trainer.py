@@ -400,7 +400,8 @@ class NodeTrainer:
             node_snapshot = encode_state(state, reuse=self._snapshots.get("node"))
             self._snapshots["node"] = node_snapshot
         writes_global = self._writes_global(round_idx)
-        if writes_global and not checkpoint.has_global(self.run_dir, round_idx):
+        # async: the host alone writes global files, and one left by a run it resumed holds an older model
+        if writes_global and (self.sync.barrier_free or not checkpoint.has_global(self.run_dir, round_idx)):
             global_snapshot = self._global_snapshot(round_idx, run_id)
         run_dir, node_name = self.run_dir, self.node.name
 

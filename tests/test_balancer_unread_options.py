@@ -137,6 +137,18 @@ def test_fragments_past_the_models_tensors_are_planned_as_the_run_sends_them_and
         "diloco.fragments has no effect under diloco.overlap: none; it is read by diloco.overlap: streaming"]
 
 
+def test_a_saved_config_that_spells_out_the_default_fragments_gets_no_notice(tmp_path, caplog):
+    # every run saves its whole config; an async run's --resume reads it back with fragments: 4 written out
+    from geodiloco.runtime.config import load_config
+    from geodiloco.runtime.preflight import check_balancing_options
+    saved = tmp_path / "config.yaml"
+    saved.write_text(load_config(None, ["diloco.mode=async", "diloco.overlap=none"]).to_yaml())
+    assert "fragments: 4" in saved.read_text()
+    with caplog.at_level(logging.WARNING, logger="geodiloco.balancer"):
+        check_balancing_options(load_config(saved, []))
+    assert not any("fragments" in message for message in caplog.messages)
+
+
 def test_the_command_line_prints_notices_with_the_prefix_once(tmp_path):
     import subprocess
     import sys

@@ -76,19 +76,19 @@ def test_a_missing_or_partial_bin_file_is_refused_naming_the_field(tmp_path, wri
 def test_an_npy_file_that_is_not_one_flat_integer_array_is_refused(tmp_path):
     np.save(tmp_path / "grid.npy", np.zeros((4, 5), dtype=np.int32))
     np.save(tmp_path / "float.npy", np.zeros(10, dtype=np.float32))
-    with pytest.raises(ConfigError, match=r"int32 array of shape \(4, 5\); token ids are one flat array"):
+    with pytest.raises(ConfigError, match=r"array of int32 of shape \(4, 5\); token ids are one flat array"):
         load_token_file(str(tmp_path / "grid.npy"), "uint16")
-    with pytest.raises(ConfigError, match="float32 array"):
+    with pytest.raises(ConfigError, match="array of float32"):
         load_token_file(str(tmp_path / "float.npy"), "uint16")
 
 
 def test_ids_past_the_vocabulary_or_negative_stop_the_run_before_any_node_starts(tmp_path):
     np.save(tmp_path / "big.npy", np.array([1, 2, 40_000] * 3000, dtype=np.int32))
     np.save(tmp_path / "negative.npy", np.array([1, -3, 2] * 3000, dtype=np.int32))
-    with pytest.raises(ConfigError, match="data.token_file: holds token id 40000, but the model's embedding has rows "
+    with pytest.raises(ConfigError, match="data.token_file: .*big.npy holds token id 40000, but the model's embedding has rows "
                                           r"0-31999 \(vocab_size 32000\)"):
         preflight(config_for(tmp_path / "big.npy"))
-    with pytest.raises(ConfigError, match="data.token_file: holds token id -3"):
+    with pytest.raises(ConfigError, match="data.token_file: .*negative.npy holds token id -3"):
         preflight(config_for(tmp_path / "negative.npy"))
 
 
@@ -131,3 +131,52 @@ def test_a_saved_config_without_a_token_file_parses_again(tmp_path):
     config = parse_config(small_config(NODES), "run.yaml")
     (tmp_path / "config.yaml").write_text(config.to_yaml())
     assert load_config(tmp_path / "config.yaml").data.token_dtype == "uint16"
+
+
+def test_the_saved_config_names_a_relative_token_file_absolutely(tmp_path, monkeypatch):
+    # evaluate, export and --resume read the run's config.yaml from any directory
+    from geodiloco.runtime.config import with_absolute_paths
+    IDS.astype(np.uint16).tofile(tmp_path / "train.bin")
+    monkeypatch.chdir(tmp_path)
+    saved = with_absolute_paths({"data": {"token_file": "train.bin"}}, tmp_path)
+    assert saved["data"]["token_file"] == str(tmp_path / "train.bin")
+
+
+def test_an_export_of_a_token_file_run_names_the_ids_it_trained_on(tmp_path):
+    from pathlib import Path
+    from geodiloco.runtime.export import write_model_files
+    from geodiloco.runtime.models import build_configured_model
+    repo = Path(__file__).resolve().parents[1]
+    IDS.astype(np.uint16).tofile(tmp_path / "train.bin")
+    config = parse_config({"model": {"hf": {"config": str(repo / "experiments/configs/hf/llama_tiny.json")},
+                                     "seq_len": 32},
+                           "data": {"token_file": str(tmp_path / "train.bin")}, "nodes": NODES}, "run.yaml")
+    (tmp_path / "out").mkdir()
+    said = write_model_files(config, build_configured_model(config.model, 0), tmp_path / "out")
+    assert said == ("a transformers save_pretrained directory without a tokenizer (the run trained on the ids of "
+                    f"data.token_file {tmp_path / 'train.bin'}: add the tokenizer that wrote them)")
+    assert (tmp_path / "out" / "config.json").is_file()
+
+
+def test_a_large_token_file_is_digested_from_samples_that_see_an_edit(tmp_path, monkeypatch):
+    from geodiloco.runtime import data_record
+    monkeypatch.setattr(data_record, "SAMPLED_ABOVE_BYTES", 1000)
+    monkeypatch.setattr(data_record, "SAMPLE_BLOCK_BYTES", 64)
+    ids = (np.arange(50_000) % 4093).astype(np.uint16)
+    ids.tofile(tmp_path / "train.bin")
+    first = data_record.corpus_digest(load_token_file(str(tmp_path / "train.bin"), "uint16"))
+    assert first["sampled"] is True and first["tokens"] == 50_000
+    assert data_record.corpus_digest(load_token_file(str(tmp_path / "train.bin"), "uint16")) == first
+    ids[-1] = 7  # the last block is always sampled
+    ids.tofile(tmp_path / "train.bin")
+    assert data_record.corpus_digest(load_token_file(str(tmp_path / "train.bin"), "uint16"))["sha256"] != first["sha256"]
+    small = ids[:100]
+    assert data_record.corpus_digest(small) == data_record.tokens_digest([small])  # in memory: read whole
+
+
+def test_the_id_range_is_found_in_slices(monkeypatch):
+    from geodiloco.runtime import data_sources
+    monkeypatch.setattr(data_sources, "ID_RANGE_CHUNK", 7)
+    ids = np.array([5, 9, 3, 40, 2, 8, 1, 6, 77, 4, 0, 12, 11, -2, 30], dtype=np.int32)
+    assert data_sources.id_range(ids) == (-2, 77)
+    assert data_sources.id_range(ids[:10]) == (1, 77)

@@ -68,7 +68,7 @@ def measure(preset: str, seq_len: int, batch_size: int, steps: int, blocks: int)
         trainer.warm_up(batch_size)
         bare_model = build_model(trainer.dims, 0)
         bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=3e-4, weight_decay=0.1)
-        bare_shard = NodeShard(trainer.shard.tokens.numpy().astype("uint8"), 0, 1, seq_len, seed=1)
+        bare_shard = NodeShard(trainer.shard.corpus_array.astype("uint8"), 0, 1, seq_len, seed=1)
         plan = NodePlan(name="solo", local_steps=steps, batch_size=batch_size)
         runtime_step_s, bare_step_s, round_extra_s = [], [], []
         for block in range(blocks):

@@ -32,14 +32,15 @@ from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import DilocoSection, ElasticSection, OuterOptim
 from geodiloco.runtime.diloco import DelayedNesterov
 from geodiloco.runtime.plain_collectives import all_gather_values, broadcast_value
-from geodiloco.runtime.recovery import ResumePoint, SavedRounds, log_membership_event, saved_rounds
+from geodiloco.runtime.recovery import (ResumePoint, SavedRounds, choose_resume_point, log_membership_event,
+                                        saved_rounds)
 from geodiloco.runtime.runlog import RunLog
 from geodiloco.runtime.sync.async_resume import GlobalOffer, choose_global, newest_global_offer, resume_round
 from geodiloco.runtime.sync.async_server import GlobalModelHost, PushResult, serve_node
 from geodiloco.runtime.sync.async_wire import PullShadows, PushFeedback, apply_pull
 from geodiloco.runtime.sync.messages import DONE, PUSH, RECORD, REPLY, Message, receive_message, send_message
 from geodiloco.runtime.sync.protocol import RoundSync, StartPoint, SyncHandles, SyncOutcome
-from geodiloco.runtime.sync.torch_backend import TorchOuterSync, rejoin_lost_since
+from geodiloco.runtime.sync.torch_backend import TorchOuterSync, no_round_restarts, rejoin_lost_since
 
 
 class AsyncOuterSync(TorchOuterSync):
@@ -58,7 +59,10 @@ class AsyncOuterSync(TorchOuterSync):
         self.push_feedback = PushFeedback(self.codec)
         self.timeout_s = timeout_s
         self.checkpoint_keep = checkpoint_keep
-        self.host_rank = topology.leader_ranks[0]
+        # the host is the coordinator's node (global rank 0, which writes the run's logs and sees every push): under
+        # torchrun's elastic agents rank 0 need not be the first node of the config
+        self.host_rank = 0
+        self.host_name = topology.present_names[topology.leader_ranks.index(0)]
         self.is_host = topology.rank == self.host_rank
         self.writes_round = self.is_host  # only the host's global copy is the global model
         # every rank creates every pair group, in the same order (torch.distributed requires it)
@@ -100,6 +104,17 @@ class AsyncOuterSync(TorchOuterSync):
                 self._start_serving()
         return point
 
+    def _resume_point(self, saved: list[SavedRounds], held: list[int]) -> ResumePoint:
+        """As the synchronous mode's, except that a saved global model restarts the present nodes even where none of
+        them saved a phase of it (the host died before the others' first saves): each node's start is chosen from
+        its own files in ``_resume``, which the round's members need not hold."""
+        point = choose_resume_point(saved, self.topology.present_names)
+        if point is not None:
+            return point
+        newest = max(held)
+        holder = next(report for report in saved if newest in report.global_members)
+        return ResumePoint(newest, holder.node, holder.global_members[newest], synthetic=True)
+
     def _resume(self, point: ResumePoint, own_report: Optional[SavedRounds], restarted: bool) -> StartPoint:
         """Each node after its own newest phase the newest global model holds (runtime/sync/async_resume.py);
         checkpoints without that record resume every node from ``point`` as the synchronous mode does."""
@@ -109,100 +124,131 @@ class AsyncOuterSync(TorchOuterSync):
         offers = [GlobalOffer(**item) for item in self.exchange(asdict(own_offer) if own_offer else None) if item]
         chosen = choose_global(offers, topology.present_names)
         if chosen is None or chosen.pushed_rounds is None:  # written before pushed_rounds: all from one round
+            if point.synthetic:  # no round every present member holds: refused as in sync mode
+                raise no_round_restarts(topology.present_names, [point.round])
             start = super()._resume(point, own_report, restarted)
             self.resumed_round = point.round
+            # the members' phases up to the round resumed from are in the model: the next save records them
+            self._pending_global_state = {**self._pending_global_state,
+                                          "pushed_rounds": {name: point.round for name in point.members}}
             if topology.is_coordinator:
                 print(f"[geodiloco] resuming {start.run_id} after round {start.first_round}", flush=True)
             return start
         own = None
         if topology.is_leader:
             report = own_report or saved_rounds(run_dir, topology.node_name)
-            own = {"node": topology.node_name, "newest_own": max(report.node_rounds, default=None),
-                   "round": resume_round(report.node_rounds, chosen.pushed_rounds.get(topology.node_name))}
+            own = {"node": topology.node_name, "pushed": chosen.pushed_rounds.get(topology.node_name),
+                   "round": resume_round(report.node_rounds, chosen.pushed_rounds.get(topology.node_name)),
+                   "newest_own": max(report.node_rounds, default=None)}
+            self._own_rounds = list(report.node_rounds)
         resumed = {item["node"]: item for item in self.exchange(own) if item}
-        own_round = resumed[topology.node_name]["round"]
-        global_state, node_state = self._resumed_states(chosen, resumed)
+        joined_at = max(chosen.pushed_rounds.values(), default=-1)
+        after = {name: resumed_after(item, joined_at) for name, item in resumed.items()}
+        global_state, node_state = self._resumed_states(chosen, resumed, after)
         same_members = sorted(chosen.members) == sorted(topology.present_names)
         run_id, pending = self.handles.restore(global_state, node_state, same_members)
         logged = broadcast_value(sorted(RunLog(run_dir).logged_keys("idle.jsonl")) if topology.is_coordinator else None,
                                  src=0)
-        self._drop_redone(resumed)
+        self._drop_redone(after, host_same=self.host_name == chosen.host)
         if topology.is_coordinator:
-            held = ", ".join(f"{name} {item['round'] + 1}" if item["round"] is not None else f"{name} none"
-                             for name, item in resumed.items())
-            version = global_state["sync"].get("version", 0)
-            print(f"[geodiloco] resuming {run_id} from the global model of version {version}, which holds each "
-                  f"node's phases up to: {held}; each node goes on after its own", flush=True)
-            if restarted or not same_members:
-                log_membership_event(run_dir, "resumed", after_round=resumed[topology.present_names[0]]["round"],
-                                     present=topology.present_names, members_before=chosen.members,
-                                     source=chosen.node)
-        return self._own_start(run_id, pending, own_round, node_state, [tuple(key) for key in logged], restarted)
+            self._say_how_resumed_async(run_id, global_state, chosen, resumed, after, restarted, same_members)
+        return self._own_start(run_id, pending, resumed[topology.node_name], after[topology.node_name],
+                               [tuple(key) for key in logged], restarted, node_state)
 
-    def _resumed_states(self, chosen: GlobalOffer, resumed: dict[str, dict]) -> tuple[dict, Optional[dict]]:
-        """(the global state, from the node whose disk holds it; this node's own state of the phase it resumes
-        after, or for a node with none its data position and the sender's inner optimizer state)."""
+    def _resumed_states(self, chosen: GlobalOffer, resumed: dict[str, dict],
+                        after: dict[str, int]) -> tuple[dict, Optional[dict]]:
+        """(the global state, from the node whose disk holds it; this node's state: its own file of the phase it
+        resumes after, else its newest own file's data position and inner optimizer with the phase counter set by
+        ``after``, else the inner optimizer state a node with a file lends)."""
         topology, run_dir = self.topology, self.handles.run_dir
         source = topology.leader_ranks[topology.present_names.index(chosen.node)]
+        lender = next((name for name in topology.present_names if resumed[name]["round"] is not None), None)
+        borrowers = any(item["round"] is None and item["newest_own"] is None for item in resumed.values())
         sent = None
         if topology.rank == source:
-            source_round = resumed[chosen.node]["round"]
-            joiners = any(item["round"] is None for item in resumed.values())
-            lent = (checkpoint.load_node(run_dir, source_round, chosen.node)["inner_optimizer"]
-                    if joiners and source_round is not None else None)
-            sent = (checkpoint.load_global(run_dir, chosen.round), lent)
-        global_state, lent_inner_state = broadcast_value(sent, src=source)
+            sent = checkpoint.load_global(run_dir, chosen.round)
+        global_state = broadcast_value(sent, src=source)
+        lent_inner_state = None
+        if borrowers and lender is not None:
+            lender_rank = topology.leader_ranks[topology.present_names.index(lender)]
+            lent = (checkpoint.load_node(run_dir, resumed[lender]["round"], lender)["inner_optimizer"]
+                    if topology.rank == lender_rank else None)
+            lent_inner_state = broadcast_value(lent, src=lender_rank)
         own = resumed[topology.node_name]
         if own["round"] is not None:
             return global_state, checkpoint.load_node(run_dir, own["round"], topology.node_name)
-        newest = own["newest_own"]
-        state: dict = {"rejoined_after": newest}
-        if lent_inner_state is not None:
+        state: dict = {"rejoined_after": after[topology.node_name]}
+        if own["newest_own"] is not None:
+            older = checkpoint.load_node(run_dir, own["newest_own"], topology.node_name)
+            state.update(data_position=older["data_position"], inner_optimizer=older["inner_optimizer"],
+                         own_round_end=(older.get("pending_record") or {}).get("round_end"))
+        elif lent_inner_state is not None:
             state["inner_optimizer"] = lent_inner_state
-        if newest is not None:
-            older = checkpoint.load_node(run_dir, newest, topology.node_name)
-            state["data_position"] = older["data_position"]
-            state["own_round_end"] = (older.get("pending_record") or {}).get("round_end")
         return global_state, state
 
-    def _drop_redone(self, resumed: dict[str, dict]) -> None:
-        """Before any node writes again: each leader deletes its own files of the phases it redoes, the host the
-        global files past its own phase, and the coordinator those phases' log rows."""
+    def _drop_redone(self, after: dict[str, int], host_same: bool) -> None:
+        """Before any node writes again: each leader deletes its own files of the phases it redoes, and the
+        coordinator those phases' log rows (and, with the same host as before, the global rows past its phase).
+        Global files stay: the host replaces them as it saves (``barrier_free``), and the one resumed from is kept
+        until then."""
         topology, run_dir = self.topology, self.handles.run_dir
-        after = {name: resumed_after(item) for name, item in resumed.items()}
-        host_round = after[topology.present_names[0]]
+        host_round = after[self.host_name]
         if topology.is_leader:
             checkpoint.drop_node_files_after(run_dir, topology.node_name, after[topology.node_name])
-        if self.is_host:
-            checkpoint.drop_global_files_after(run_dir, host_round)
-            latest = checkpoint.latest_round(run_dir)
-            if latest is not None and not checkpoint.has_global(run_dir, latest):
-                kept = [round_idx for round_idx in checkpoint.saved_global_rounds(run_dir) if round_idx <= latest]
-                if kept:
-                    checkpoint.point_latest(run_dir, kept[-1])
-        if topology.is_coordinator:
-            log = RunLog(run_dir)
+        if not topology.is_coordinator:
+            return
+        log = RunLog(run_dir)
 
-            def redone(row: dict) -> bool:
-                node = row.get("node")
-                return row.get("round", -1) > (host_round if node == "global" else after.get(node, float("inf")))
+        def redone(row: dict) -> bool:
+            node = row.get("node")
+            if node == "global":
+                return host_same and row.get("round", -1) > host_round
+            return row.get("round", -1) > after.get(node, float("inf"))
 
-            log.drop_rows("idle.jsonl", redone)
-            log.drop_rows("metrics.jsonl", redone)
+        log.drop_rows("idle.jsonl", redone)
+        log.drop_rows("metrics.jsonl", redone)
+        if host_same:
             log.drop_rounds_from("plan.jsonl", host_round + 1)
 
-    def _own_start(self, run_id: str, pending: Optional[dict], own_round: Optional[int], node_state: Optional[dict],
-                   logged: list[tuple], restarted: bool) -> StartPoint:
+    def _say_how_resumed_async(self, run_id: str, global_state: dict, chosen: GlobalOffer, resumed: dict[str, dict],
+                               after: dict[str, int], restarted: bool, same_members: bool) -> None:
+        """One line: the global model resumed from and the phase each node goes on after, with what differs from
+        an exact resume (phases applied again, phases whose update is in the model but whose state is gone)."""
+        parts = []
+        for name, item in resumed.items():
+            if item["round"] is not None and item["pushed"] is not None and item["round"] < item["pushed"]:
+                parts.append(f"{name} {after[name] + 1} (its phases {item['round'] + 2}-{item['pushed'] + 1} "
+                             "are applied again: their files are gone)")
+            elif item["round"] is None and item["pushed"] is not None:
+                parts.append(f"{name} {after[name] + 1} (no file of it up to there: it goes on from its "
+                             f"{'newest file' if item['newest_own'] is not None else 'lent optimizer state'})")
+            elif item["round"] is None and item["newest_own"] is not None:
+                parts.append(f"{name} {after[name] + 1} (none of its phases is in that model: it goes on there from "
+                             "its newest file)")
+            elif item["round"] is None:
+                parts.append(f"{name} {after[name] + 1} (new to this run: it joins there)")
+            else:
+                parts.append(f"{name} {after[name] + 1}")
+        version = global_state["sync"].get("version", 0)
+        print(f"[geodiloco] resuming {run_id} from the global model of version {version}, which holds each "
+              f"node's phases up to: {', '.join(parts)}; each node goes on after its own", flush=True)
+        if restarted or not same_members:
+            log_membership_event(self.handles.run_dir, "resumed", after_round=after[self.host_name],
+                                 present=self.topology.present_names, members_before=chosen.members,
+                                 source=chosen.node)
+
+    def _own_start(self, run_id: str, pending: Optional[dict], own: dict, after: int, logged: list[tuple],
+                   restarted: bool, node_state: Optional[dict]) -> StartPoint:
         """This node's first phase, its saved idle record when the log lacks it, and where lost time began."""
         name = self.topology.node_name
-        self.resumed_round = own_round if own_round is not None else (node_state or {}).get("rejoined_after")
-        if own_round is not None:
-            relogged = pending if (own_round, name) not in logged else None
+        kept = [round_idx for round_idx in getattr(self, "_own_rounds", []) if round_idx <= after]
+        self.resumed_round = max(kept, default=None)
+        if own["round"] is not None:
+            relogged = pending if (own["round"], name) not in logged else None
             lost_since = pending.get("round_end") if restarted and pending else None
-            return StartPoint(run_id, own_round + 1, relogged, lost_since=lost_since)
+            return StartPoint(run_id, after + 1, relogged, lost_since=lost_since)
         lost_since = rejoin_lost_since(node_state or {}) if restarted else None
-        newest = (node_state or {}).get("rejoined_after")
-        return StartPoint(run_id, (-1 if newest is None else newest) + 1, None, lost_since=lost_since)
+        return StartPoint(run_id, after + 1, None, lost_since=lost_since)
 
     def _start_serving(self) -> None:
         shadows = PullShadows(self.codec, list(self.pair_groups), self.host.global_flat()[1])
@@ -368,8 +414,9 @@ class AsyncOuterSync(TorchOuterSync):
         self.push_feedback.load_state_dict(state or {})
 
     def global_state_dict(self) -> dict:
-        """The host's version and delayed-Nesterov state, saved beside the global parameters."""
-        return self.host.state_dict() if self.host is not None else {}
+        """The host's version, delayed-Nesterov state and each node's newest phase in the model, and the host's name,
+        saved beside the global parameters."""
+        return {**self.host.state_dict(), "host": self.host_name} if self.host is not None else {}
 
     def load_global_state_dict(self, state: dict) -> None:
         self._pending_global_state = state or {}
@@ -386,9 +433,10 @@ class AsyncOuterSync(TorchOuterSync):
         super().close()
 
 
-def resumed_after(item: dict) -> int:
-    """The phase (round index) a node goes on after on an async resume: the one the global model holds, else,
-    for a node with none there, its newest own file (its data position); -1 for a node with neither."""
+def resumed_after(item: dict, joined_at: int) -> int:
+    """The phase (round index) a node goes on after on an async resume: its own file's up to the phase the global
+    model holds of it; without such a file, that phase itself (its updates up to there are in the model); for a
+    node with none of its phases in the model, ``joined_at`` (the newest phase the model holds of any node)."""
     if item["round"] is not None:
         return item["round"]
-    return -1 if item["newest_own"] is None else item["newest_own"]
+    return item["pushed"] if item["pushed"] is not None else joined_at

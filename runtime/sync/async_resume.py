@@ -31,6 +31,8 @@ class GlobalOffer:
     version: int
     members: list[str]
     pushed_rounds: Optional[dict[str, int]]
+    host: Optional[str] = None
+    """The node that hosted the global model when the file was written (None in older files)."""
 
 
 def newest_global_offer(run_dir: Path, node: str, global_members: dict[int, list[str]]) -> Optional[GlobalOffer]:
@@ -42,16 +44,22 @@ def newest_global_offer(run_dir: Path, node: str, global_members: dict[int, list
     best: Optional[GlobalOffer] = None
     for round_idx, members in sorted(global_members.items()):
         try:
-            sync_state = load_structure(checkpoint.round_dir(run_dir, round_idx) / checkpoint.GLOBAL_FILE).get("sync") or {}
-        except (CorruptStateFile, AttributeError):
+            offer = _offer_of(load_structure(checkpoint.round_dir(run_dir, round_idx) / checkpoint.GLOBAL_FILE),
+                              node, round_idx, members)
+        except (CorruptStateFile, AttributeError, TypeError, ValueError):  # a file of another shape: not a candidate
             continue
-        version = int(sync_state.get("version", 0))
-        pushed = sync_state.get("pushed_rounds")
-        offer = GlobalOffer(node, round_idx, version, list(members),
-                            {name: int(value) for name, value in pushed.items()} if isinstance(pushed, dict) else None)
         if best is None or offer.version >= best.version:
             best = offer
     return best
+
+
+def _offer_of(state: dict, node: str, round_idx: int, members: list[str]) -> GlobalOffer:
+    sync_state = state.get("sync") or {}
+    pushed = sync_state.get("pushed_rounds")
+    host = sync_state.get("host")
+    return GlobalOffer(node, round_idx, int(sync_state.get("version", 0)), [str(name) for name in members],
+                       {str(name): int(value) for name, value in pushed.items()} if isinstance(pushed, dict) else None,
+                       host if isinstance(host, str) else None)
 
 
 def choose_global(offers: list[GlobalOffer], present: list[str]) -> Optional[GlobalOffer]:

@@ -135,16 +135,20 @@ class TorchOuterSync:
         if asked and not held:
             raise CannotStart(f"--resume: no node's run directory holds a checkpoint (this node's is {run_dir}): "
                               "pass the --run-dir of the run to continue, or leave out --resume to start a new run")
-        point = choose_resume_point(saved, topology.present_names) if held else None
-        if held and point is None:
-            raise CannotStart(f"no saved round can restart the present nodes ({', '.join(topology.present_names)}): "
-                              f"rounds {', '.join(str(round_idx + 1) for round_idx in held)} lack a present "
-                              "member's node file; start from a fresh --run-dir")
+        point = self._resume_point(saved, held) if held else None
         self._agree_on_start(start_model.reports_of([item["start"] for item in gathered]), fresh=point is None)
         if point is None:
             return StartPoint(gathered[0]["run_id"], 0)
         own_saved = next((report for report in saved if report.node == topology.node_name), None)
         return self._resume(point, own_saved, restarted)
+
+    def _resume_point(self, saved: list[SavedRounds], held: list[int]) -> ResumePoint:
+        """The round every present node restarts after (runtime/recovery.py); ``held``: the rounds whose global
+        state some present node holds."""
+        point = choose_resume_point(saved, self.topology.present_names)
+        if point is None:
+            raise no_round_restarts(self.topology.present_names, held)
+        return point
 
     def _agree_on_start(self, reports: list[start_model.StartReport], fresh: bool) -> None:
         """One initial model on every node, and one way of rounding the outer step
@@ -407,6 +411,12 @@ class TorchOuterSync:
             self.schedule.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def no_round_restarts(present: list[str], held: list[int]) -> CannotStart:
+    return CannotStart(f"no saved round can restart the present nodes ({', '.join(present)}): rounds "
+                       f"{', '.join(str(round_idx + 1) for round_idx in held)} lack a present member's node file; "
+                       "start from a fresh --run-dir")
 
 
 def saved_records(run_dir: Path, round_idx: int, node_names: list[str]) -> list[dict]:
