@@ -13,7 +13,10 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativ
                       model_validator)
 
 
-CONTROL_CHARACTERS = dict.fromkeys([*range(0x20), 0x7F, *range(0x80, 0xA0)])
+CONTROL_CHARACTERS = dict.fromkeys([*range(0x20), 0x7F, *range(0x80, 0xA0), 0x200E, 0x200F, *range(0x202A, 0x202F),
+                                    *range(0x2066, 0x206A)])
+"""C0 and C1 controls (escape sequences) and the bidirectional overrides and isolates (text that reads otherwise
+than it is stored)."""
 
 
 def printable(text: str) -> str:

@@ -348,6 +348,16 @@ def test_a_stranger_asking_to_join_a_group_is_refused_before_matchmaking(monkeyp
     assert matched == []
     assert asyncio.run(answers("peer-b")) == ["ACCEPTED"]
     assert matched == ["peer-b"]
+    # a member seen once is answered without another lookup (one could outlast the asker's 1 s request timeout)
+    lookups = []
+
+    async def no_lookup():
+        lookups.append(1)
+        return set()
+
+    averager._members = no_lookup
+    assert asyncio.run(answers("peer-b")) == ["ACCEPTED"] and lookups == []
+    assert asyncio.run(answers("peer-y")) == ["PROTOCOL_VIOLATION"] and lookups == [1]
 
 
 def test_incomplete_share_counts_lost_results_and_inputs_this_node_reduced_without():

@@ -311,13 +311,13 @@ def test_timeline_labels_keep_their_distance_on_rounds_of_unequal_lengths():
 
 def test_names_in_edited_logs_reach_the_terminal_and_the_html_as_plain_text(tmp_path, capsys):
     # a run folder someone edited: escape sequences (window title, colour) and rich markup in a node's name
-    named = dict(NODE_A, node="a\x1b]0;TITLE\x07\x1b[31m[bold]x[/bold][link=javascript:alert(1)]y[/link]")
+    named = dict(NODE_A, node="a\x1b]0;TITLE\x07\x1b[31m[bold]x[/bold][link=javascript:alert(1)]y[/link]\u202egpj")
     records = [idle_record(r, named) for r in range(2)] + [idle_record(r, NODE_B) for r in range(2)]
     run = write_run(tmp_path / "run", records, config={"run": {"name": "edited\x1b[2J"}})
     html = tmp_path / "report.html"
     assert main([str(run), "--html", str(html)]) == 0
     out = capsys.readouterr().out
-    assert "\x1b" not in out and "\x07" not in out
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert "[bold]x[/bold]" in out  # shown as written, not turned into a style
     page = html.read_text()
     assert "javascript:" not in page.replace("[link=javascript:alert(1)]", "")

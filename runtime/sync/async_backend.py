@@ -1,7 +1,7 @@
 """Asynchronous DiLoCo over torch.distributed point-to-point (``diloco.mode: async``).
 
 Where things live: the global model and its outer optimizer (delayed Nesterov) are kept by the
-first present node's leader (global rank 0, the *host*; runtime/sync/async_server.py). The host
+leader of the node holding global rank 0 (the *host*; runtime/sync/async_server.py). The host
 runs one thread per other node, each on a two-rank process group of its own (gloo for these CPU
 tensors), and trains as a node itself. A node's leader, at the end of each local phase, pushes
 its pseudo-gradient (global model at its last pull - its local model) with its phase statistics,

@@ -1,4 +1,4 @@
-"""The global model of asynchronous DiLoCo, kept by the first node's leader.
+"""The global model of asynchronous DiLoCo, kept by the leader of the node holding global rank 0.
 
 ``GlobalModelHost`` owns the global parameters and the delayed-Nesterov outer optimizer
 (runtime/diloco.py) and applies each node's pseudo-gradient as it arrives, under one lock, so

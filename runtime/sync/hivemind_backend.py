@@ -234,8 +234,10 @@ def make_averager_class():
                 return None
             found = await self.dht.get(self._members_key, latest=True, return_future=True)
             entries = found.value if found is not None and isinstance(found.value, dict) else {}
-            return {str(self.peer_id)} | {item.value["peer"] for item in entries.values()
-                                          if isinstance(item.value, dict) and item.value.get("peer")}
+            members = {str(self.peer_id)} | {item.value["peer"] for item in entries.values()
+                                             if isinstance(item.value, dict) and item.value.get("peer")}
+            self._known_members = (getattr(self, "_known_members", None) or set()) | members
+            return members
 
         async def rpc_download_state(self, _request, _context):
             """State only for members: a peer without a member record gets nothing."""
@@ -245,11 +247,23 @@ def make_averager_class():
             async for part in super().rpc_download_state(_request, _context):
                 yield part
 
+        async def _admits(self, peer: str) -> bool:
+            """Whether ``peer`` is a member, answered from the members seen so far when it is one of them: a DHT
+            lookup before the first reply could outlast the asking peer's request timeout (1 s) over a WAN. Members
+            only join (a record is never withdrawn), so a cached member stays one."""
+            known = getattr(self, "_known_members", None)
+            if known is not None and peer in known:
+                return True
+            members = await self._members()
+            if members is None:
+                return True
+            self._known_members = (known or set()) | members
+            return peer in members
+
         async def rpc_join_group(self, request, context):
             """Matchmaking only with members: a peer without a member record (no secret) is refused before it is
             let into a group, where it would make every member refuse that group and fail the round's average."""
-            members = await self._members()
-            if members is not None and str(context.remote_id) not in members:
+            if not await self._admits(str(context.remote_id)):
                 from hivemind.proto import averaging_pb2
                 yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
                 return
