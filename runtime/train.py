@@ -257,6 +257,9 @@ def _train_rounds(trainer: NodeTrainer, resume: bool) -> int:
             print(f"[geodiloco] resuming {run_id} after round {start.first_round}", flush=True)
     if log is not None and start.first_round > 0:
         _redo_lost_global_row(trainer, log, run_id, start.first_round - 1)
+    if log is not None and start.unlogged_reports:
+        log.append("metrics.jsonl", _node_rows(run_id, start.unlogged_reports))
+        log.append("idle.jsonl", [item["previous_record"] for item in start.unlogged_reports if item["previous_record"]])
     round_idx, lost_since = start.first_round, start.lost_since
     training_started = time.time()
     trainer.progress_origin = (training_started, start.first_round)

@@ -459,3 +459,55 @@ def test_a_state_files_structure_is_read_from_its_header_without_its_tensors(tmp
     (tmp_path / "junk.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00hello")
     with pytest.raises(CorruptStateFile, match="not a readable safetensors file"):
         load_structure(tmp_path / "junk.safetensors")
+
+
+def test_an_async_run_whose_launcher_was_killed_resumes_with_every_phase_applied_and_logged_once(tmp_path):
+    # SIGKILL lands anywhere: between a push and the host's next global save, between a save and the host logging
+    # what it took in. A resume must leave each phase applied once (version = nodes x rounds) and each phase's rows
+    # logged once, wherever it landed.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from runtime_helpers import REPO_ROOT
+    config = async_config(10)
+    config["balancing"] = {"policy": "uniform"}
+    config["checkpoint"]["keep"] = 2
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "geodiloco.runtime.cli", "run", "--no-report", "--config",
+               str(write_config(tmp_path, config)), "--run-dir", str(run_dir)]
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO_ROOT,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+        if sum(row["node"] == "slow" for row in rows) >= 3:
+            break
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=30)
+    time.sleep(3)  # the sites notice their launcher is gone (runtime/launcher_watch.py) and stop
+    more = geodiloco("run", "--no-report", "--resume", "--config", str(write_config(tmp_path, config, "more.yaml")),
+                     "--run-dir", str(run_dir), timeout=240)
+    assert more.returncode == 0, more.stdout[-2000:] + more.stderr[-2000:]
+    assert int((run_dir / "checkpoints" / "latest").read_text()) == 9
+    state = load_state(run_dir / "checkpoints" / "round_00009" / "global.safetensors")
+    assert state["sync"]["version"] == 3 * 10 and state["final"] is True
+    expected = sorted((name, round_idx) for name in ("fast", "mid", "slow") for round_idx in range(10))
+    assert sorted((row["node"], row["round"]) for row in read_jsonl(run_dir / "idle.jsonl")) == expected
+    assert sorted((row["node"], row["round"]) for row in read_jsonl(run_dir / "metrics.jsonl")
+                  if row["node"] != "global") == expected
+
+
+def test_phases_the_saved_model_holds_but_the_log_lacks_are_logged_once_on_resume():
+    from geodiloco.runtime.sync.async_backend import unlogged_reports
+    saved = [
+        {"node": "b", "round": 4, "previous_record": {"node": "b", "round": 3}},  # logged neither way: both rows
+        {"node": "b", "round": 5, "previous_record": {"node": "b", "round": 4}},  # past b's resume phase: redone
+        {"node": "c", "round": 2, "previous_record": {"node": "c", "round": 1}},  # its idle row is logged already
+        {"node": "c", "round": 1, "previous_record": None},                        # its metrics row is logged
+    ]
+    reports = unlogged_reports(saved, after={"b": 4, "c": 2}, idle_logged={(1, "c")}, metrics_logged={(1, "c")})
+    assert [(item["node"], item["round"], item["previous_record"]) for item in reports] == [
+        ("b", 4, {"node": "b", "round": 3}), ("c", 2, None)]

@@ -152,8 +152,13 @@ class AsyncOuterSync(TorchOuterSync):
         self._drop_redone(after, host_same=self.host_name == chosen.host)
         if topology.is_coordinator:
             self._say_how_resumed_async(run_id, global_state, chosen, resumed, after, restarted, same_members)
-        return self._own_start(run_id, pending, resumed[topology.node_name], after[topology.node_name],
-                               [tuple(key) for key in logged], restarted, node_state)
+        start = self._own_start(run_id, pending, resumed[topology.node_name], after[topology.node_name],
+                                [tuple(key) for key in logged], restarted, node_state)
+        if topology.is_coordinator:
+            start.unlogged_reports = unlogged_reports(global_state["sync"].get("unlogged") or [], after,
+                                                      {tuple(key) for key in logged},
+                                                      RunLog(run_dir).logged_keys("metrics.jsonl"))
+        return start
 
     def _resumed_states(self, chosen: GlobalOffer, resumed: dict[str, dict],
                         after: dict[str, int]) -> tuple[dict, Optional[dict]]:
@@ -416,7 +421,12 @@ class AsyncOuterSync(TorchOuterSync):
     def global_state_dict(self) -> dict:
         """The host's version, delayed-Nesterov state and each node's newest phase in the model, and the host's name,
         saved beside the global parameters."""
-        return {**self.host.state_dict(), "host": self.host_name} if self.host is not None else {}
+        if self.host is None:
+            return {}
+        # the phases other nodes pushed that the host has not logged yet (it logs them at its next pull): their
+        # updates are in this model, so a resume from it logs them (``unlogged_reports``)
+        return {**self.host.state_dict(), "host": self.host_name,
+                "unlogged": [dict(item) for item in self.host.unseen.get(self.host_name, [])]}
 
     def load_global_state_dict(self, state: dict) -> None:
         self._pending_global_state = state or {}
@@ -440,3 +450,20 @@ def resumed_after(item: dict, joined_at: int) -> int:
     if item["round"] is not None:
         return item["round"]
     return item["pushed"] if item["pushed"] is not None else joined_at
+
+
+def unlogged_reports(saved: list[dict], after: dict[str, int], idle_logged: set[tuple],
+                     metrics_logged: set[tuple]) -> list[dict]:
+    """The phase reports a resumed global model holds that the log lacks: those of phases the model holds (up to
+    each node's ``after``) whose metrics row is not logged; each one's idle record (of the phase before) kept only
+    where that row is missing too."""
+    reports = []
+    for item in saved:
+        node, round_idx = item.get("node"), item.get("round")
+        if node is None or round_idx is None or round_idx > after.get(node, round_idx) \
+                or (round_idx, node) in metrics_logged:
+            continue
+        record = item.get("previous_record")
+        keep_record = bool(record) and (record.get("round"), record.get("node")) not in idle_logged
+        reports.append({**item, "previous_record": record if keep_record else None})
+    return reports

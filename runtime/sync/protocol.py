@@ -130,6 +130,9 @@ class StartPoint:
     pending_record: Optional[dict] = None
     lost_since: Optional[float] = None
     """Unix time the work lost to a restart began (end of the round resumed from), else None."""
+    unlogged_reports: list[dict] = field(default_factory=list)
+    """Node-phase reports the resumed state holds that the run's log lacks (async: phases the host took in but had
+    not logged when it stopped); the coordinator logs them before its first round."""
     gpu_rows_by_node: Optional[list[tuple[str, dict]]] = None
     """(node, its GPU rows) of the nodes that started the run together, config order, when the backend
     agreed on them only now (hivemind's founding): the node then plans from these rows."""
