@@ -46,6 +46,7 @@ from evidence import interpolate, spread  # noqa: E402
 from results_data import read_jsonl  # noqa: E402
 from runner import display_path, require_lab, run_policy, start_manifest  # noqa: E402
 
+from geodiloco.balancer.policies import ASYNC_WEIGHTING  # noqa: E402
 from geodiloco.report.readme_block import replace_marked_block  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results" / "async"
@@ -82,9 +83,8 @@ def case_config(mode: str, shards: str, seed: int, wall_s: float) -> dict:
     if mode == "sync-time":
         diloco.update({"overlap": "streaming", "compression": "int8", "fragments": 4})
     if mode in ASYNC_CODECS:
-        # as measured: normalized, what `weighting: auto` gave under the adaptive policy then (async `auto` is tokens
-        # since; experiments/async/weighting.py compares the two)
-        diloco.update({"mode": "async", "compression": ASYNC_CODECS[mode], "weighting": "normalized"})
+        # weighting as configured (`auto`): tokens in async mode (experiments/async/weighting.py chose it)
+        diloco.update({"mode": "async", "compression": ASYNC_CODECS[mode]})
         del diloco["overlap"]
         config["balancing"]["policy"] = "adaptive"  # dynamic local updates: re-planned as speeds are heard of
     for node in config["nodes"]:
@@ -102,7 +102,8 @@ def run_cases(args: argparse.Namespace) -> None:
     bandwidth_mbps = configs.Scaling(rounds=ROUND_CAP, wan="scaled", truth="real").bandwidth_mbps()
     manifest, previous = start_manifest(manifest_path, command, {run_name(*job) for job in jobs},
                                         {"wall_s": args.wall_s, "cpu_shares": CPU_SHARES,
-                                         "fast_over_slow": FAST_OVER_SLOW, "bandwidth_mbps": bandwidth_mbps})
+                                         "fast_over_slow": FAST_OVER_SLOW, "bandwidth_mbps": bandwidth_mbps,
+                                         "async_weighting": ASYNC_WEIGHTING})
     started = time.perf_counter()
     for position, job in enumerate(jobs, 1):
         name = run_name(*job)
@@ -328,10 +329,9 @@ def analyze(results: Path) -> str:
         "Modes: `sync-uniform` = DiLoCo as published (H steps everywhere, blocking fp32 sync); `sync-time` = the "
         "`time` policy with streaming int8 sync (the sync benchmark's best); `async-fp32` / `async-int8` = "
         "`diloco.mode: async` (delayed Nesterov with N = 4, dynamic local updates from the `adaptive` policy, "
-        "`normalized` outer weighting), pushes and pulls through the host node's link in fp32 or int8 (error "
-        "feedback; pulls as differences). Async mode now plans `tokens` under `weighting: auto`, which ended on a "
-        "lower eval loss than `normalized` in experiments/async/weighting.py "
-        "([weighting.md](weighting.md)); these runs predate that choice.",
+        f"`{manifest.get('async_weighting', 'normalized')}` outer weighting: what `weighting: auto` plans in async "
+        "mode, chosen in experiments/async/weighting.py ([weighting.md](weighting.md))), pushes and pulls through "
+        "the host node's link in fp32 or int8 (error feedback; pulls as differences).",
         "",
         "Target loss: the highest of all runs' best eval losses (every run reaches it). Idle shares are of node "
         "time; waiting in async is the time a push waited behind other nodes' updates at the host and, at the "
