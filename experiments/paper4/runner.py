@@ -107,7 +107,10 @@ def start_manifest(manifest_path: Path, command: str, run_names: set, settings: 
     import json
     import os
     previous = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    kept = [run for run in previous.get("runs", []) if run["name"] not in run_names]
+    if not kept:  # every run is made anew: the earlier commands and their time no longer describe the results
+        previous = {}
     manifest = {"command": command, "commands": previous.get("commands", []) + [command], **settings,
                 "load_average_at_start": list(os.getloadavg()), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-                "runs": [run for run in previous.get("runs", []) if run["name"] not in run_names]}
+                "runs": kept}
     return manifest, previous
