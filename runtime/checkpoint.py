@@ -201,17 +201,6 @@ def drop_node_files_after(run_dir: Path, node_name: str, round_idx: int) -> None
             _remove_if_empty(round_dir(run_dir, newer))
 
 
-def drop_global_files_after(run_dir: Path, round_idx: int) -> None:
-    """Delete global files (and their members lists) of rounds newer than ``round_idx``: the host that resumes
-    after its phase ``round_idx`` writes them again, and it never replaces a global file already on disk."""
-    for newer in _saved_rounds(run_dir):
-        if newer > round_idx:
-            folder = round_dir(run_dir, newer)
-            for name in (GLOBAL_FILE, MEMBERS_FILE):
-                (folder / name).unlink(missing_ok=True)
-            _remove_if_empty(folder)
-
-
 def _remove_if_empty(folder: Path) -> None:
     with contextlib.suppress(OSError):
         folder.rmdir()

@@ -79,6 +79,8 @@ class AsyncOuterSync(TorchOuterSync):
         self.weighting = "uniform"
         self.handles: Optional[SyncHandles] = None
         self.committed_round: Optional[int] = None
+        self._own_rounds: list[int] = []
+        """Rounds this node's own files were saved for, as a resume found them (leaders)."""
         self.resumed_round: Optional[int] = None
         """The round whose own file this node resumed from: what it reports as saved until it saves another (a node
         that resumes with no phase left saves none, and the final model must still be committed)."""
@@ -245,15 +247,13 @@ class AsyncOuterSync(TorchOuterSync):
     def _own_start(self, run_id: str, pending: Optional[dict], own: dict, after: int, logged: list[tuple],
                    restarted: bool, node_state: Optional[dict]) -> StartPoint:
         """This node's first phase, its saved idle record when the log lacks it, and where lost time began."""
-        name = self.topology.node_name
-        kept = [round_idx for round_idx in getattr(self, "_own_rounds", []) if round_idx <= after]
-        self.resumed_round = max(kept, default=None)
-        if own["round"] is not None:
-            relogged = pending if (own["round"], name) not in logged else None
-            lost_since = pending.get("round_end") if restarted and pending else None
-            return StartPoint(run_id, after + 1, relogged, lost_since=lost_since)
-        lost_since = rejoin_lost_since(node_state or {}) if restarted else None
-        return StartPoint(run_id, after + 1, None, lost_since=lost_since)
+        self.resumed_round = max((round_idx for round_idx in self._own_rounds if round_idx <= after), default=None)
+        if own["round"] is None:
+            return StartPoint(run_id, after + 1, None,
+                              lost_since=rejoin_lost_since(node_state or {}) if restarted else None)
+        relogged = pending if (own["round"], self.topology.node_name) not in logged else None
+        return StartPoint(run_id, after + 1, relogged,
+                          lost_since=pending.get("round_end") if restarted and pending else None)
 
     def _start_serving(self) -> None:
         shadows = PullShadows(self.codec, list(self.pair_groups), self.host.global_flat()[1])
