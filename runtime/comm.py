@@ -75,10 +75,12 @@ def init_process_group(timeout_s: float, use_cuda: bool, secret: Optional[bytes]
         dist.init_process_group(backend=backend, timeout=timeout)
     else:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        store = dist.PrefixStore(f"geodiloco/{derived_id(secret, 'store', 'world')}/", world_store(rank, timeout))
-        try:
+        served = world_store(rank, timeout) if rank == 0 else None  # a port another process holds is its own error
+        try:  # another rank waits up to the timeout for rank 0's store to open: part of forming the world
+            store = dist.PrefixStore(f"geodiloco/{derived_id(secret, 'store', 'world')}/",
+                                     served if served is not None else world_store(rank, timeout))
             dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-        except RuntimeError as err:  # DistStoreError on a timeout, DistError when the store went away
+        except RuntimeError as err:  # DistStoreError / DistNetworkError on a timeout, DistError when the store went away
             cause = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
             raise AuthError(f"no world formed within comm.timeout_s ({timeout_s:g} s): the other ranks did not "
                             f"arrive, or they hold a different shared secret ({SECRET_ENV}) ({cause})") from None

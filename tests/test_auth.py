@@ -242,3 +242,13 @@ def test_a_hivemind_peer_with_the_wrong_secret_is_refused_and_the_run_finishes(t
         assert rounds[0] == 0 and rounds[-1] == 11 and len(rounds) >= 11, (name, rounds)
     assert_same_parameters([final_checksum(logs["a"]), final_checksum(logs["b"])])
     assert time.monotonic() - started < 150, "the forged record stalled the run"
+
+
+def test_a_torch_worker_whose_rank_0_never_opens_the_store_says_no_world_formed(tmp_path):
+    """The wait for rank 0's store is part of forming the world: its timeout is not a lost peer (exit 75)."""
+    config_path = write_config(tmp_path, small_config(NODES))
+    worker = start_worker(config_path, tmp_path / "run", "b", 1, free_port(), SECRET, "--set", "comm.timeout_s=2")
+    output = worker.communicate(timeout=60)[0]
+    assert worker.returncode == 1, output[-3000:]
+    assert "cannot join the run: no world formed within comm.timeout_s (2 s)" in output, output[-3000:]
+    assert "lost a peer site" not in output and "Traceback" not in output
