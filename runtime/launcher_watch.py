@@ -7,7 +7,10 @@ training, restarting workers that fail on its closed output pipe, inside network
 next run takes for stale. So each process the launcher starts directly watches for its parent to
 change (the kernel hands orphans to another process) and then stops itself with SIGTERM, the
 signal its own shutdown path already handles. Watching the parent id, not a pid's liveness, is
-immune to pid reuse. Workers under a torchrun agent are not watched: their agent stops them.
+immune to pid reuse. Workers under a site's torchrun agent watch that agent the same way: an agent
+stops its workers itself, but one killed with SIGKILL cannot, and its orphaned worker would go on
+training in the world with no agent to restart it, while the other sites' agents waited out torchrun's
+exit barrier (300 s) for the agent that is gone.
 """
 from __future__ import annotations
 
@@ -46,16 +49,23 @@ def exit_with_launcher(poll_s: float = POLL_S) -> Optional[threading.Thread]:
     """Start a daemon thread that sends this process SIGTERM once the launcher that started it is gone; None
     (nothing watched) when this process was not started by a launcher directly (started by hand, by torchrun,
     or a worker of a site's agent)."""
-    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
-    if not launcher.isdigit() or os.getppid() != int(launcher):
+    return exit_with_parent(LAUNCHER_PID_ENV, poll_s)
+
+
+def exit_with_parent(pid_env: str, poll_s: float = POLL_S) -> Optional[threading.Thread]:
+    """Start a daemon thread that sends this process SIGTERM once its parent, the process whose pid the
+    environment variable ``pid_env`` holds, is gone; None when that variable does not name this process's
+    parent (it was started by another process, or by hand)."""
+    parent = os.environ.get(pid_env, "")
+    if not parent.isdigit() or os.getppid() != int(parent):
         return None
-    launcher_pid = int(launcher)
+    parent_pid = int(parent)
 
     def watch() -> None:
-        while os.getppid() == launcher_pid:
+        while os.getppid() == parent_pid:
             time.sleep(poll_s)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    thread = threading.Thread(target=watch, name="geodiloco-launcher-watch", daemon=True)
+    thread = threading.Thread(target=watch, name=f"geodiloco-parent-watch-{parent_pid}", daemon=True)
     thread.start()
     return thread

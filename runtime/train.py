@@ -45,7 +45,7 @@ from geodiloco.runtime.idle import RoundClock
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint import latest_round
 from geodiloco.runtime.checkpoint_writer import CheckpointWriteError
-from geodiloco.runtime.agent import stop_own_agent
+from geodiloco.runtime.agent import AGENT_PID_ENV, stop_own_agent
 from geodiloco.runtime.fatal import record_fatal
 from geodiloco.runtime.finite_guard import NonFiniteModel, check_some_node_finite, non_finite_nodes
 from geodiloco.runtime.evaluation import final_model_regression
@@ -697,8 +697,9 @@ def main(argv: Optional[list[str]] = None, prog: str = MODULE_PROG) -> int:
     from geodiloco.predictor.schema import ConfigError
     prefix_notices()
     args = build_arg_parser(prog).parse_args(argv)
-    from geodiloco.runtime.launcher_watch import exit_with_launcher
+    from geodiloco.runtime.launcher_watch import exit_with_launcher, exit_with_parent
     exit_with_launcher()
+    exit_with_parent(AGENT_PID_ENV)  # a worker of a site's agent: stopped with it, even one killed with SIGKILL
     try:
         return train_from_args(args)
     except ConfigError as err:

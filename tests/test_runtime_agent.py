@@ -23,6 +23,7 @@ from geodiloco.runtime.config import load_config
 from geodiloco.runtime.elastic_launch import agent_command, agent_env
 from geodiloco.runtime.launch import free_port, wait_for_file
 from tests.runtime_helpers import REPO_ROOT, read_jsonl, small_config, write_config
+from tests.test_runtime_launcher_watch import wait_gone
 
 SECRET = "the-runs-shared-secret-123456"
 ARGV = ["--nnodes=1:3", "--max-restarts=3", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv_id=exp7", "-m", "geodiloco.runtime.train",
@@ -225,3 +226,32 @@ def test_an_agents_own_fatal_error_file_lies_in_a_folder_only_its_user_can_enter
         path.parent.rmdir()
     kept, chosen = prepare_environment(signal.SIGTERM, {"GEODILOCO_FATAL_FILE": "/somewhere/fatal.txt"})
     assert (str(kept), chosen) == ("/somewhere/fatal.txt", False)
+
+
+@pytest.mark.slow
+def test_a_worker_whose_agent_is_killed_with_sigkill_stops_with_it(tmp_path):
+    """An agent killed with SIGKILL cannot stop its worker; the worker notices its parent is gone and stops, instead
+    of training on in the world with no agent to restart it (the others' agents then waited out torchrun's 300 s
+    exit barrier for the agent that was gone)."""
+    config = small_config([{"name": "a", "emulate": {"step_time_s": 0.05}}], comm={"timeout_s": 60, "min_nodes": 1})
+    config["diloco"].update({"rounds": 500, "local_steps": 2})
+    config_path = write_config(tmp_path, config)
+    server, endpoint = start_rendezvous(tmp_path)
+    try:
+        agent = start_agent(config_path, endpoint, "a", tmp_path / "run")
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "run" / "metrics.jsonl").is_file():
+            assert agent.poll() is None and time.monotonic() < deadline, agent.communicate()[0][-3000:]
+            time.sleep(0.2)
+        workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True,
+                                                      text=True).stdout.split()]
+        assert workers, "the agent has a worker while it trains"
+        agent.kill()
+        agent.wait()
+        running = wait_gone(workers, timeout_s=15.0)
+        for pid in running:
+            os.kill(pid, signal.SIGKILL)
+        assert running == [], "the worker went on training without its agent"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
