@@ -133,7 +133,29 @@ def load_token_file(path: str, dtype: str) -> np.ndarray:
     if size == 0 or size % itemsize:
         raise ConfigError(f"data.token_file: {path} has {size} bytes, not a whole number of {dtype} values "
                           f"({itemsize} bytes each); set data.token_dtype to the type it was written with")
-    return np.memmap(file, dtype=np.dtype(dtype), mode="r")
+    tokens = np.memmap(file, dtype=np.dtype(dtype), mode="r")
+    check_value_width(tokens, dtype, path)
+    return tokens
+
+
+WIDER_TYPE = {"uint16": "uint32", "uint32": "int64", "int32": "int64"}
+"""The type whose values, read as the key's, come out as (value, 0, value, 0, ...) on a little-endian machine."""
+WIDTH_SAMPLE = 1 << 20
+"""Values read from the start of a token file to tell its width: 2-8 MiB."""
+
+
+def check_value_width(tokens: np.ndarray, dtype: str, path: str) -> None:
+    """Ids written twice as wide as ``dtype`` (uint32 read as uint16) fit any vocabulary and train on garbage: every
+    second value is the zero high half of an id. Refuse a file whose odd values are (nearly) all zero while its even
+    ones are not: real text has no such pattern. Narrower ids read wide come out too large for the vocabulary,
+    which ``check_token_ids`` refuses."""
+    if dtype not in WIDER_TYPE or len(tokens) < 64:
+        return
+    sample = np.asarray(tokens[:min(len(tokens), WIDTH_SAMPLE) // 2 * 2])
+    odd_zero, even_zero = float(np.mean(sample[1::2] == 0)), float(np.mean(sample[0::2] == 0))
+    if odd_zero >= 0.99 and even_zero < 0.5:
+        raise ConfigError(f"data.token_file: {path} read as {dtype} has a 0 in every second value ({odd_zero:.0%} of "
+                          f"them): it looks written as {WIDER_TYPE[dtype]}; set data.token_dtype: {WIDER_TYPE[dtype]}")
 
 
 ShardMode = Literal["iid", "non_iid"]

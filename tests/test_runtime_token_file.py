@@ -57,8 +57,18 @@ def test_a_bin_and_an_npy_file_give_the_windows_of_the_ids_they_hold(tmp_path):
 def test_uint32_files_are_read_with_the_dtype_they_were_written_with(tmp_path):
     IDS.astype(np.uint32).tofile(tmp_path / "ids.bin")
     assert load_token_file(str(tmp_path / "ids.bin"), "uint32").tolist() == IDS.tolist()
-    # read as uint16 the same bytes are other ids, twice as many; a vocabulary check would then catch most
-    assert len(load_token_file(str(tmp_path / "ids.bin"), "uint16")) == 2 * len(IDS)
+    # read as uint16, every second value is an id's zero high half: ids that fit any vocabulary, so it is told apart
+    with pytest.raises(ConfigError, match=r"data.token_file: .*ids.bin read as uint16 has a 0 in every second value "
+                                          r"\(100% of them\): it looks written as uint32; set data.token_dtype: uint32"):
+        load_token_file(str(tmp_path / "ids.bin"), "uint16")
+    IDS.astype(np.int64).tofile(tmp_path / "ids64.bin")
+    with pytest.raises(ConfigError, match="looks written as int64; set data.token_dtype: int64"):
+        load_token_file(str(tmp_path / "ids64.bin"), "uint32")
+    # a narrow file with zeros of its own (a padding id, say) in every other place but not all of them is read as is
+    padded = IDS.astype(np.uint16).copy()
+    padded[1::2][::3] = 0
+    padded.tofile(tmp_path / "padded.bin")
+    assert load_token_file(str(tmp_path / "padded.bin"), "uint16").tolist() == padded.tolist()
 
 
 @pytest.mark.parametrize("write, dtype, message", [
