@@ -454,6 +454,9 @@ def _run_round(trainer: NodeTrainer, log: Optional[RunLog], run_id: str, round_i
     if log is not None:
         trainer.sync_staleness = outcome.staleness
         _log_round(trainer, log, run_id, plan, reported, clock, last_round)
+    if last_round and round_idx + 1 < config.diloco.rounds and config.run.max_wall_s is not None and topology.is_leader:
+        print(f"[geodiloco] run.max_wall_s ({config.run.max_wall_s:g} s of training) is spent: the run ends after "
+              f"round {round_idx + 1} of {config.diloco.rounds} (diloco.rounds)", flush=True)
     members = list(topology.present_names) if sync.barrier_free else list(outcome.stats_by_node)
     if (round_idx + 1) % config.checkpoint.every_rounds == 0 or last_round:
         clock.mark("end")
@@ -557,9 +560,6 @@ def _log_round(trainer: NodeTrainer, log: RunLog, run_id: str, plan: Plan, repor
           f"{trainer.topology.node_name} local {clock.compute_s:.2f}s wait {clock.wait_s:.2f}s sync {clock.comm_s:.2f}s"
           f"{f' (+{clock.comm_hidden_s:.2f}s hidden)' if clock.comm_hidden_s > 0 else ''} | "
           f"steps x batch {steps}{stale}{progress_text(trainer, plan.round, time.time())}", flush=True)
-    if last_round and plan.round + 1 < config.diloco.rounds and config.run.max_wall_s is not None:
-        print(f"[geodiloco] run.max_wall_s ({config.run.max_wall_s:g} s of training) is spent: the run ends after "
-              f"round {plan.round + 1} of {config.diloco.rounds} (diloco.rounds)", flush=True)
 
 
 def _log_unlogged_phases(trainer: NodeTrainer, log: RunLog, run_id: str) -> list[dict]:

@@ -242,6 +242,9 @@ def test_max_wall_s_stops_a_sync_run_at_an_outer_boundary(tmp_path):
     span_s = max(row["round_end"] for row in idle) - min(row["round_start"] for row in idle)
     assert span_s >= 1.0
     assert int((run_dir / "checkpoints" / "latest").read_text()) == last
+    # every site says why it stopped early, not only the one that writes the logs (each site has its own console)
+    said = f"run.max_wall_s (1 s of training) is spent: the run ends after round {last + 1} of 500 (diloco.rounds)"
+    assert (done.stdout + done.stderr).count(said) == 2, (done.stdout + done.stderr)[-3000:]
 
 
 # ----- compressed pushes and pulls ---------------------------------------------------------------
