@@ -84,7 +84,7 @@ def run_plan(args) -> int:
     from dataclasses import asdict
     from geodiloco.balancer.mode_advice import advise_mode
     if args.round < 0:
-        from geodiloco.predictor.schema import ConfigError
+        from geodiloco.common.schema import ConfigError
         raise ConfigError(f"--round must be 0 or more (rounds count from 0, as the logs number them), got {args.round}")
     setup = _setup(args)
     planner = setup.planner()
@@ -105,7 +105,7 @@ RUN_FILES = ("config.yaml", "idle.jsonl", "plan.jsonl", "metrics.jsonl", "checkp
 
 def check_simulation_out(out_dir: Path) -> None:
     """``--out`` must not hold a run's logs: a simulation never overwrites a real (or earlier) run."""
-    from geodiloco.predictor.schema import ConfigError
+    from geodiloco.common.schema import ConfigError
     present = [name for name in RUN_FILES if (out_dir / name).exists()]
     if present:
         raise ConfigError(f"--out {out_dir} already holds {', '.join(present)} (a run's logs); choose a new "
@@ -127,7 +127,7 @@ def run_simulate(args) -> int:
     from geodiloco.balancer.setup import first_given, parse_slowdown
     from geodiloco.balancer.simulate import simulate
     from geodiloco.balancer.views import print_simulation
-    from geodiloco.predictor.schema import ConfigError
+    from geodiloco.common.schema import ConfigError
     if args.out:
         check_simulation_out(Path(args.out))
     simulation = {key: value for key, value in (("model_error", args.model_error), ("step_noise", args.step_noise),

@@ -11,7 +11,7 @@ from typing import Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
+from geodiloco.common.schema import ConfigError, StrictModel, load_yaml_mapping, validate
 from geodiloco.predictor.specs import expand_gpu_counts
 
 class SlowdownEvent(StrictModel):

@@ -9,7 +9,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from geodiloco.predictor.schema import StrictModel
+from geodiloco.common.schema import StrictModel
 
 PolicyName = Literal[
     "uniform", "batch_by_flops", "max_batch_by_memory", "steps_by_flops",

@@ -19,7 +19,7 @@ from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.step_time import UNLIMITED_BATCH, LinearStepModel, ScaledStepModel, declared_key, declared_step_model
 from geodiloco.predictor.base import StepTimeModel
 from geodiloco.predictor.online import PRIOR_COVARIANCE, CorrectionFit, fit_corrections, prior_features
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 CALIBRATION_HISTORY = 32
 """Rounds of each node kept for its calibration (older ones weigh ~nothing at the default half-life)."""

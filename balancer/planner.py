@@ -27,7 +27,7 @@ from geodiloco.balancer.estimates import Calibration, ModelFactory, StepTimeBank
 from geodiloco.balancer.network import CODEC_BITS, CODECS_BY_SIZE, OuterSyncModel, SyncSettings
 from geodiloco.balancer.plan import NodePlan, Plan, RoundMeasurement
 from geodiloco.balancer.policies import HIDE_MARGIN, POLICIES, POLICY_WEIGHTING, Assignment, PolicyInputs
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.workload import ModelDims, parameter_count, resolve_dims
 
 STATIC_POLICIES = ("uniform", "batch_by_flops", "max_batch_by_memory", "steps_by_flops")

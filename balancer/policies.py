@@ -15,7 +15,7 @@ import numpy as np
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.estimates import StepTimeBank, UNLIMITED_BATCH, micro_batches
 from geodiloco.predictor.online import CorrectionFit
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 # Outer-average weighting each policy recommends (the runtime uses it under ``weighting: auto``):
 # equal work -> uniform; equal steps, unequal batches -> tokens; unequal steps -> normalized

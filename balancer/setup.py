@@ -21,7 +21,7 @@ from geodiloco.balancer.network import (CODEC_BITS, RUN_DEFAULT_COMPRESSION, RUN
                                         SyncSettings, hivemind_codec)
 from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.simulate import Slowdown
-from geodiloco.predictor.schema import ConfigError, load_yaml_mapping, parse_set_value, validate, with_options
+from geodiloco.common.schema import ConfigError, load_yaml_mapping, parse_set_value, validate, with_options
 from geodiloco.predictor.workload import (ModelDims, check_workload_size, hf_config_json, parameter_tensor_count,
                                           resolve_dims)
 

@@ -31,7 +31,7 @@ from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.records import IdleRecord, append_records
 from geodiloco.balancer.step_time import (GpuModelFactory, declared_key, declared_step_model, measured_step_model,
                                 predictor_gpu_model, truth_source)
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 NOISE_WINDOW_SIGMAS = 6.0
 STRAGGLER_WINDOW_SIGMAS = 3.0

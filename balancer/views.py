@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from geodiloco.balancer.plan import Plan
-from geodiloco.predictor.console import cli_console
+from geodiloco.common.console import cli_console
 
 
 def plan_summary(plan: Plan) -> dict:

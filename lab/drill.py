@@ -29,7 +29,7 @@ from pathlib import Path
 
 from geodiloco.balancer.records import read_json_lines
 from geodiloco.lab.process_tree import signal_tree
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 ACTIONS = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP, "thaw": signal.SIGCONT, "restart": None}
 DRILL_LOG = "drill.jsonl"

@@ -37,7 +37,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.lab.pids import process_alive
 
 SITE_IFNAME = "wan0"
@@ -558,7 +558,7 @@ def _cmd_down(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    from geodiloco.predictor.console import cli_console
+    from geodiloco.common.console import cli_console
     from rich.table import Table
 
     rows = describe(args.prefix)

@@ -6,7 +6,7 @@ import contextlib
 import json
 import logging
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 
 EPILOG = """\
@@ -252,7 +252,7 @@ def print_gpus(as_json: bool) -> int:
     if as_json:
         print(json.dumps([{k: v for k, v in asdict(spec).items() if k != "extra"} for spec in specs], indent=2))
         return 0
-    from geodiloco.predictor.console import cli_console
+    from geodiloco.common.console import cli_console
     from rich.table import Table
 
     table = Table(title="GPU datasheet rows (dense TFLOPS)")

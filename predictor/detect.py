@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from geodiloco.predictor.amd_partitions import MODE_NAMES
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.specs import GpuSpec, detected_gpu, lookup_gpu
 
 log = logging.getLogger("geodiloco.predictor")

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 from geodiloco.predictor.amd_partitions import (partition_modes, partition_problem, partition_spec,
                                                 split_partition_name)
 from geodiloco.predictor.mig import MigProfile, mig_spec, profile_problem, split_mig_name
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.vgpu import (VgpuProfile, split_vgpu_name, time_share_notice, time_sliced_problem,
                                       time_sliced_spec)
 

@@ -20,7 +20,7 @@ from typing import Literal, Optional
 from geodiloco.predictor.kernels import (
     efficiency_for, host_op_s, matmul_rate_tflops, micro_batch_time, optimizer_time,
 )
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.specs import GpuSpec
 from geodiloco.predictor.workload import (
     RUNTIME_CODE, ModelDims, TrainingCode, check_precision, gradient_bytes, training_memory_bytes,

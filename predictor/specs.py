@@ -22,7 +22,7 @@ from geodiloco.predictor.amd_partitions import partition_count, partition_spec
 from geodiloco.predictor.gpu_names import NameIndex, NameMatch, UnknownName, normalize_name
 from geodiloco.predictor.gpu_slices import resolve_mig, resolve_slice
 from geodiloco.predictor.mig import split_mig_name
-from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, validate
+from geodiloco.common.schema import ConfigError, StrictModel, load_yaml_mapping, validate
 from geodiloco.predictor.workload import check_precision
 
 DATA_FILE = Path(__file__).parent / "data" / "gpus.yaml"

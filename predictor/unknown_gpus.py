@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.specs import GpuFilesError, GpuSpec, lookup_gpu
 
 log = logging.getLogger("geodiloco.predictor")

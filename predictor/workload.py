@@ -17,7 +17,7 @@ from typing import Optional
 
 import yaml
 
-from geodiloco.predictor.schema import ConfigError, yaml_error_text
+from geodiloco.common.schema import ConfigError, yaml_error_text
 
 
 @dataclass(frozen=True)

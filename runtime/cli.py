@@ -11,8 +11,8 @@ import errno
 import os
 import sys
 
-from geodiloco.predictor.console import prefix_notices
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.console import prefix_notices
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.fatal import LaunchError
 
 DESCRIPTION = """\

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.auth import SECRET_ENV, AuthError, derived_id, verify_world
 from geodiloco.runtime.plain_collectives import all_gather_values
 from geodiloco.runtime.store_socket import inherited_listener

@@ -20,7 +20,7 @@ from pydantic import Field, field_validator, model_validator
 from geodiloco.balancer.cluster import NodeSpec, check_safe_name, check_unique_names, load_gpu_files
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.network import RUN_DEFAULT_COMPRESSION, RUN_DEFAULT_OVERLAP
-from geodiloco.predictor.schema import ConfigError, StrictModel, load_yaml_mapping, parse_set_value, validate, with_options
+from geodiloco.common.schema import ConfigError, StrictModel, load_yaml_mapping, parse_set_value, validate, with_options
 from geodiloco.predictor.workload import ModelDims, dims_from_mapping, hf_config_json, preset_dims, resolve_dims
 
 DEFAULT_CONFIG_NAME = "default.yaml"

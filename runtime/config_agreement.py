@@ -16,7 +16,7 @@ import dataclasses
 import json
 from typing import Any, Optional
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 MAX_LISTED = 5
 """Differences named in the error; the rest are counted."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Iterator, Literal, Optional
 
 import numpy as np
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 if TYPE_CHECKING:
     import torch

@@ -35,7 +35,7 @@ def load_tokens(config: RunConfig) -> np.ndarray:
 
 def check_token_ids(tokens: np.ndarray, config: RunConfig) -> None:
     """Token ids past the model's embedding would fail deep inside the first forward pass."""
-    from geodiloco.predictor.schema import ConfigError
+    from geodiloco.common.schema import ConfigError
     vocab_size = config.model.dims().vocab_size
     if not len(tokens):
         return

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.models import build_configured_model
 from geodiloco.runtime.evaluation import model_source

@@ -29,7 +29,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 TOKENIZE_BATCH_DOCS = 256
 """Documents per tokenizer call (fast tokenizers batch in Rust)."""

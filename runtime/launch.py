@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.checkpoint import write_text_durably
 from geodiloco.runtime.auth import launch_env, load_secret, rendezvous_id

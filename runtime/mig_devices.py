@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import MutableMapping, Optional
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 PINNED_ENV = "GEODILOCO_MIG_INSTANCE"
 """Set to the MIG instance (``MIG-<uuid>``) a rank was pinned to; read by ``cuda_backend``."""

@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.workload import hf_config_json
 from geodiloco.runtime.config import DATASET_BUILDERS, RunConfig
 

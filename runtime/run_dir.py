@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import yaml
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config import RunConfig, with_absolute_paths
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 from torch import nn
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 MODEL_DIR = "hf_model"
 TOKENIZER_DIR = "tokenizer"
@@ -54,7 +54,7 @@ def load_run_config(run_dir: Path):
     """The run's ``config.yaml`` with ``model.hf`` and ``data.tokenizer`` pointing at the run's own copies where it
     has them, set before the config is checked: the paths it names may be gone since (the model is then built
     from its config; the checkpoints hold every weight)."""
-    from geodiloco.predictor.schema import load_yaml_mapping
+    from geodiloco.common.schema import load_yaml_mapping
     from geodiloco.runtime.config import parse_config
     config_path = run_dir / "config.yaml"
     saved = load_yaml_mapping(config_path)

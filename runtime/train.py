@@ -29,7 +29,7 @@ import torch
 
 from geodiloco.balancer.plan import Plan, RoundMeasurement
 from geodiloco.balancer.records import IdleRecord
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.auth import AuthError, require_secret
 from geodiloco.runtime.comm import node_name_from_env
 from geodiloco.runtime.config import RunConfig, load_config
@@ -625,7 +625,7 @@ def train_from_args(args: argparse.Namespace) -> int:
     try:
         secret = require_secret(args.secret_file, len(config.nodes))
     except AuthError as err:
-        from geodiloco.predictor.schema import ConfigError
+        from geodiloco.common.schema import ConfigError
         raise ConfigError(str(err)) from None
     try:
         return run_node(config, args.node, run_dir, args.resume, secret)
@@ -693,8 +693,8 @@ def lost_a_peer(err: BaseException) -> bool:
 
 def main(argv: Optional[list[str]] = None, prog: str = MODULE_PROG) -> int:
     """``prog``: how the user started it, for usage and errors (``geodiloco train`` or the module)."""
-    from geodiloco.predictor.console import prefix_notices
-    from geodiloco.predictor.schema import ConfigError
+    from geodiloco.common.console import prefix_notices
+    from geodiloco.common.schema import ConfigError
     prefix_notices()
     args = build_arg_parser(prog).parse_args(argv)
     from geodiloco.runtime.launcher_watch import exit_with_launcher, exit_with_parent

@@ -216,7 +216,7 @@ class NodeTrainer:
         the run, and says so once. A node of several ranks cannot retry alone (its DDP peers wait in the
         all-reduce), so it stops the run with what to change, as does a pass of one sample that does
         not fit."""
-        from geodiloco.predictor.schema import ConfigError
+        from geodiloco.common.schema import ConfigError
         try:
             if self.topology.local_world_size > 1:
                 return passes(micro_size)

@@ -121,7 +121,7 @@ if [[ "$entry" == "geodiloco.runtime.train" ]]; then
     [[ -r "$config" ]] || die "--config $config is not a readable file (the run's YAML, the same file on every site)"
     settings="$("${PYTHON:-python3}" - "$config" "$node" <<'PY'
 import sys
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.config import load_config
 from geodiloco.runtime.elastic_launch import rendezvous_conf
 try:

@@ -1,7 +1,7 @@
 import pytest
 
 from geodiloco.balancer.plan import RoundMeasurement
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from test_balancer_helpers import nodes, planner
 
 

@@ -7,7 +7,7 @@ from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.planner import Planner
 from geodiloco.balancer.policies import fill_steps
-from geodiloco.predictor.schema import ConfigError, validate
+from geodiloco.common.schema import ConfigError, validate
 from geodiloco.predictor.workload import preset_dims
 from test_balancer_helpers import LinearModel, nodes, planner
 

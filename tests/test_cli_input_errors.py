@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from geodiloco.balancer.cluster import SlowdownEvent
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.specs import expand_gpu_counts
 from geodiloco.runtime.cli import main
 from tests.runtime_helpers import REPO_ROOT

@@ -11,7 +11,7 @@ import pytest
 
 import datasets  # the dev extra has it: a missing one must fail, not skip
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.config import parse_config
 from geodiloco.runtime.data_sources import node_data
 from geodiloco.runtime.hf_data import load_tokenizer

@@ -10,7 +10,7 @@ import torch
 
 import transformers  # noqa: F401  (the dev extra has it: a missing one must fail, not skip)
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.workload import parameter_count, training_flops
 from geodiloco.runtime import preflight
 from geodiloco.runtime.config import ModelSection, parse_config

@@ -9,7 +9,7 @@ from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.plan import RoundMeasurement
 from geodiloco.balancer.planner import Planner
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.workload import preset_dims
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import HivemindSection, load_config

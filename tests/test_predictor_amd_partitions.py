@@ -8,7 +8,7 @@ import re
 import pytest
 
 from geodiloco.predictor import detect
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.specs import detected_gpu, resolve_gpu
 from gpu_fakes import install_fake_torch_cuda
 

@@ -14,7 +14,7 @@ import pytest
 from geodiloco.predictor import detect, unknown_gpus
 from geodiloco.predictor.mig import MigProfile, split_mig_name
 from geodiloco.predictor.model import node_step_model
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.specs import detected_gpu, lookup_gpu, resolve_gpu
 from geodiloco.predictor.workload import resolve_dims
 

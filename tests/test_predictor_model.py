@@ -9,7 +9,7 @@ from geodiloco.predictor.specs import lookup_gpu
 from geodiloco.predictor import detect, kernels
 from geodiloco.predictor.base import StepTimeModel
 from geodiloco.predictor.model import GPU_RESERVED_GB, ALLOCATOR_HEADROOM, node_step_model
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.workload import PRESETS, gradient_bytes, training_memory_bytes
 
 LLAMA = PRESETS["llama-150m"]

@@ -15,7 +15,7 @@ from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.balancer.config import BalancingConfig
 from geodiloco.balancer.planner import Planner
 from geodiloco.predictor.kernels import matmul_rate_tflops, micro_batch_time
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.specs import registry
 from geodiloco.predictor.workload import preset_dims
 

@@ -1,7 +1,7 @@
 """GPU datasheet table: spellings, errors, user rows, the rate mixed precision really gets."""
 import pytest
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.specs import GpuRegistry, load_user_gpus, lookup_gpu, normalize_name, read_gpu_file
 
 REQUIRED_GPUS = ["RTX 2080 Ti", "TITAN RTX", "RTX 3090", "RTX 4090", "A30", "V100-PCIE-16GB", "V100-PCIE-32GB",

@@ -10,7 +10,7 @@ the SMs and 1/8 of the memory and 3g has 3/7 and 4/8 (MIG user guide, "Supported
 """
 import pytest
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.specs import resolve_gpu
 from geodiloco.predictor.vgpu import VgpuProfile, split_vgpu_name
 

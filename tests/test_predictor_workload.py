@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.workload import (
     PRESETS, activation_memory_bytes, forward_flops_per_token, parameter_count, resolve_dims,
     static_memory_bytes, training_flops, training_memory_bytes,

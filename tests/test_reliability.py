@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.config import load_config
 from tests.runtime_helpers import geodiloco, small_config
 

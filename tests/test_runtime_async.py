@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.config import parse_config
 from geodiloco.runtime.diloco import DelayedNesterov, OuterState
 from geodiloco.runtime.idle import RoundClock

@@ -1,7 +1,7 @@
 """Config validation: every error names the field and the fix, and the CLI exits 2 with one line per problem."""
 import pytest
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.config import load_config
 from tests.runtime_helpers import geodiloco, small_config, write_config
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.config import parse_config
 from geodiloco.runtime.config_agreement import (OtherSitesLeave, check_all_same, differences, leave_or_go_on,
                                                 settle_differences, shared_view)

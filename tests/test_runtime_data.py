@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.workload import ModelDims
 from geodiloco.runtime.comm import Topology
 from geodiloco.runtime.config import parse_config

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.comm import present_nodes
 from geodiloco.runtime.config import RunConfig, load_config

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime import checkpoint, export
 from geodiloco.runtime.config import load_config, parse_config
 from geodiloco.runtime.models import build_configured_model

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.checkpoint import write_text_durably
 from geodiloco.runtime.launch import LOCK_FILE, hold_run_dir
 

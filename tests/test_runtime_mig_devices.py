@@ -1,7 +1,7 @@
 """A node of several MIG instances gives each rank its own instance (runtime/mig_devices.py)."""
 import pytest
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime import train
 from geodiloco.runtime.mig_devices import PINNED_ENV, cuda_backend, cuda_device_index, pin_mig_instance
 

@@ -2,7 +2,7 @@
 across the WAN, and the node the second site meant would never train."""
 import pytest
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.comm import settle_double_claims
 from geodiloco.runtime.config_agreement import OtherSitesLeave
 

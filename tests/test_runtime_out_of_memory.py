@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from geodiloco.balancer.plan import NodePlan
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.batching import is_out_of_memory, run_fitting
 from geodiloco.runtime.comm import build_topology
 from geodiloco.runtime.config import parse_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config import apply_override, parse_config
 from geodiloco.runtime.launch import hold_run_dir, say_how_to_resume

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.run_files import MODEL_DIR, TOKENIZER_DIR, load_parameters, load_run_config
 
 

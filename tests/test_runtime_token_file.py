@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime.config import parse_config
 from geodiloco.runtime.data import load_token_file
 from geodiloco.runtime.data_sources import eval_set, node_data

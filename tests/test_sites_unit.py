@@ -18,7 +18,7 @@ import yaml
 from geodiloco.balancer.cluster import NodeSpec
 from geodiloco.lab import sites as sites_mod
 from geodiloco.lab.delayline import Direction, next_wakeup_s, parse_endpoint, write_due_frames
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.lab.sites import Site, SiteLink, Sites, parse_rate_mbps, site_links, tbf_burst_bytes, tbf_rate
 
 REPO = Path(__file__).resolve().parents[1]

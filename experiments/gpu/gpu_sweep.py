@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from geodiloco.predictor.model import NodeStepModel, node_step_model
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.workload import ModelDims, resolve_dims
 from geodiloco.runtime.diloco import build_inner_optimizer
 from geodiloco.runtime.models import build_model

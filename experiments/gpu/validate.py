@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from geodiloco.predictor.schema import ConfigError  # noqa: E402
+from geodiloco.common.schema import ConfigError  # noqa: E402
 from geodiloco.predictor.workload import ModelDims, resolve_dims  # noqa: E402
 
 DEFAULT_PRESETS = ("tiny", "small", "llama-150m")

@@ -38,7 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.predictor.workload import ModelDims, elementwise_bytes_per_token, preset_dims, vocab_loss_bytes_per_token
 from geodiloco.runtime.models import build_model
 

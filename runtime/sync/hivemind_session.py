@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 from geodiloco.runtime import checkpoint
 from geodiloco.runtime.config_agreement import check_all_same
 from geodiloco.runtime.runlog import RunLog

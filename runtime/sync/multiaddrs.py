@@ -2,7 +2,7 @@
 node starts, and from the environment when a node starts."""
 from __future__ import annotations
 
-from geodiloco.predictor.schema import ConfigError
+from geodiloco.common.schema import ConfigError
 
 
 def checked_multiaddrs(addrs: list[str], where: str, names_peer: bool) -> list[str]:

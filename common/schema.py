@@ -1,6 +1,6 @@
 """Validation shared by every config file the project reads.
 
-Lives in the lowest layer (predictor) so balancer and runtime can build on it.
+Lives in common/, below every other package, so predictor, balancer, lab and runtime all build on it.
 Errors name the file, the field path and how to fix it, in one line per error.
 """
 from __future__ import annotations
