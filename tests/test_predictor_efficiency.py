@@ -175,6 +175,27 @@ def test_a_candidate_without_an_optional_term_neither_fits_nor_applies_it(term):
     assert start.matmul == fit_efficiency.HAND_SET["matmul"]
 
 
+def test_the_candidate_without_lambdas_run_warm_up_predicts_the_steady_step_and_restores_it():
+    import select_model
+
+    data = yaml.safe_load(bench_published.DATA_FILE.read_text(encoding="utf-8"))
+    row = next(row for row in data["measurements"] if row["id"].startswith("lambda-") and "squad" in row["workload"])
+    without = {candidate.name: candidate for candidate in select_model.candidates()}["without Lambda's run warm-up"]
+    steady_s = bench_published.row_model(row, data["workloads"]).predict(row["batch_size"])
+    with select_model.run_warmup(without.warmup_per_run_s):
+        assert bench_published.predicted_step_s(row, data["workloads"]) == pytest.approx(steady_s)
+    assert bench_published.predicted_step_s(row, data["workloads"]) == pytest.approx(steady_s + 0.010)
+
+
+def test_each_split_deals_the_dev_third_into_other_folds():
+    import select_model
+
+    ids = [f"row-{index}" for index in range(200)]
+    first, second = ([select_model.fold_of(row_id, split) for row_id in ids] for split in ("", "1"))
+    assert first == [select_model.fold_of(row_id) for row_id in ids]
+    assert sum(a == b for a, b in zip(first, second)) < len(ids) / 2  # about a fifth agree by chance
+
+
 def measured(row_id: str, gpu: str, batch_size: int, measured_s: float, precision: str = "fp16") -> dict:
     return {"id": row_id, "gpu": gpu, "workload": "bert-large-squad", "precision": precision, "seq_len": 384,
             "batch_size": batch_size, "measured_s": measured_s}
@@ -209,3 +230,19 @@ def test_the_median_interval_resamples_whole_gpus():
     lopsided = with_errors("A", [0.02]) + with_errors("B", [0.30, -0.30] * 4 + [0.30])
     low, high = bench_published.median_interval(lopsided, draws=2000)
     assert low == pytest.approx(0.02) and high == pytest.approx(0.30)
+
+
+def test_a_figure_timed_over_a_whole_run_carries_the_runs_warm_up_spread_over_its_steps():
+    """Lambda's SQuAD figures are rates over all 100 steps of a run, its first iterations included: each published
+    step carries 1.0 s / 100 of one-time costs. Figures that exclude warm-up, or that do not say over how many
+    steps they were timed, carry none."""
+    data = yaml.safe_load(bench_published.DATA_FILE.read_text(encoding="utf-8"))
+    rows, workloads = data["measurements"], data["workloads"]
+    lambda_squad = [row for row in rows if row["id"].startswith("lambda-") and "squad" in row["workload"]]
+    assert lambda_squad and all(bench_published.warmup_share_s(row) == pytest.approx(0.010) for row in lambda_squad)
+    others = [row for row in rows if row not in lambda_squad]
+    assert any("no warm-up exclusion" in row["measures"] for row in others)  # DLE's SQuAD: no step count given
+    assert {bench_published.warmup_share_s(row) for row in others} == {0.0}
+    row = lambda_squad[0]
+    steady_s = bench_published.row_model(row, workloads).predict(row["batch_size"])
+    assert bench_published.predicted_step_s(row, workloads) == pytest.approx(steady_s + 0.010)

@@ -35,7 +35,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_published import DATA_FILE, evaluate, held_out, measured_step_s, row_model, row_precision  # noqa: E402
+from bench_published import DATA_FILE, evaluate, held_out, measured_step_s, predicted_step_s, row_precision  # noqa: E402
 
 from geodiloco.predictor import kernels  # noqa: E402
 from geodiloco.predictor.kernels import (  # noqa: E402
@@ -91,8 +91,7 @@ def half_rate_architectures(rows: list[dict]) -> tuple[str, ...]:
 
 def log_errors(eff: Efficiency, rows: list[dict], workloads: dict) -> list[float]:
     with gpu_efficiency(eff):
-        return [math.log(row_model(row, workloads).predict(row["batch_size"]) / measured_step_s(row))
-                for row in rows]
+        return [math.log(predicted_step_s(row, workloads) / measured_step_s(row)) for row in rows]
 
 
 def objective(eff: Efficiency, rows: list[dict], workloads: dict) -> float:
