@@ -274,7 +274,7 @@ def attention_time_s(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     forward_flops = 2.0 * score_matmuls * samples * seq_len * keys * dims.hidden_size * dims.num_layers
     compute_s = forward_flops * (3.0 + recompute) / (rate * 1e12 * eff.score_matmul)
     moved = samples * eager_attention_bytes_per_sample(dims, seq_len, precision, code.memory_len,
-                                                       code.relative_positions)
+                                                       code.relative_positions, code.attention_dropout)
     return compute_s + moved / (device.bandwidth_gbps_for(moved) * 1e9 * eff.elementwise)
 
 

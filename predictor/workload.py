@@ -335,6 +335,9 @@ class TrainingCode:
     q/k/v projection runs over them too, as Transformer-XL projects cat([memory, segment]).
     ``relative_positions``: Transformer-XL relative-position attention (a second score matmul against the
     position embeddings, shifted and added to the content scores); eager attention only.
+    ``attention_dropout``: whether eager attention runs a dropout over its probabilities. False where the
+    source sets that probability to 0 (Transformer-XL base's dropatt, OPT's attention_dropout): PyTorch's
+    dropout returns its input unchanged for p = 0, so no dropout kernel and no mask run.
     ``host_ops_per_layer``, ``host_ops_head``: host work of one micro-batch's forward and backward in
     chain ops (the eager op with its backward that ``host_op_us`` prices, see predictor/detect.py),
     per block and for the embedding, head and loss; ``autocast_host_ops``: the extra chain ops of
@@ -353,6 +356,7 @@ class TrainingCode:
     lm_head_fraction: float = 1.0
     memory_len: int = 0
     relative_positions: bool = False
+    attention_dropout: bool = True
     host_ops_per_layer: float = 51.0
     host_ops_head: float = 15.0
     autocast_host_ops: float = 0.0
@@ -388,17 +392,23 @@ RUNTIME_CODE = TrainingCode(host_ops_per_layer=RUNTIME_HOST_OPS_PER_LAYER,
 # dropout mask written and read. Counted from the eager BERT/GPT-2 attention code, not fitted.
 EAGER_SCORE_PASSES = 20
 EAGER_SCORE_MASK_BYTES = 2
+# Of those, the attention dropout's: 2 passes forward and 2 backward, and the whole mask.
+EAGER_SCORE_DROPOUT_PASSES = 4
 # Transformer-XL relative positions add per score element: the position scores written (1), the rel_shift
 # pad copy (2) and the add to the content scores (3), forward, and as many backward.
 RELATIVE_SCORE_PASSES = 12
 
 
 def eager_attention_bytes_per_sample(dims: ModelDims, seq_len: int, precision: str,
-                                     memory_len: int = 0, relative_positions: bool = False) -> float:
+                                     memory_len: int = 0, relative_positions: bool = False,
+                                     attention_dropout: bool = True) -> float:
     """Bytes per sequence the eager attention's score matrices move in one training step (all layers)."""
     elements = dims.num_heads * seq_len * (seq_len + memory_len) * dims.num_layers
     passes = EAGER_SCORE_PASSES + (RELATIVE_SCORE_PASSES if relative_positions else 0)
-    return elements * (passes * activation_bytes(precision) + EAGER_SCORE_MASK_BYTES)
+    mask_bytes = EAGER_SCORE_MASK_BYTES
+    if not attention_dropout:
+        passes, mask_bytes = passes - EAGER_SCORE_DROPOUT_PASSES, 0
+    return elements * (passes * activation_bytes(precision) + mask_bytes)
 
 
 # Passes over the MLP width (activation-sized elements, forward + backward) of a "gpt" block's activation:

@@ -187,6 +187,31 @@ def test_the_candidate_without_lambdas_run_warm_up_predicts_the_steady_step_and_
     assert bench_published.predicted_step_s(row, data["workloads"]) == pytest.approx(steady_s + 0.010)
 
 
+def test_transformer_xl_base_and_opt_run_no_attention_dropout_and_the_candidate_puts_it_back():
+    """Lambda's and DLE's Transformer-XL base set dropatt 0.0 and NeuSight's OPT attention_dropout 0.0; the large
+    Transformer-XL keeps its 0.2 dropout; the candidate that ignores the field predicts every row with one."""
+    import select_model
+
+    data = yaml.safe_load(bench_published.DATA_FILE.read_text(encoding="utf-8"))
+    workloads = data["workloads"]
+
+    def first(workload: str) -> dict:
+        return next(row for row in data["measurements"] if row["workload"] == workload)
+
+    without_dropout = ("transformer-xl-base-lambda", "transformer-xl-base-dle", "opt-1.3b")
+    assert [bench_published.row_code(first(name), workloads).attention_dropout for name in without_dropout] == [
+        False, False, False]
+    assert bench_published.row_code(first("transformer-xl-large-lambda"), workloads).attention_dropout is True
+    row = first("transformer-xl-base-lambda")
+    shipped_s = bench_published.predicted_step_s(row, workloads)
+    candidate = {candidate.name: candidate for candidate in select_model.candidates()}[
+        "with an attention dropout where the source's is 0"]
+    with select_model.zero_attention_dropout(candidate.zero_attention_dropout_counted):
+        assert bench_published.row_code(row, workloads).attention_dropout is True
+        assert bench_published.predicted_step_s(row, workloads) > shipped_s
+    assert bench_published.predicted_step_s(row, workloads) == pytest.approx(shipped_s)
+
+
 def test_each_split_deals_the_dev_third_into_other_folds():
     import select_model
 

@@ -136,3 +136,15 @@ def test_a_model_file_that_is_not_valid_yaml_or_json_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as json_err:
         resolve_dims(str(tmp_path / "dims.json"))
     assert "\n" not in str(json_err.value) and "at line 1, column 9" in str(json_err.value)
+
+
+def test_an_attention_dropout_at_p_0_moves_no_score_bytes_for_the_dropout():
+    """Scores counted by hand: 2 heads x 4 queries x (4 + 4 memory) keys x 1 layer = 64 elements; with the dropout
+    20 passes of 2 bytes (fp16) and its 1-byte mask written and read; without it 16 passes and no mask; relative
+    positions add 12 passes either way."""
+    from geodiloco.predictor.workload import ModelDims, eager_attention_bytes_per_sample
+    dims = ModelDims(hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2, vocab_size=32, max_seq_len=8)
+    assert eager_attention_bytes_per_sample(dims, 4, "fp16", memory_len=4) == 64 * (20 * 2 + 2)
+    assert eager_attention_bytes_per_sample(dims, 4, "fp16", memory_len=4, attention_dropout=False) == 64 * 16 * 2
+    assert eager_attention_bytes_per_sample(dims, 4, "fp32", memory_len=4, relative_positions=True,
+                                            attention_dropout=False) == 64 * 28 * 4

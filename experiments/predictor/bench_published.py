@@ -14,8 +14,8 @@ How each source ran is taken from the data file, never fitted: a row's ``math``
 (TF32 under an 'fp32' label in NGC containers) sets the matmul precision;
 ``optimizer: none`` (NeuSight times forward + backward only) drops the optimizer
 step; the workload's ``block``, ``attention``, ``lm_head_fraction``,
-``memory_len`` and ``relative_positions`` (a row's ``lm_head_fraction`` overrides
-its workload's) become the predictor's TrainingCode.
+``memory_len``, ``relative_positions`` and ``attention_dropout`` (a row's
+``lm_head_fraction`` overrides its workload's) become the predictor's TrainingCode.
 
 Held-out split: a row is held out unless ``sha256(id) mod 3 == 0``; the
 predictor's fitted constants are fitted on the dev third only (fit_efficiency.py), never on
@@ -54,6 +54,10 @@ RESULTS = HERE.parents[0] / "results" / "predictor"
 GOAL_MEDIAN = 0.08
 BOOTSTRAP_DRAWS = 4000
 MAX_PLAIN_BATCH = 1024
+ZERO_ATTENTION_DROPOUT_COUNTED = True
+"""Whether a workload's ``attention_dropout: false`` (the source sets that dropout's probability to 0, so PyTorch runs
+no dropout kernel over the attention probabilities) is honoured; select_model.py turns it off to score the model
+without it."""
 WARMUP_PER_RUN_S = 1.0
 """One-time costs of a run (its first iterations: allocation, autotuning, loader start) that a figure timed over the
 whole run with no warm-up excluded spreads over its timed steps. Hand-set from Lambda's console logs, not fitted: the
@@ -99,13 +103,15 @@ def row_precision(row: dict) -> str:
 
 def row_code(row: dict, workloads: dict) -> TrainingCode:
     """How the row's source code runs its workload (block kind, attention, MLP activation, LM-head share,
-    Transformer-XL memory), from the workload's fields; a row's ``lm_head_fraction`` overrides the workload's."""
+    Transformer-XL memory, a dropout over the attention probabilities or none), from the workload's fields; a row's
+    ``lm_head_fraction`` overrides the workload's."""
     spec = workloads[row["workload"]]
     return TrainingCode(block=spec.get("block", "llama"), attention=spec.get("attention", "flash"),
                         activation=spec.get("activation", "fused"),
                         lm_head_fraction=float(row.get("lm_head_fraction", spec.get("lm_head_fraction", 1.0))),
                         memory_len=int(spec.get("memory_len", 0)),
-                        relative_positions=bool(spec.get("relative_positions", False)))
+                        relative_positions=bool(spec.get("relative_positions", False)),
+                        attention_dropout=bool(spec.get("attention_dropout", True)) or not ZERO_ATTENTION_DROPOUT_COUNTED)
 
 
 def row_micro_batch(row: dict) -> int:

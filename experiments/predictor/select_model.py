@@ -62,6 +62,7 @@ class Candidate:
     fields: tuple[str, ...]
     switched_off: dict
     warmup_per_run_s: float = bench_published.WARMUP_PER_RUN_S
+    zero_attention_dropout_counted: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +81,9 @@ def candidates() -> list[Candidate]:
     shipped = Candidate("shipped", FITTED_FIELDS, {})
     without = [Candidate(f"without {term}", tuple(name for name in FITTED_FIELDS if name != term), {term: off})
                for term, off in OPTIONAL_TERMS.items()]
-    return [shipped, *without, Candidate("without Lambda's run warm-up", FITTED_FIELDS, {}, warmup_per_run_s=0.0)]
+    return [shipped, *without, Candidate("without Lambda's run warm-up", FITTED_FIELDS, {}, warmup_per_run_s=0.0),
+            Candidate("with an attention dropout where the source's is 0", FITTED_FIELDS, {},
+                      zero_attention_dropout_counted=False)]
 
 
 def fold_of(row_id: str, split: str = "") -> int:
@@ -99,6 +102,17 @@ def run_warmup(seconds: float) -> Iterator[None]:
         bench_published.WARMUP_PER_RUN_S = shipped
 
 
+@contextlib.contextmanager
+def zero_attention_dropout(counted: bool) -> Iterator[None]:
+    """Whether workloads' ``attention_dropout: false`` is honoured while inside (bench_published)."""
+    shipped = bench_published.ZERO_ATTENTION_DROPOUT_COUNTED
+    bench_published.ZERO_ATTENTION_DROPOUT_COUNTED = counted
+    try:
+        yield
+    finally:
+        bench_published.ZERO_ATTENTION_DROPOUT_COUNTED = shipped
+
+
 def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
     """The search's starting point: the hand-set values, the candidate's switched-off terms, and the half-rate
     architectures of ``rows`` (the training folds only, as a real fit would see)."""
@@ -109,7 +123,7 @@ def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
 
 def score(candidate: Candidate, rows: list[dict], workloads: dict, split: str = "") -> Score:
     out_of_fold = []
-    with run_warmup(candidate.warmup_per_run_s):
+    with run_warmup(candidate.warmup_per_run_s), zero_attention_dropout(candidate.zero_attention_dropout_counted):
         for fold in range(FOLDS):
             train = [row for row in rows if fold_of(row["id"], split) != fold]
             test = [row for row in rows if fold_of(row["id"], split) == fold]
@@ -140,7 +154,7 @@ def markdown(scores: list[Score], seconds: float, split: str = "") -> str:
     ]
     for entry in scores:
         lines.append(f"| {entry.name} | {', '.join(entry.fields)} | {entry.mean_abs_log_error:.4f} | "
-                     f"{entry.median_abs_error:.1%} | {entry.in_sample_mean_abs_log_error:.4f} |")
+                     f"{entry.median_abs_error:.2%} | {entry.in_sample_mean_abs_log_error:.4f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -150,12 +164,19 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print the table only; write no result files")
     parser.add_argument("--split", default="", metavar="K",
                         help="salt the folds with 'cvK:' instead of 'cv:' (another split of the same dev third)")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="score only the candidates whose name contains one of these (each takes minutes)")
     args = parser.parse_args()
+    chosen = [candidate for candidate in candidates()
+              if not args.only or any(part in candidate.name for part in args.only)]
+    if not chosen:
+        parser.error(f"--only {' '.join(args.only)} matches no candidate; the candidates are: "
+                     + "; ".join(candidate.name for candidate in candidates()))
     data = yaml.safe_load(DATA_FILE.read_text(encoding="utf-8"))
     workloads = data["workloads"]
     rows = dev_rows(data["measurements"], workloads)
     began = time.monotonic()
-    scores = [score(candidate, rows, workloads, args.split) for candidate in candidates()]
+    scores = [score(candidate, rows, workloads, args.split) for candidate in chosen]
     table = markdown(scores, time.monotonic() - began, args.split)
     print(table)
     if not args.no_write:
