@@ -92,25 +92,25 @@ def fold_of(row_id: str, split: str = "") -> int:
 
 
 @contextlib.contextmanager
-def run_warmup(seconds: float) -> Iterator[None]:
-    """Lambda's SQuAD figures carry ``seconds`` of one-time costs per run while inside (bench_published)."""
-    shipped = bench_published.WARMUP_PER_RUN_S
-    bench_published.WARMUP_PER_RUN_S = seconds
+def bench_setting(name: str, value) -> Iterator[None]:
+    """``bench_published.<name>`` (a module-level setting of how the sources are modelled) is ``value`` while
+    inside, and what it was after."""
+    shipped = getattr(bench_published, name)
+    setattr(bench_published, name, value)
     try:
         yield
     finally:
-        bench_published.WARMUP_PER_RUN_S = shipped
+        setattr(bench_published, name, shipped)
 
 
-@contextlib.contextmanager
-def zero_attention_dropout(counted: bool) -> Iterator[None]:
-    """Whether workloads' ``attention_dropout: false`` is honoured while inside (bench_published)."""
-    shipped = bench_published.ZERO_ATTENTION_DROPOUT_COUNTED
-    bench_published.ZERO_ATTENTION_DROPOUT_COUNTED = counted
-    try:
-        yield
-    finally:
-        bench_published.ZERO_ATTENTION_DROPOUT_COUNTED = shipped
+def run_warmup(seconds: float) -> contextlib.AbstractContextManager:
+    """Lambda's SQuAD figures carry ``seconds`` of one-time costs per run while inside."""
+    return bench_setting("WARMUP_PER_RUN_S", seconds)
+
+
+def zero_attention_dropout(counted: bool) -> contextlib.AbstractContextManager:
+    """Whether workloads' ``attention_dropout: false`` is honoured while inside."""
+    return bench_setting("ZERO_ATTENTION_DROPOUT_COUNTED", counted)
 
 
 def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
