@@ -135,8 +135,8 @@ def test_a_spare_whose_run_ended_is_told_so_and_other_errors_are_not_hidden():
 
 # ----- real agents ----------------------------------------------------------------------------
 
-def site_config(tmp_path: Path, rounds: int) -> Path:
-    nodes = [{"name": name, "gpus": ["RTX 3090"], "emulate": {"step_time_s": 0.05}} for name in ("a", "b", "c")]
+def site_config(tmp_path: Path, rounds: int, step_time_s: float) -> Path:
+    nodes = [{"name": name, "gpus": ["RTX 3090"], "emulate": {"step_time_s": step_time_s}} for name in ("a", "b", "c")]
     config = small_config(nodes, comm={"timeout_s": 60, "min_nodes": 2,
                                        "elastic": {"failure_timeout_s": 5, "heartbeat_interval_s": 0.5,
                                                    "last_call_s": 3, "keep_alive_s": 1, "join_timeout_s": 120}})
@@ -167,8 +167,10 @@ def start_rendezvous(tmp_path: Path) -> tuple[subprocess.Popen, str]:
 
 @pytest.mark.slow
 def test_a_site_that_joins_with_another_config_leaves_and_the_run_goes_on(tmp_path):
+    # the run must still be training when site c's agent has started and joined, which takes a loaded 2-core
+    # machine tens of seconds: 45 rounds of 2 steps padded to 0.3 s last at least 27 s (padding sleeps, no CPU)
     rounds = 45
-    config_path = site_config(tmp_path, rounds)
+    config_path = site_config(tmp_path, rounds, step_time_s=0.3)
     server, endpoint = start_rendezvous(tmp_path)
     try:
         first = start_agent(config_path, endpoint, "a", tmp_path / "run_a")
