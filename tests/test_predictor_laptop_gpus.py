@@ -1,10 +1,11 @@
-"""GeForce laptop GPUs, the MI300A and the MI350 series in the GPU table: their figures are the published ones,
-and a laptop name never plans a node as the desktop card of the same number.
+"""GeForce and professional laptop GPUs, the MI300A and the MI350 series in the GPU table: their figures are the
+published ones, and a laptop name never plans a node as the desktop card of the same number.
 
 The expected values below are typed from the sources each row cites (NVIDIA's laptop spec tables, TechPowerUp
 and Notebookcheck for the Turing Max-Q parts, AMD's figures), not read back from predictor/data/gpus.yaml. Ampere
 and Ada laptop rows take the top of NVIDIA's boost range. The Turing laptop rows are Max-Q rows: the only Turing
-laptop names the driver prints are "... with Max-Q Design"; a full-power Turing laptop prints the desktop name.
+laptop names the driver prints for parts sold on the desktop too are "... with Max-Q Design"; a full-power Turing
+laptop prints the desktop name. Parts sold only in laptops (GTX 1650 Ti, MX450, MX550, Quadro T2000) print their own.
 """
 import pytest
 
@@ -176,6 +177,74 @@ def test_gb10_carries_nvidias_figures_and_is_found_by_its_driver_and_system_name
 @pytest.mark.parametrize("memory_gib, row", [(7.8, "RTX 3080 Laptop GPU 8GB"), (15.7, "RTX 3080 Laptop GPU 16GB")])
 def test_detection_tells_the_3080_laptop_sizes_apart_by_memory(memory_gib, row):
     assert registry().resolve_detected("NVIDIA GeForce RTX 3080 Laptop GPU", memory_gib=memory_gib).name == row
+
+
+# Laptop parts the open driver lists under their own names, typed from the sources their rows cite (Notebookcheck,
+# NVIDIA's tables as printed by ComputerBase, Tom's Hardware and xda, TechPowerUp's figures as GPU databases mirror
+# them): driver name -> (row, CUDA cores, memory GB, bus bits, Gbps per pin, boost MHz, tensor cores, GeForce).
+# The boost is the top of the published range of that variant (its Max-Q range for a "with Max-Q Design" name).
+DRIVER_NAMED_LAPTOP_DATASHEET = {
+    "Quadro RTX 5000 with Max-Q Design": ("Quadro RTX 5000 Max-Q", 3072, 16, 256, 14, 1350, True, False),
+    "Quadro RTX 4000 with Max-Q Design": ("Quadro RTX 4000 Max-Q", 2560, 8, 256, 14, 1380, True, False),
+    "Quadro RTX 3000 with Max-Q Design": ("Quadro RTX 3000 Max-Q", 2304, 6, 192, 12, 1215, True, False),
+    "Quadro T2000": ("Quadro T2000", 1024, 4, 128, 8, 1785, False, False),
+    "NVIDIA GeForce GTX 1660 Ti with Max-Q Design": ("GTX 1660 Ti Max-Q", 1536, 6, 192, 12, 1335, False, True),
+    "NVIDIA GeForce GTX 1650 Ti": ("GTX 1650 Ti", 1024, 4, 128, 12, 1485, False, True),
+    "NVIDIA GeForce GTX 1650 Ti with Max-Q Design": ("GTX 1650 Ti Max-Q", 1024, 4, 128, 10, 1365, False, True),
+    "NVIDIA GeForce GTX 1650 with Max-Q Design": ("GTX 1650 Max-Q", 1024, 4, 128, 8, 1245, False, True),
+    "NVIDIA GeForce MX550": ("MX550", 1024, 2, 64, 12, 1320, False, True),
+    "NVIDIA GeForce MX450": ("MX450", 896, 2, 64, 10, 1575, False, True),
+    "NVIDIA RTX A4000 Laptop GPU": ("RTX A4000 Laptop GPU", 5120, 8, 256, 12, 1680, True, False),
+    "NVIDIA RTX A4500 Laptop GPU": ("RTX A4500 Laptop GPU", 5888, 16, 256, 16, 1500, True, False),
+    "NVIDIA RTX A5000 Laptop GPU": ("RTX A5000 Laptop GPU", 6144, 16, 256, 14, 1575, True, False),
+    "NVIDIA RTX A5500 Laptop GPU": ("RTX A5500 Laptop GPU", 7424, 16, 256, 16, 1500, True, False),
+    "NVIDIA GeForce RTX 2050": ("RTX 2050", 2048, 4, 64, 14, 1477, True, True),
+    "NVIDIA GeForce RTX 5050 Laptop GPU": ("RTX 5050 Laptop GPU", 2560, 8, 128, 24, 2662, True, True),
+    # 38.7 TFLOPS FP32 in the launch table, so 38.7e6 / (2 x 7680) = 2520 MHz
+    "NVIDIA RTX PRO 4000 Blackwell Generation Laptop GPU": ("RTX PRO 4000 Blackwell Laptop GPU", 7680, 16, 256, 28, 2520,
+                                                            True, False),
+}
+
+
+@pytest.mark.parametrize("driver_name", sorted(DRIVER_NAMED_LAPTOP_DATASHEET))
+def test_a_laptop_part_named_by_the_driver_resolves_to_its_row_with_the_published_figures(driver_name):
+    row, cores, memory_gb, bus_bits, gbps, boost, tensor, geforce = DRIVER_NAMED_LAPTOP_DATASHEET[driver_name]
+    spec, notice = resolve_gpu(driver_name)
+    assert (spec.name, notice) == (row, None)
+    cores_per_sm = 64 if spec.architecture == "turing" else 128
+    assert (spec.sm_count, spec.memory_gb, spec.boost_clock_mhz, spec.consumer) == (
+        cores // cores_per_sm, memory_gb, boost, geforce)
+    assert spec.memory_bandwidth_gbps == pytest.approx(bus_bits / 8 * gbps)
+    assert spec.fp32_tflops == pytest.approx(cores * 2 * boost / 1e6, abs=0.06)
+    assert "top of the published" in spec.source and driver_name in spec.source
+    if not tensor:  # TU11x: no tensor cores, so mixed precision plans at the FP32 rate
+        assert (spec.fp16_tflops, spec.fp16_fp32acc_tflops, spec.bf16_tflops) == (None, None, None)
+        assert spec.matmul_rate("fp16")[0] == spec.fp32_tflops
+        return
+    assert spec.fp16_tflops == pytest.approx(spec.sm_count * 1024 * boost / 1e6, abs=0.06)
+    assert spec.fp16_fp32acc_tflops == pytest.approx(spec.fp16_tflops * (0.5 if geforce else 1.0), abs=0.06)
+
+
+@pytest.mark.parametrize("laptop_name, desktop_name", [
+    ("Quadro RTX 5000 with Max-Q Design", "NVIDIA Quadro RTX 5000"),
+    ("Quadro RTX 4000 with Max-Q Design", "NVIDIA Quadro RTX 4000"),
+    ("NVIDIA GeForce GTX 1650 with Max-Q Design", "NVIDIA GeForce GTX 1650"),
+    ("NVIDIA GeForce GTX 1660 Ti with Max-Q Design", "NVIDIA GeForce GTX 1660 Ti"),
+    ("NVIDIA GeForce RTX 5050 Laptop GPU", "NVIDIA GeForce RTX 5050"),
+    ("NVIDIA RTX PRO 4000 Blackwell Generation Laptop GPU", "NVIDIA RTX PRO 4000 Blackwell"),
+    ("NVIDIA RTX A4000 Laptop GPU", "NVIDIA RTX A4000"),
+])
+def test_a_laptop_part_never_plans_as_the_desktop_card_of_its_number(laptop_name, desktop_name):
+    laptop, desktop = resolve_gpu(laptop_name)[0], resolve_gpu(desktop_name)[0]
+    assert laptop.name != desktop.name
+    assert (laptop.boost_clock_mhz, laptop.memory_bandwidth_gbps) != (desktop.boost_clock_mhz, desktop.memory_bandwidth_gbps)
+
+
+def test_a_max_q_part_without_a_row_is_unknown_not_the_full_power_part():
+    """Quadro T2000 has a row; its Max-Q part (40 W, other clocks and memory) does not, and must not plan as it."""
+    assert resolve_gpu("Quadro T2000")[0].name == "Quadro T2000"
+    with pytest.raises(ValueError, match="unknown GPU"):
+        resolve_gpu("Quadro T2000 with Max-Q Design")
 
 
 # AMD: (CUs, peak engine clock MHz, memory GB, memory GB/s, dense FP16/BF16 TFLOPS, dense FP8 TFLOPS)
