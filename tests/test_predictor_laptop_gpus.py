@@ -200,6 +200,11 @@ DRIVER_NAMED_LAPTOP_DATASHEET = {
     "NVIDIA RTX A5500 Laptop GPU": ("RTX A5500 Laptop GPU", 7424, 16, 256, 16, 1500, True, False),
     "NVIDIA GeForce RTX 2050": ("RTX 2050", 2048, 4, 64, 14, 1477, True, True),
     "NVIDIA GeForce RTX 5050 Laptop GPU": ("RTX 5050 Laptop GPU", 2560, 8, 128, 24, 2662, True, True),
+    "NVIDIA GeForce MX570": ("MX570", 2048, 2, 64, 12, 1155, True, True),
+    "NVIDIA GeForce MX570 A": ("MX570", 2048, 2, 64, 12, 1155, True, True),
+    # NVIDIA's FP32 figures as the launch press printed them: 12.1 and 9.2 TFLOPS, so 2363 and 2246 MHz
+    "NVIDIA RTX 1000 Ada Generation Laptop GPU": ("RTX 1000 Ada Laptop GPU", 2560, 6, 96, 16, 2363, True, False),
+    "NVIDIA RTX 500 Ada Generation Laptop GPU": ("RTX 500 Ada Laptop GPU", 2048, 4, 64, 12, 2246, True, False),
     # 38.7 TFLOPS FP32 in the launch table, so 38.7e6 / (2 x 7680) = 2520 MHz
     "NVIDIA RTX PRO 4000 Blackwell Generation Laptop GPU": ("RTX PRO 4000 Blackwell Laptop GPU", 7680, 16, 256, 28, 2520,
                                                             True, False),
