@@ -2,7 +2,7 @@
 import pytest
 
 from geodiloco.common.schema import ConfigError
-from geodiloco.predictor.specs import GpuRegistry, load_user_gpus, lookup_gpu, normalize_name, read_gpu_file
+from geodiloco.predictor.specs import GpuRegistry, load_user_gpus, lookup_gpu, normalize_name, read_gpu_file, resolve_gpu
 
 REQUIRED_GPUS = ["RTX 2080 Ti", "TITAN RTX", "RTX 3090", "RTX 4090", "A30", "V100-PCIE-16GB", "V100-PCIE-32GB",
                  "V100-SXM2-16GB", "V100-SXM2-32GB", "T4", "A10", "L4", "L40S", "A100-SXM4-40GB",
@@ -147,6 +147,19 @@ def test_the_china_market_5090s_keep_the_chip_but_not_its_tensor_rate(name, memo
     assert (capped.memory_gb, capped.memory_bandwidth_gbps) == (memory_gb, bandwidth_gbps)
     assert capped.fp16_tflops == pytest.approx(2375 / 8, abs=0.06)
     assert capped.bf16_tflops == pytest.approx(full.bf16_tflops * 2375 / 3352, abs=0.1)
+
+
+def test_the_rtx_pro_4000_sff_is_its_own_70_w_board_not_the_rtx_pro_4000():
+    """The sources: 8,960 cores at 1337 MHz, 24 GB GDDR7 on 192 bit at 432 GB/s; NVIDIA's 770 sparse FP4 TOPS are
+    8 x its dense FP16 rate, 96 TFLOPS, which 70 SMs x 1024 x 1337 MHz matches to within 1 %."""
+    sff, notice = resolve_gpu("NVIDIA RTX PRO 4000 Blackwell SFF Edition")
+    board = resolve_gpu("NVIDIA RTX PRO 4000 Blackwell")[0]
+    assert (sff.name, notice) == ("RTX PRO 4000 Blackwell SFF", None) and board.name == "RTX PRO 4000 Blackwell"
+    assert (sff.sm_count, sff.memory_gb, sff.memory_bandwidth_gbps, sff.boost_clock_mhz) == (70, 24, 432, 1337)
+    assert sff.fp32_tflops == pytest.approx(8960 * 2 * 1337 / 1e6, abs=0.06)
+    assert sff.fp16_tflops == pytest.approx(770 / 8, rel=0.01)
+    assert sff.fp16_fp32acc_tflops == sff.bf16_tflops == sff.fp16_tflops and sff.pcie_gen == 5
+    assert board.memory_bandwidth_gbps > sff.memory_bandwidth_gbps and board.fp16_tflops > 1.9 * sff.fp16_tflops
 
 
 @pytest.mark.parametrize("written, message", [
