@@ -42,15 +42,19 @@ PROFESSIONAL_LAPTOP_ROWS = {"RTX 5000 Ada Laptop GPU", "RTX 4000 Ada Laptop GPU"
 """Full-rate FP32 accumulate, like their desktop workstation boards."""
 
 
-def assert_derived_laptop_row(spec, figures, consumer=True):
+def assert_derived_laptop_row(spec, figures, consumer=True, tensor=True):
     """The row holds the typed figures, and its rates follow the table's "derived" rule: FP32 = cores x 2 x
     boost, FP16 tensor = SMs x 1024 x boost, FP32 accumulate at half rate on GeForce parts and at full rate
-    on professional ones."""
+    on professional ones; a part without tensor cores (TU11x) has FP32 only, which mixed precision plans at."""
     cores, sms, memory_gb, bus_bits, gbps, boost = figures
     assert (spec.sm_count, spec.memory_gb, spec.boost_clock_mhz) == (sms, memory_gb, boost)
     assert spec.memory_bandwidth_gbps == pytest.approx(bus_bits / 8 * gbps)
     assert spec.consumer == consumer
     assert spec.fp32_tflops == pytest.approx(cores * 2 * boost / 1e6, abs=0.06)
+    if not tensor:
+        assert (spec.fp16_tflops, spec.fp16_fp32acc_tflops, spec.bf16_tflops) == (None, None, None)
+        assert spec.matmul_rate("fp16")[0] == spec.fp32_tflops
+        return
     assert spec.fp16_tflops == pytest.approx(sms * 1024 * boost / 1e6, abs=0.06)
     accumulate_share = 0.5 if consumer else 1.0
     assert spec.fp16_fp32acc_tflops == pytest.approx(spec.fp16_tflops * accumulate_share, abs=0.06)
@@ -216,18 +220,9 @@ def test_a_laptop_part_named_by_the_driver_resolves_to_its_row_with_the_publishe
     row, cores, memory_gb, bus_bits, gbps, boost, tensor, geforce = DRIVER_NAMED_LAPTOP_DATASHEET[driver_name]
     spec, notice = resolve_gpu(driver_name)
     assert (spec.name, notice) == (row, None)
-    cores_per_sm = 64 if spec.architecture == "turing" else 128
-    assert (spec.sm_count, spec.memory_gb, spec.boost_clock_mhz, spec.consumer) == (
-        cores // cores_per_sm, memory_gb, boost, geforce)
-    assert spec.memory_bandwidth_gbps == pytest.approx(bus_bits / 8 * gbps)
-    assert spec.fp32_tflops == pytest.approx(cores * 2 * boost / 1e6, abs=0.06)
+    sms = cores // (64 if spec.architecture == "turing" else 128)
+    assert_derived_laptop_row(spec, (cores, sms, memory_gb, bus_bits, gbps, boost), consumer=geforce, tensor=tensor)
     assert "top of the published" in spec.source and driver_name in spec.source
-    if not tensor:  # TU11x: no tensor cores, so mixed precision plans at the FP32 rate
-        assert (spec.fp16_tflops, spec.fp16_fp32acc_tflops, spec.bf16_tflops) == (None, None, None)
-        assert spec.matmul_rate("fp16")[0] == spec.fp32_tflops
-        return
-    assert spec.fp16_tflops == pytest.approx(spec.sm_count * 1024 * boost / 1e6, abs=0.06)
-    assert spec.fp16_fp32acc_tflops == pytest.approx(spec.fp16_tflops * (0.5 if geforce else 1.0), abs=0.06)
 
 
 @pytest.mark.parametrize("laptop_name, desktop_name", [
