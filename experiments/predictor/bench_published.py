@@ -49,6 +49,7 @@ from geodiloco.predictor.workload import ModelDims, TrainingCode, training_flops
 HERE = Path(__file__).resolve().parent
 DATA_FILE = HERE / "data" / "published_training_steps.yaml"
 OUTSIDE_SCOPE_FILE = HERE / "data" / "published_pascal_steps.yaml"
+OPEN_DRIVER_NAMES_FILE = HERE.parents[1] / "tests" / "data" / "nvidia_open_driver_names.yaml"
 """Rows of GPUs outside the fitted scope (Pascal): never fitted, all predicted blind, reported apart."""
 RESULTS = HERE.parents[0] / "results" / "predictor"
 GOAL_MEDIAN = 0.08
@@ -296,9 +297,24 @@ def coverage_line() -> str:
     return (f"Coverage: {len(rows)} datasheet rows ({sum(row.vendor == 'amd' for row in rows)} AMD); "
             f"{len(with_mig)} of them split into MIG instances, {sum(len(standard_profiles(row)) for row in with_mig)} "
             f"GPU-instance profiles in all; time-sliced and MIG-backed vGPU profiles of any row; "
-            f"{partitions}. The driver strings checked are listed in "
+            f"{partitions}. {open_driver_line()} The driver strings checked are listed in "
             "tests/test_predictor_names.py, test_predictor_mig.py, test_predictor_vgpu.py and "
             "test_predictor_amd_partitions.py.")
+
+
+def open_driver_line() -> str:
+    """How many of the product names NVIDIA's open kernel driver lists (as NVML prints them) resolve to a row."""
+    from geodiloco.predictor.specs import resolve_gpu
+    names = yaml.safe_load(OPEN_DRIVER_NAMES_FILE.read_text(encoding="utf-8"))["names"]
+    resolved = 0
+    for name in names:
+        try:
+            resolve_gpu(name)
+            resolved += 1
+        except ValueError:  # the unknown-GPU path: the file lists why each of these has no row
+            pass
+    return (f"Of the {len(names)} product names NVIDIA's open kernel driver lists, {resolved} resolve to a row "
+            f"({OPEN_DRIVER_NAMES_FILE.relative_to(HERE.parents[1])} lists the others and why).")
 
 
 def outside_scope_lines(outside: list) -> list[str]:
