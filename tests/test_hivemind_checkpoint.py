@@ -26,10 +26,12 @@ def node_config(initial_peers: list[str], rounds: int = 2) -> RunConfig:
     config = small_config([{"name": name, "local_steps": 1, "batch_size": 2} for name in NAMES])
     config["diloco"]["rounds"] = rounds
     config["data"]["eval_batches"] = 0
+    # a reducer's reply may take over a second while the full suite loads both cores: with a 1 s request
+    # timeout, a real partial average once left site c without round 2's global file
     config["comm"] = {"backend": "hivemind", "timeout_s": 60, "init_timeout_s": 30,
                       "hivemind": {"initial_peers": initial_peers, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
                                    "heartbeat_ttl_s": 10.0, "round_timeout_s": 30.0, "start_wait_s": 30.0,
-                                   "matchmaking_time_s": 3.0, "request_timeout_s": 1.0}}
+                                   "matchmaking_time_s": 6.0, "request_timeout_s": 4.0}}
     return RunConfig.model_validate(config)
 
 
