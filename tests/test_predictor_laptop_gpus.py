@@ -27,6 +27,9 @@ LAPTOP_DATASHEET = {
     "RTX 4090 Laptop GPU": (9728, 76, 16, 256, 18, 2040),
     # Ampere's GA107 without the Ti: Notebookcheck's TGP table, 1058-1740 MHz over 35-80 W
     "RTX 3050 Laptop GPU": (2048, 16, 4, 128, 12, 1740),
+    # its 2023 6 GB refresh: Notebookcheck, 2560 cores on 96 bit, 1058-1740 MHz over 35-80 W; 12 Gbps per GPU
+    # databases (cpu-gpu.alldbin.com, TechPowerUp as cputronic.com mirrors it)
+    "RTX 3050 6GB Laptop GPU": (2560, 20, 6, 96, 12, 1740),
     # Blackwell (CES 2025 launch table for cores, memory and bus; boost at the top TGP from GPU databases)
     "RTX 5090 Laptop GPU": (10496, 82, 24, 256, 28, 2160),
     "RTX 5080 Laptop GPU": (7680, 60, 16, 256, 28, 2287),
@@ -146,11 +149,16 @@ def test_the_2080_super_max_q_is_its_own_part_not_the_2080_max_q_or_the_desktop_
 
 
 def test_a_laptop_size_the_table_lacks_is_unknown_not_the_other_size():
-    """The 6 GB RTX 3050 laptop part has no row: its name must not plan it as the 4 GB part (2 GB apart is a
-    different part, not a rounding of the same size), so it takes the unknown-GPU path with its notice."""
-    with pytest.raises(ValueError, match="none matches '6 GB'"):
-        resolve_gpu("NVIDIA GeForce RTX 3050 6GB Laptop GPU")
+    """The 6 GB RTX 3050 laptop part is its own row, never the 4 GB part (2 GB apart is a different part, not a
+    rounding of the same size); a size no RTX 3050 laptop part comes in takes the unknown-GPU path with its
+    notice rather than the nearest size."""
+    six, notice = resolve_gpu("NVIDIA GeForce RTX 3050 6GB Laptop GPU")
+    assert (six.name, six.memory_gb, notice) == ("RTX 3050 6GB Laptop GPU", 6, None)
+    assert resolve_gpu("RTX 3050 Laptop GPU 6GB")[0].name == "RTX 3050 6GB Laptop GPU"
     assert resolve_gpu("NVIDIA GeForce RTX 3050 4GB Laptop GPU")[0].name == "RTX 3050 Laptop GPU"
+    assert resolve_gpu("NVIDIA GeForce RTX 3050 Laptop GPU") == (registry().by_name["RTX 3050 Laptop GPU"], None)
+    with pytest.raises(ValueError, match="none matches '8 GB'"):
+        resolve_gpu("RTX 3050 Laptop GPU 8GB")
     assert resolve_gpu("H100 NVL 94GB")[0].name == "H100-NVL"  # a size a few percent off still means the row
 
 
