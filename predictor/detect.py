@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -198,6 +199,21 @@ def _rocm_compute_partitions(run: Callable[..., "subprocess.CompletedProcess"]) 
     return modes
 
 
+RDNA_ARCH = re.compile(r"^gfx(101|103|110|115|120)[0-9a-f](?![0-9a-z])", re.IGNORECASE)
+"""LLVM targets of Radeon GPUs (RDNA 1 to 4: gfx101x, gfx103x, gfx110x, gfx115x, gfx120x), whose HIP runtime counts
+workgroup processors (two compute units each) as its multiprocessors."""
+
+
+def compute_units(props, hip: bool) -> int:
+    """The compute units (SMs on NVIDIA) of a torch device. On an RDNA GPU ROCm's ``multiProcessorCount`` is the
+    number of workgroup processors, half the compute units (ROCm/hip issue #3198: 42 on an RX 7900 XT, whose
+    rocminfo lists 84 CUs; ROCm documentation issue #6407: 16 on an RX 7600 of 32 CUs), so it is doubled there,
+    as the table's rows count compute units."""
+    units = int(props.multi_processor_count)
+    arch = str(getattr(props, "gcnArchName", "") or "")
+    return units * 2 if hip and RDNA_ARCH.match(arch) else units
+
+
 def torch_cuda_gpus() -> tuple[list[dict], str]:
     """GPUs seen by torch.cuda, and '' or the reason it could not be used."""
     try:
@@ -207,13 +223,14 @@ def torch_cuda_gpus() -> tuple[list[dict], str]:
     if not torch.cuda.is_available():
         return [], "torch.cuda reports no GPU"
     gpus = []
+    hip = bool(getattr(torch.version, "hip", None))
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
         memory_gib = round(props.total_memory / 2**30, 2)
-        gpus.append({"index": index, "name": props.name, "memory_gb": memory_gib,
-                     "sm_count": props.multi_processor_count,
-                     "datasheet": _datasheet_name(props.name, memory_gib, props.multi_processor_count),
-                     "runtime": "rocm" if getattr(torch.version, "hip", None) else "cuda"})
+        units = compute_units(props, hip)
+        gpus.append({"index": index, "name": props.name, "memory_gb": memory_gib, "sm_count": units,
+                     "datasheet": _datasheet_name(props.name, memory_gib, units),
+                     "runtime": "rocm" if hip else "cuda"})
     return gpus, ""
 
 

@@ -53,6 +53,28 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text)
 
 
+_PCI_PRODUCT = re.compile(r"^(?P<chip>[^\[\]]*?\S)\s*\[(?P<product>[^\[\]]+)\]\s*$")
+_MODEL_NUMBER = re.compile(r"\d")
+
+
+def pci_product_names(name: str) -> list[str]:
+    """The product names in a PCI ID database name ("<chip> [<products>]"), as ``rocm-smi`` prints a Radeon's
+    "Card Series" where its ROCm lacks the marketing name: "Navi 31 [Radeon Pro W7900]" -> ["Radeon Pro W7900"];
+    "Navi 31 [Radeon RX 7900 XT/7900 XTX/7900 GRE/7900M]" -> ["Radeon RX 7900 XT", "Radeon RX 7900 XTX",
+    "Radeon RX 7900 GRE", "Radeon RX 7900M"] (a later part that starts with its number takes the words the first
+    has before its number). [] for any other name."""
+    found = _PCI_PRODUCT.match(name.strip())
+    if not found:
+        return []
+    parts = [" ".join(part.split()) for part in found.group("product").split("/") if part.strip()]
+    if not parts:
+        return []
+    words = parts[0].split()
+    first_number = next((index for index, word in enumerate(words) if _MODEL_NUMBER.search(word)), 0)
+    prefix = " ".join(words[:first_number])
+    return [parts[0]] + [f"{prefix} {part}" if prefix and part[0].isdigit() else part for part in parts[1:]]
+
+
 def form_factor_family(form_factor: Optional[str]) -> Optional[str]:
     """'SXM4' -> 'sxm', 'PCIE' / 'PCI-e' -> 'pcie', 'NVL' -> 'nvl'; None stays None."""
     if not form_factor:

@@ -122,8 +122,10 @@ def measure_device(device: str = "cuda:0", size: int = MATMUL_SIZE, copy_bytes: 
     if not on_gpu:
         size, copy_bytes = min(size, CPU_MATMUL_SIZE), min(copy_bytes, CPU_COPY_BYTES)
     if on_gpu:
+        from geodiloco.predictor.detect import compute_units
         props = torch.cuda.get_device_properties(device)
-        name, memory_gb, units = props.name, props.total_memory / 2**30, props.multi_processor_count
+        name, memory_gb = props.name, props.total_memory / 2**30
+        units = compute_units(props, bool(getattr(torch.version, "hip", None)))
     else:
         from geodiloco.predictor.detect import cpu_model_name, memory_total_gb
         name, memory_gb, units = cpu_model_name(), memory_total_gb(), torch.get_num_threads()

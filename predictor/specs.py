@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import AliasChoices, ConfigDict, Field, model_validator
 
 from geodiloco.predictor.amd_partitions import partition_count, partition_spec
-from geodiloco.predictor.gpu_names import NameIndex, NameMatch, UnknownName, normalize_name
+from geodiloco.predictor.gpu_names import NameIndex, NameMatch, UnknownName, normalize_name, pci_product_names
 from geodiloco.predictor.gpu_slices import resolve_mig, resolve_slice
 from geodiloco.predictor.mig import split_mig_name
 from geodiloco.common.schema import ConfigError, StrictModel, load_yaml_mapping, validate
@@ -191,6 +191,9 @@ class GpuRegistry:
 
     def resolve(self, name: str) -> tuple[GpuSpec, Optional[str]]:
         """(row, notice): the notice says when an ambiguous name got the model's default row."""
+        products = pci_product_names(name)
+        if products:
+            return self._resolve_products(name, products)
         try:
             match: NameMatch = self.names.resolve(name)
         except UnknownName as err:
@@ -201,6 +204,31 @@ class GpuRegistry:
             raise ConfigError(f"unknown GPU {name!r}; {detail}; "
                               "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file") from None
         return self.by_name[match.row_name], match.notice
+
+    def _product_rows(self, products: list[str]) -> tuple[list[GpuSpec], list[str]]:
+        """(the rows the product names resolve to, each once, in order; the product names without a row)."""
+        rows: dict[str, GpuSpec] = {}
+        unknown = []
+        for product in products:
+            try:
+                spec, _ = self.resolve(product)
+            except ConfigError:
+                unknown.append(product)
+                continue
+            rows.setdefault(spec.name, spec)
+        return list(rows.values()), unknown
+
+    def _resolve_products(self, name: str, products: list[str]) -> tuple[GpuSpec, Optional[str]]:
+        """A PCI ID database name ("Navi 31 [Radeon RX 7900 XT/7900 XTX]", what ``rocm-smi`` prints as a Radeon's
+        "Card Series" where its ROCm lacks the marketing name): the one product it names, or the first of several
+        that has a row, with a notice that it is a choice (detection settles it by memory: ``resolve_detected``)."""
+        if len(products) == 1:
+            return self.resolve(products[0])
+        rows, unknown = self._product_rows(products)
+        if not rows:
+            raise ConfigError(f"unknown GPU {name!r}; none of the parts it names ({', '.join(products)}) has a row; "
+                              "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file")
+        return rows[0], _several_products_notice(name, rows[0], rows, unknown)
 
     def siblings(self, row: GpuSpec) -> list[GpuSpec]:
         """The rows of ``row``'s model (itself included): "A100" has four."""
@@ -222,6 +250,27 @@ class GpuRegistry:
         compute partition (an MI300X in CPX mode lists 8 devices of 38 CUs named like the whole GPU) gets
         its share of the row (predictor/amd_partitions.py).
         """
+        products = pci_product_names(name)
+        if len(products) == 1:
+            return self.resolve_detected(products[0], memory_gib, sm_count)
+        if products:
+            # "Navi 31 [Radeon RX 7900 XT/7900 XTX/7900 GRE/7900M]": the listed part whose row the device fits
+            # A listed part without a row (the RX 7900M) may be the device whatever its memory, so then the
+            # part the memory picks is still said to be a choice.
+            rows, unknown = self._product_rows(products)
+            fitting = [row for row in rows if _device_fits(row, memory_gib, sm_count)]
+            measured = memory_gib is not None or sm_count is not None
+            if len(fitting) == 1 and measured and not unknown:
+                return fitting[0]
+            spec, notice = self.resolve(name)
+            if len(fitting) == 1 and measured:
+                spec, notice = fitting[0], _several_products_notice(name, fitting[0], rows, unknown,
+                                                                    "the listed part with a row that the device's "
+                                                                    "memory fits")
+            elif fitting and spec not in fitting:
+                spec, notice = fitting[0], _several_products_notice(name, fitting[0], rows, unknown)
+            self._notice_once(name, notice)
+            return spec
         mig = split_mig_name(name) if normalize_name(name) not in self.names.exact else None
         if mig:
             spec, notice = resolve_mig(self.resolve, self.siblings, name, *mig, sm_count=sm_count)
@@ -230,8 +279,7 @@ class GpuRegistry:
         spec, notice = self.resolve(name)
 
         def matches(row: GpuSpec) -> bool:
-            return ((memory_gib is None or _memory_matches(row.memory_gb, memory_gib))
-                    and (sm_count is None or row.sm_count == sm_count))
+            return _device_fits(row, memory_gib, sm_count)
 
         candidates = [self.by_name[row.name] for model in self._models_named(name, spec)
                       for row in self.names.by_model.get(normalize_name(model), {}).values()]
@@ -322,6 +370,21 @@ def _named_apart(name: str, spec: GpuSpec, fitting: list[GpuSpec]) -> bool:
         return False
     others = [row for row in fitting if row.name != spec.name]
     return all(_driver_spellings(row) and printed not in _driver_spellings(row) for row in others)
+
+
+def _device_fits(row: GpuSpec, memory_gib: Optional[float], sm_count: Optional[int]) -> bool:
+    """Whether a device a driver reported with ``memory_gib`` and ``sm_count`` (each None when unknown) is ``row``'s part."""
+    return ((memory_gib is None or _memory_matches(row.memory_gb, memory_gib))
+            and (sm_count is None or row.sm_count == sm_count))
+
+
+def _several_products_notice(name: str, chosen: GpuSpec, rows: list[GpuSpec], unknown: list[str],
+                             why: str = "the first listed; detection tells them apart by memory") -> str:
+    """The notice for a PCI ID database name that lists several parts, planned as ``chosen`` (one of ``rows``)
+    for the reason ``why``."""
+    listed = ", ".join([row.name for row in rows if row.name != chosen.name] + [f"{part} (no row)" for part in unknown])
+    return (f"GPU {name!r} could be several parts ({chosen.name}, {listed}); planned as {chosen.name}, {why}; "
+            f"write the part's own name (e.g. \"{chosen.name}\") to choose")
 
 
 def _memory_matches(row_memory_gb: float, device_memory_gib: float) -> bool:

@@ -195,6 +195,44 @@ def test_torch_cuda_detection_passes_memory_and_compute_units(monkeypatch):
     assert reason == "" and gpus[0]["datasheet"] == "MI250 GCD" and gpus[0]["runtime"] == "rocm"
 
 
+RADEON_JSON = ('{"card0": {"Card Series": "Navi 31 [Radeon RX 7900 XT/7900 XTX/7900 GRE/7900M]", "Card Model": "0x744c", '
+               '"VRAM Total Memory (B)": "25753026560"}, '
+               '"card1": {"Card Series": "Navi 31 [Radeon Pro W7900]", "VRAM Total Memory (B)": "51522830336"}, '
+               '"card2": {"Card Series": "AMD Radeon RX 7900 GRE", "VRAM Total Memory (B)": "17163091968"}, '
+               '"card3": {"Card Series": "Navi 31 [Radeon RX 7900 XT/7900 XTX/7900 GRE/7900M]", '
+               '"VRAM Total Memory (B)": "21458059264"}}')
+
+
+def test_rocm_smi_radeon_cards_get_their_rows_by_name_and_memory():
+    """rocm-smi prints a Radeon's "Card Series" as its marketing name or, where its ROCm lacks that, as the PCI ID
+    database's "<chip> [<products>]", which for Navi 31 lists every RX 7900: the device's memory picks the part."""
+    gpus, reason = detect.rocm_smi_gpus(run=FakeRocmSmi(RADEON_JSON))
+    assert reason == ""
+    assert [gpu["datasheet"] for gpu in gpus] == ["RX 7900 XTX", "Radeon PRO W7900", "RX 7900 GRE", "RX 7900 XT"]
+
+
+def test_torch_on_rocm_counts_an_rdna_gpus_compute_units_not_its_workgroup_processors(monkeypatch):
+    """ROCm reports an RDNA GPU's workgroup processors (two CUs each) as multiprocessors: 48 on an RX 7900 XTX."""
+    install_fake_torch_cuda(monkeypatch, "AMD Radeon RX 7900 XTX", 25753026560, 48, hip="6.2", arch="gfx1100")
+    [gpu], reason = detect.torch_cuda_gpus()
+    assert reason == "" and (gpu["datasheet"], gpu["sm_count"], gpu["runtime"]) == ("RX 7900 XTX", 96, "rocm")
+    assert gpu["sm_count"] == lookup_gpu("RX 7900 XTX").sm_count
+
+
+@pytest.mark.parametrize("arch, hip, reported, units", [
+    ("gfx1100", True, 48, 96),                  # RX 7900 XTX
+    ("gfx1201", True, 32, 64),                  # RX 9070 XT
+    ("gfx90a:sramecc+:xnack-", True, 104, 104),  # CDNA counts CUs: an MI250 die
+    ("gfx942", True, 304, 304),
+    ("", True, 48, 48),                         # no architecture reported: as reported
+    ("gfx1100", False, 48, 48),                 # not a ROCm build
+])
+def test_compute_units_double_only_rdna_workgroup_processors(arch, hip, reported, units):
+    import types
+    props = types.SimpleNamespace(multi_processor_count=reported, gcnArchName=arch)
+    assert detect.compute_units(props, hip) == units
+
+
 def table_registry():
     """A fresh registry over the shipped table, so that notices already logged elsewhere are logged again."""
     from geodiloco.predictor.specs import DATA_FILE, GpuRegistry, read_gpu_file
@@ -245,3 +283,21 @@ def test_a_shared_driver_name_without_memory_takes_the_default_and_says_so_once(
         assert registry.resolve_detected("NVIDIA GeForce RTX 4060 Ti").name == "RTX 4060 Ti 8GB"
     notices = [record.getMessage() for record in caplog.records if "could be several parts" in record.getMessage()]
     assert len(notices) == 1 and "RTX 4060 Ti 16GB" in notices[0] and '"RTX 4060 Ti 8GB"' in notices[0]
+
+
+def test_a_pci_name_whose_parts_all_have_rows_is_settled_by_memory_without_a_notice(caplog):
+    with caplog.at_level("WARNING", logger="geodiloco.predictor"):
+        assert table_registry().resolve_detected("Navi 31 [Radeon RX 7900 XT/7900 XTX]", 23.98).name == "RX 7900 XTX"
+        assert table_registry().resolve_detected("Navi 31 [Radeon RX 7900 XT/7900 XTX]", 19.98).name == "RX 7900 XT"
+    assert not [record for record in caplog.records if "could be several parts" in record.getMessage()]
+
+
+def test_a_pci_name_that_lists_a_part_without_a_row_keeps_its_notice_though_memory_picks_a_row(caplog):
+    """Navi 31's PCI name also lists the RX 7900M, which has no row and may be the 16 GB device: the GRE that the
+    memory fits is planned, and said to be a choice."""
+    with caplog.at_level("WARNING", logger="geodiloco.predictor"):
+        assert table_registry().resolve_detected("Navi 31 [Radeon RX 7900 XT/7900 XTX/7900 GRE/7900M]",
+                                                 15.98).name == "RX 7900 GRE"
+    [notice] = [record.getMessage() for record in caplog.records if "could be several parts" in record.getMessage()]
+    assert "planned as RX 7900 GRE, the listed part with a row that the device's memory fits" in notice
+    assert "Radeon RX 7900M (no row)" in notice and '"RX 7900 GRE"' in notice
