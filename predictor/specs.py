@@ -218,17 +218,42 @@ class GpuRegistry:
             rows.setdefault(spec.name, spec)
         return list(rows.values()), unknown
 
+    def _listed_rows(self, name: str, products: list[str]) -> tuple[list[GpuSpec], list[str]]:
+        """``_product_rows`` of a name that lists several parts; an error naming them when none has a row."""
+        rows, unknown = self._product_rows(products)
+        if not rows:
+            raise ConfigError(f"unknown GPU {name!r}; none of the parts it names ({', '.join(products)}) has a row; "
+                              "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file")
+        return rows, unknown
+
     def _resolve_products(self, name: str, products: list[str]) -> tuple[GpuSpec, Optional[str]]:
         """A PCI ID database name ("Navi 31 [Radeon RX 7900 XT/7900 XTX]", what ``rocm-smi`` prints as a Radeon's
         "Card Series" where its ROCm lacks the marketing name): the one product it names, or the first of several
         that has a row, with a notice that it is a choice (detection settles it by memory: ``resolve_detected``)."""
         if len(products) == 1:
             return self.resolve(products[0])
-        rows, unknown = self._product_rows(products)
-        if not rows:
-            raise ConfigError(f"unknown GPU {name!r}; none of the parts it names ({', '.join(products)}) has a row; "
-                              "add it to a GPU YAML file (see docs/predictor.md) and load it with --gpu-file")
+        rows, unknown = self._listed_rows(name, products)
         return rows[0], _several_products_notice(name, rows[0], rows, unknown)
+
+    def _detected_product(self, name: str, products: list[str], memory_gib: Optional[float],
+                          sm_count: Optional[int]) -> GpuSpec:
+        """The part of a PCI ID database name listing several ("Navi 31 [Radeon RX 7900 XT/7900 XTX/7900 GRE/
+        7900M]") whose row the device fits, else the first listed that fits, else the first listed. Silent only when
+        one row fits and every listed part has a row: a part without one (the RX 7900M) may be the device whatever
+        its memory, so then the part the memory picks is still said to be a choice."""
+        rows, unknown = self._listed_rows(name, products)
+        measured = memory_gib is not None or sm_count is not None
+        fitting = [row for row in rows if _device_fits(row, memory_gib, sm_count)] if measured else []
+        if len(fitting) == 1 and not unknown:
+            return fitting[0]
+        spec = fitting[0] if fitting else rows[0]
+        if len(fitting) == 1:
+            notice = _several_products_notice(name, spec, rows, unknown,
+                                              "the listed part with a row that the device's memory fits")
+        else:
+            notice = _several_products_notice(name, spec, rows, unknown)
+        self._notice_once(name, notice)
+        return spec
 
     def siblings(self, row: GpuSpec) -> list[GpuSpec]:
         """The rows of ``row``'s model (itself included): "A100" has four."""
@@ -254,38 +279,18 @@ class GpuRegistry:
         if len(products) == 1:
             return self.resolve_detected(products[0], memory_gib, sm_count)
         if products:
-            # "Navi 31 [Radeon RX 7900 XT/7900 XTX/7900 GRE/7900M]": the listed part whose row the device fits
-            # A listed part without a row (the RX 7900M) may be the device whatever its memory, so then the
-            # part the memory picks is still said to be a choice.
-            rows, unknown = self._product_rows(products)
-            fitting = [row for row in rows if _device_fits(row, memory_gib, sm_count)]
-            measured = memory_gib is not None or sm_count is not None
-            if len(fitting) == 1 and measured and not unknown:
-                return fitting[0]
-            spec, notice = self.resolve(name)
-            if len(fitting) == 1 and measured:
-                spec, notice = fitting[0], _several_products_notice(name, fitting[0], rows, unknown,
-                                                                    "the listed part with a row that the device's "
-                                                                    "memory fits")
-            elif fitting and spec not in fitting:
-                spec, notice = fitting[0], _several_products_notice(name, fitting[0], rows, unknown)
-            self._notice_once(name, notice)
-            return spec
+            return self._detected_product(name, products, memory_gib, sm_count)
         mig = split_mig_name(name) if normalize_name(name) not in self.names.exact else None
         if mig:
             spec, notice = resolve_mig(self.resolve, self.siblings, name, *mig, sm_count=sm_count)
             self._notice_once(name, notice)
             return spec
         spec, notice = self.resolve(name)
-
-        def matches(row: GpuSpec) -> bool:
-            return _device_fits(row, memory_gib, sm_count)
-
         candidates = [self.by_name[row.name] for model in self._models_named(name, spec)
                       for row in self.names.by_model.get(normalize_name(model), {}).values()]
-        fitting = list({row.name: row for row in [spec, *candidates] if matches(row)}.values())
+        fitting = list({row.name: row for row in [spec, *candidates] if _device_fits(row, memory_gib, sm_count)}.values())
         if memory_gib is not None or sm_count is not None:
-            if matches(spec) and (notice is None or fitting == [spec] or _named_apart(name, spec, fitting)):
+            if _device_fits(spec, memory_gib, sm_count) and (notice is None or fitting == [spec] or _named_apart(name, spec, fitting)):
                 return spec
             if len(fitting) == 1:
                 return fitting[0]
