@@ -136,14 +136,17 @@ class NameIndex:
     def __init__(self) -> None:
         self.exact: dict[str, str] = {}
         self.by_model: dict[str, dict[str, NamedRow]] = {}
+        self.model_of: dict[str, str] = {}
 
     def add(self, row: NamedRow) -> None:
         for spelling in (row.name, *row.aliases):
             self.exact[normalize_name(spelling)] = row.name
         for models in self.by_model.values():
             models.pop(row.name, None)
+        self.model_of.pop(row.name, None)
         if row.model:
             self.by_model.setdefault(normalize_name(row.model), {})[row.name] = row
+            self.model_of[row.name] = normalize_name(row.model)
 
     def keys(self) -> Iterable[str]:
         return list(self.exact) + list(self.by_model)
@@ -160,7 +163,7 @@ class NameIndex:
                 return NameMatch(row_name, self._several_parts(name, same_model[row_name], list(same_model.values())))
             return NameMatch(row_name)
         parts = split_name(name)
-        rows = list(self.by_model.get(parts.model_key, {}).values())
+        rows = list(self.by_model.get(self._model_key(parts.model_key), {}).values())
         if not rows:
             raise UnknownName()
         narrowed = [row for row in rows if self._fits(row, parts)]
@@ -170,6 +173,13 @@ class NameIndex:
             return NameMatch(narrowed[0].name)
         chosen = next((row for row in narrowed if row.default_for_model), narrowed[0])
         return NameMatch(chosen.name, self._several_parts(name, chosen, narrowed))
+
+    def _model_key(self, key: str) -> str:
+        """The model a name's rest (memory size and form factor taken out) means: a model's own key, or the model
+        of the row whose spelling it is ("7900 XTX" in "7900 XTX 24GB" is an alias of the RX 7900 XTX)."""
+        if key in self.by_model or key not in self.exact:
+            return key
+        return self.model_of.get(self.exact[key], key)
 
     def _several_parts(self, name: str, chosen: NamedRow, rows: list) -> str:
         """The notice for a name that several rows fit, ``chosen`` among them."""

@@ -23,6 +23,7 @@ from geodiloco.predictor.gpu_names import NameIndex, NameMatch, UnknownName, nor
 from geodiloco.predictor.gpu_slices import resolve_mig, resolve_slice
 from geodiloco.predictor.mig import split_mig_name
 from geodiloco.common.schema import ConfigError, StrictModel, load_yaml_mapping, validate
+from geodiloco.common.gpu_counts import GPU_COUNT
 from geodiloco.predictor.workload import check_precision
 
 DATA_FILE = Path(__file__).parent / "data" / "gpus.yaml"
@@ -459,7 +460,6 @@ def known_gpus() -> list[GpuSpec]:
     return sorted(registry().by_name.values(), key=lambda spec: spec.name)
 
 
-_GPU_COUNT = re.compile(r"^\s*(\d+)\s*[xX×*]\s*(.+?)\s*$")
 _COUNT_LIKE = re.compile(r"^\s*([-+]?\d+(?:\.\d*)?)\s*[xX×*](?:\s+|$)(.*?)\s*$")
 """A count the user meant but wrote wrongly ("-2 x A30", "2.5 x A30", "4 x"): an error, not a GPU name."""
 
@@ -498,7 +498,7 @@ def count_form_refusal(name: str, counted: bool) -> Optional[str]:
         return None
     if any(mark in name for mark in ",;+"):
         parts = [part.strip() for part in re.split(r"[,;+]", name) if part.strip()]
-        if len(parts) > 1 and all(_resolves(_GPU_COUNT.sub(r"\2", part)) for part in parts):
+        if len(parts) > 1 and all(_resolves(GPU_COUNT.sub(r"\2", part)) for part in parts):
             listed = ", ".join(f'"{part}"' for part in parts)
             return f"{name!r}: one entry per kind of GPU; write them as list items: [{listed}]"
     if counted:  # "4 x A30": its count is written as it should be
@@ -524,7 +524,7 @@ def expand_gpu_counts(names: list[str]) -> list[str]:
     """``["4 x A30", "V100"]`` -> four ``"A30"`` entries and one ``"V100"`` (one entry per GPU)."""
     expanded: list[str] = []
     for name in names:
-        match = _GPU_COUNT.match(name) if isinstance(name, str) else None
+        match = GPU_COUNT.match(name) if isinstance(name, str) else None
         malformed = None if match or not isinstance(name, str) else _COUNT_LIKE.match(name)
         if malformed:
             raise ConfigError(f"{name!r}: a GPU count is a whole number of 1 or more followed by the GPU's name "

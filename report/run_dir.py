@@ -4,7 +4,6 @@ The runtime and the simulator write the same files, so the report works on both.
 """
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 import os
@@ -13,6 +12,7 @@ from typing import Any, Optional
 
 import yaml
 
+from geodiloco.common.gpu_counts import GPU_COUNT
 from geodiloco.report.errors import ReportError
 from geodiloco.report.jsonl import read_jsonl
 from geodiloco.report.records import MetricRow, NodeRound, PlanRound, printable
@@ -25,14 +25,13 @@ MEMBERSHIP_LOG = "membership.jsonl"
 DRILL_LOG = "drill.jsonl"
 """``geodiloco run --drill`` events: read as membership events (``"event": "drill"``), since a restart that
 leaves the members as they were shows nowhere else."""
-GPU_COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[xX×]\s*(.+?)\s*$")
 
 
 def expand_gpu_names(names: list[str]) -> list[str]:
     """``["4 x A30"]`` -> four ``"A30"``: the cluster config's shorthand, also accepted in logs."""
     expanded: list[str] = []
     for name in names:
-        match = GPU_COUNT_PREFIX.match(name)
+        match = GPU_COUNT.match(name)
         expanded.extend([match.group(2)] * int(match.group(1)) if match else [name])
     return expanded
 

@@ -53,6 +53,12 @@ def test_gpu_counts_written_as_people_do_expand():
     assert expand_gpu_counts(["2 * A30", "3x RTX 3090", "V100"]) == ["A30", "A30"] + ["RTX 3090"] * 3 + ["V100"]
 
 
+def test_a_name_that_starts_with_digits_and_an_x_is_one_gpu_not_a_count():
+    """"9070 XT" once read as 9070 GPUs named "T": an x after a space counts only when a space follows it."""
+    assert expand_gpu_counts(["9070 XT", "7900 XTX 24GB", "2 x 9060 XT", "8xH100", "2 × V100", "4 X A30"]) == \
+        ["9070 XT", "7900 XTX 24GB"] + ["9060 XT"] * 2 + ["H100"] * 8 + ["V100"] * 2 + ["A30"] * 4
+
+
 def test_a_slowdown_that_cannot_take_effect_is_refused(capsys):
     code, _, err = run(capsys, "simulate", "--cluster", CLUSTER, "--rounds", "5", "--slowdown", "node3:4:2:2")
     assert code == 2 and "--slowdown 'node3:4:2:2': UNTIL (2) must come after ROUND (4)" in err

@@ -301,3 +301,17 @@ def test_a_pci_name_that_lists_a_part_without_a_row_keeps_its_notice_though_memo
     [notice] = [record.getMessage() for record in caplog.records if "could be several parts" in record.getMessage()]
     assert "planned as RX 7900 GRE, the listed part with a row that the device's memory fits" in notice
     assert "Radeon RX 7900M (no row)" in notice and '"RX 7900 GRE"' in notice
+
+
+@pytest.mark.parametrize("name, memory_gib, row", [
+    # rocm-smi's PCI ID database names (1002:747e and 1002:7590, as lspci prints them in public logs)
+    ("Navi 32 [Radeon RX 7700 XT / 7800 XT]", 15.98, "RX 7800 XT"),
+    ("Navi 32 [Radeon RX 7700 XT / 7800 XT]", 11.98, "RX 7700 XT"),
+    ("Navi 44 [Radeon RX 9060 XT]", 15.92, "RX 9060 XT"),
+    ("Navi 44 [Radeon RX 9060 XT]", 7.98, "RX 9060 XT 8GB"),
+    ("AMD Radeon RX 9060 XT", 7.98, "RX 9060 XT 8GB"),   # the marketing name ROCm prints for both sizes
+])
+def test_navi_32_and_navi_44_parts_are_settled_by_memory_without_a_notice(name, memory_gib, row, caplog):
+    with caplog.at_level("WARNING", logger="geodiloco.predictor"):
+        assert table_registry().resolve_detected(name, memory_gib).name == row
+    assert not [record for record in caplog.records if "could be several parts" in record.getMessage()]

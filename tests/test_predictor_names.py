@@ -77,6 +77,24 @@ def test_a_size_the_model_does_not_come_in_names_the_sizes_it_does():
     assert "A100 comes as A100-PCIE-40GB (40 GB, PCIe)" in err.value.detail and "'48 GB'" in err.value.detail
 
 
+@pytest.mark.parametrize("written, row", [
+    ("7900 XTX 24GB", "RX 7900 XTX"),        # an alias of the row ("7900 XTX") with its memory size
+    ("9070 XT 16GB", "RX 9070 XT"),
+    ("9060 XT 8GB", "RX 9060 XT 8GB"),
+    ("9060 XT 16GB", "RX 9060 XT"),          # the alias names the 16 GB row; the size keeps it there
+    ("7800 XT 16 GB", "RX 7800 XT"),
+])
+def test_a_short_spelling_with_a_memory_size_resolves_to_its_row(written, row):
+    spec, notice = resolve_gpu(written)
+    assert (spec.name, notice) == (row, None)
+
+
+def test_a_short_spelling_with_a_size_the_part_lacks_names_the_sizes_it_has():
+    with pytest.raises(ValueError) as err:
+        resolve_gpu("9070 XT 12GB")
+    assert "RX 9070 XT comes as RX 9070 XT (16 GB, one form factor)" in str(err.value)
+
+
 def test_a_model_not_in_the_index_is_unknown():
     with pytest.raises(UnknownName):
         a100_index().resolve("Z9000")

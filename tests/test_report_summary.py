@@ -292,3 +292,9 @@ def test_drill_events_join_the_membership_line_in_time_order_with_the_round_they
         "after round 1: went on without b (a present)",
         "drill: restart b in round 3, asked for round 2",
         "drill: thaw b in round 3 (skipped: the site is not running (it exited with code 1))"]
+
+
+def test_the_report_reads_gpu_counts_as_the_config_writes_them_and_a_radeon_name_as_one_gpu():
+    from geodiloco.report.run_dir import expand_gpu_names
+    assert expand_gpu_names(["2 x A30", "3x RTX 3090", "9070 XT", "7900 XTX 24GB"]) == \
+        ["A30"] * 2 + ["RTX 3090"] * 3 + ["9070 XT", "7900 XTX 24GB"]
