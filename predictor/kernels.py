@@ -163,19 +163,37 @@ class MicroBatchTime:
         return self.matmul_compute_s + self.matmul_memory_s + self.attention_s + self.elementwise_s
 
 
-def wave_efficiency(rows: int, cols: int, sm_count: int, tile: int) -> float:
-    """Share of SM time doing useful work when output tiles run in waves over the SMs."""
+def wave_efficiency(rows: int, cols: int, sm_count: int, tile: int, tile_cols: Optional[int] = None) -> float:
+    """Share of SM time doing useful work when output tiles (``tile`` x ``tile_cols``, square by default) run in
+    waves over the SMs."""
     if tile <= 0:
         return 1.0
-    tiles = math.ceil(rows / tile) * math.ceil(cols / tile)
+    tiles = math.ceil(rows / tile) * math.ceil(cols / (tile_cols or tile))
     waves = math.ceil(tiles / sm_count)
     return tiles / (waves * sm_count)
+
+
+CUDA_CORE_SGEMM_TILE: Optional[tuple[int, int]] = (128, 64)
+"""Output tile of an FP32 GEMM on an NVIDIA GPU's CUDA cores (no tensor cores, no TF32), for wave quantization:
+cuBLAS's SGEMM kernels run 128 x 64 tiles (``volta_sgemm_128x64_nn`` and its kin), turned whichever way fills the
+SMs better, where its tensor-core kernels run larger ones (``eff.tile``). None: the square ``eff.tile`` for every
+GEMM (the model before 2026-12-02)."""
+
+
+def gemm_wave_efficiency(m: int, n: int, device: GpuSpec, rate_tflops: float, eff: Efficiency) -> float:
+    """Wave efficiency of an (m x n) output on ``device`` at ``rate_tflops`` (see ``CUDA_CORE_SGEMM_TILE``)."""
+    on_cuda_cores = device.vendor == "nvidia" and not device.is_cpu and rate_tflops == device.fp32_tflops
+    if CUDA_CORE_SGEMM_TILE is None or not on_cuda_cores or eff.tile <= 0:
+        return wave_efficiency(m, n, device.sm_count, eff.tile)
+    long_edge, short_edge = CUDA_CORE_SGEMM_TILE
+    return max(wave_efficiency(m, n, device.sm_count, long_edge, short_edge),
+               wave_efficiency(m, n, device.sm_count, short_edge, long_edge))
 
 
 def matmul_time_s(m: int, n: int, k: int, device: GpuSpec, rate_tflops: float,
                   element_bytes: int, eff: Efficiency) -> tuple[float, bool]:
     """(seconds, compute-bound?) of an (m x k) @ (k x n) product."""
-    compute_s = 2.0 * m * n * k / (rate_tflops * 1e12 * eff.matmul * wave_efficiency(m, n, device.sm_count, eff.tile))
+    compute_s = 2.0 * m * n * k / (rate_tflops * 1e12 * eff.matmul * gemm_wave_efficiency(m, n, device, rate_tflops, eff))
     moved = element_bytes * (m * k + k * n + m * n)
     memory_s = moved / (device.bandwidth_gbps_for(moved) * 1e9 * eff.memory)
     return (compute_s, True) if compute_s >= memory_s else (memory_s, False)

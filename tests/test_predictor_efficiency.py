@@ -271,3 +271,17 @@ def test_a_figure_timed_over_a_whole_run_carries_the_runs_warm_up_spread_over_it
     row = lambda_squad[0]
     steady_s = bench_published.row_model(row, workloads).predict(row["batch_size"])
     assert bench_published.predicted_step_s(row, workloads) == pytest.approx(steady_s + 0.010)
+
+
+def test_cuda_core_sgemms_quantize_in_128_by_64_tiles_and_tensor_core_gemms_in_square_ones():
+    """On a V100 (80 SMs) a 1,024 x 4,096 FP32 output runs 512 tiles of 128 x 64 in 7 waves (512 / 560 = 0.914) where
+    128-wide square tiles run 256 in 4 (0.8); TF32 on an A100 keeps the square tile."""
+    from geodiloco.predictor.kernels import GPU_EFFICIENCY, gemm_wave_efficiency
+    from geodiloco.predictor.specs import resolve_gpu
+    v100, _ = resolve_gpu("V100-SXM2-32GB")
+    a100, _ = resolve_gpu("A100-SXM4-80GB")
+    assert gemm_wave_efficiency(1024, 4096, v100, v100.fp32_tflops, GPU_EFFICIENCY) == pytest.approx(512 / 560)
+    assert gemm_wave_efficiency(4096, 1024, v100, v100.fp32_tflops, GPU_EFFICIENCY) == pytest.approx(512 / 560)
+    assert gemm_wave_efficiency(1024, 3072, v100, v100.fp32_tflops, GPU_EFFICIENCY) == pytest.approx(384 / 400)
+    assert gemm_wave_efficiency(1024, 4096, v100, v100.fp16_fp32acc_tflops, GPU_EFFICIENCY) == pytest.approx(0.8)
+    assert gemm_wave_efficiency(1024, 4096, a100, a100.tf32_tflops, GPU_EFFICIENCY) == pytest.approx(256 / 324)

@@ -12,7 +12,8 @@ Candidates: the shipped model (every field of ``FITTED_FIELDS``), the same
 model with each optional term switched off (``OPTIONAL_TERMS``: the per-SM bound
 on the vocabulary softmax, and that softmax's own share of the memory bus), and
 the same model without the run warm-up that Lambda's SQuAD figures carry
-(``bench_published.WARMUP_PER_RUN_S``, hand-set from Lambda's logs).
+(``bench_published.WARMUP_PER_RUN_S``, hand-set from Lambda's logs), with an attention dropout where the source
+runs it at p = 0, and with the square tile for CUDA-core SGEMMs (``kernels.CUDA_CORE_SGEMM_TILE`` off).
 
 The out-of-fold median moves by about half a point between fold splits, so a term
 is judged over several: ``--split K`` salts the folds with ``cvK:`` (the default,
@@ -63,6 +64,7 @@ class Candidate:
     switched_off: dict
     warmup_per_run_s: float = bench_published.WARMUP_PER_RUN_S
     zero_attention_dropout_counted: bool = True
+    cuda_core_sgemm_tile: object = kernels.CUDA_CORE_SGEMM_TILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +85,8 @@ def candidates() -> list[Candidate]:
                for term, off in OPTIONAL_TERMS.items()]
     return [shipped, *without, Candidate("without Lambda's run warm-up", FITTED_FIELDS, {}, warmup_per_run_s=0.0),
             Candidate("with an attention dropout where the source's is 0", FITTED_FIELDS, {},
-                      zero_attention_dropout_counted=False)]
+                      zero_attention_dropout_counted=False),
+            Candidate("with square 128-wide tiles for CUDA-core SGEMMs", FITTED_FIELDS, {}, cuda_core_sgemm_tile=None)]
 
 
 def fold_of(row_id: str, split: str = "") -> int:
@@ -113,6 +116,17 @@ def zero_attention_dropout(counted: bool) -> contextlib.AbstractContextManager:
     return bench_setting("ZERO_ATTENTION_DROPOUT_COUNTED", counted)
 
 
+@contextlib.contextmanager
+def sgemm_tile(tile) -> Iterator[None]:
+    """``kernels.CUDA_CORE_SGEMM_TILE`` is ``tile`` while inside (None: the square tile for every GEMM)."""
+    shipped = kernels.CUDA_CORE_SGEMM_TILE
+    kernels.CUDA_CORE_SGEMM_TILE = tile
+    try:
+        yield
+    finally:
+        kernels.CUDA_CORE_SGEMM_TILE = shipped
+
+
 def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
     """The search's starting point: the hand-set values, the candidate's switched-off terms, and the half-rate
     architectures of ``rows`` (the training folds only, as a real fit would see)."""
@@ -123,7 +137,8 @@ def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
 
 def score(candidate: Candidate, rows: list[dict], workloads: dict, split: str = "") -> Score:
     out_of_fold = []
-    with run_warmup(candidate.warmup_per_run_s), zero_attention_dropout(candidate.zero_attention_dropout_counted):
+    with run_warmup(candidate.warmup_per_run_s), zero_attention_dropout(candidate.zero_attention_dropout_counted), \
+            sgemm_tile(candidate.cuda_core_sgemm_tile):
         for fold in range(FOLDS):
             train = [row for row in rows if fold_of(row["id"], split) != fold]
             test = [row for row in rows if fold_of(row["id"], split) == fold]
