@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from geodiloco.predictor import unknown_gpus
+from geodiloco.predictor.kernels import GPU_EFFICIENCY
 from geodiloco.predictor.specs import GpuRow, lookup_gpu
 from geodiloco.runtime.launch import free_port
 from tests.runtime_helpers import REPO_ROOT, small_config, write_config
@@ -53,7 +54,9 @@ def test_a_gpu_is_planned_from_the_first_node_that_sent_its_row(fresh_resolution
     changed = unknown_gpus.adopt_rows([("a", unknown_gpus.own_rows(["L4"])), ("b", {SITE_CARD: probed}),
                                        ("c", {SITE_CARD: second})])
     adopted = unknown_gpus.device_spec(SITE_CARD)
-    assert (round(adopted.bf16_tflops, 2), adopted.memory_gb, adopted.sm_count) == (177.78, 48.0, 60)  # 160 / 0.90
+    # node b's 160 TFLOPS over the model's large-GEMM share (c's 10 would give a twentieth of it)
+    assert (round(adopted.bf16_tflops, 2), adopted.memory_gb, adopted.sm_count) == \
+        (round(160.0 / GPU_EFFICIENCY.matmul, 2), 48.0, 60)
     assert adopted.source.startswith("measured probe")
     assert changed == [f"GPU '{SITE_CARD}': planned from node b's row ({adopted.source})"], \
         "a table row every node has is no news; the probe of node b is, and node c's second row loses"
