@@ -36,7 +36,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import yaml
 
@@ -64,7 +64,7 @@ class Candidate:
     switched_off: dict
     warmup_per_run_s: float = bench_published.WARMUP_PER_RUN_S
     zero_attention_dropout_counted: bool = True
-    cuda_core_sgemm_tile: object = kernels.CUDA_CORE_SGEMM_TILE
+    cuda_core_sgemm_tile: Optional[tuple[int, int]] = kernels.CUDA_CORE_SGEMM_TILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,36 +95,30 @@ def fold_of(row_id: str, split: str = "") -> int:
 
 
 @contextlib.contextmanager
-def bench_setting(name: str, value) -> Iterator[None]:
-    """``bench_published.<name>`` (a module-level setting of how the sources are modelled) is ``value`` while
+def module_setting(module, name: str, value) -> Iterator[None]:
+    """``module.<name>`` (a module-level setting of how the sources or kernels are modelled) is ``value`` while
     inside, and what it was after."""
-    shipped = getattr(bench_published, name)
-    setattr(bench_published, name, value)
+    shipped = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        setattr(bench_published, name, shipped)
+        setattr(module, name, shipped)
 
 
 def run_warmup(seconds: float) -> contextlib.AbstractContextManager:
     """Lambda's SQuAD figures carry ``seconds`` of one-time costs per run while inside."""
-    return bench_setting("WARMUP_PER_RUN_S", seconds)
+    return module_setting(bench_published, "WARMUP_PER_RUN_S", seconds)
 
 
 def zero_attention_dropout(counted: bool) -> contextlib.AbstractContextManager:
     """Whether workloads' ``attention_dropout: false`` is honoured while inside."""
-    return bench_setting("ZERO_ATTENTION_DROPOUT_COUNTED", counted)
+    return module_setting(bench_published, "ZERO_ATTENTION_DROPOUT_COUNTED", counted)
 
 
-@contextlib.contextmanager
-def sgemm_tile(tile) -> Iterator[None]:
+def sgemm_tile(tile) -> contextlib.AbstractContextManager:
     """``kernels.CUDA_CORE_SGEMM_TILE`` is ``tile`` while inside (None: the square tile for every GEMM)."""
-    shipped = kernels.CUDA_CORE_SGEMM_TILE
-    kernels.CUDA_CORE_SGEMM_TILE = tile
-    try:
-        yield
-    finally:
-        kernels.CUDA_CORE_SGEMM_TILE = shipped
+    return module_setting(kernels, "CUDA_CORE_SGEMM_TILE", tile)
 
 
 def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
