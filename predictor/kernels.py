@@ -190,6 +190,16 @@ def gemm_wave_efficiency(m: int, n: int, device: GpuSpec, rate_tflops: float, ef
                wave_efficiency(m, n, device.sm_count, short_edge, long_edge))
 
 
+def shape_rate_tflops(device: GpuSpec, precision: str, rate_tflops: float, code: TrainingCode, *dims: int) -> float:
+    """The rate a GEMM with these dimensions runs at: ``rate_tflops``, except an FP16 one with a dimension that is
+    not a multiple of ``code.tensor_core_alignment`` (code on CUDA 10), which runs on the CUDA cores."""
+    alignment = code.tensor_core_alignment
+    if alignment > 1 and precision == "fp16" and device.vendor == "nvidia" and not device.is_cpu \
+            and any(dim % alignment for dim in dims):
+        return device.fp32_tflops
+    return rate_tflops
+
+
 def matmul_time_s(m: int, n: int, k: int, device: GpuSpec, rate_tflops: float,
                   element_bytes: int, eff: Efficiency) -> tuple[float, bool]:
     """(seconds, compute-bound?) of an (m x k) @ (k x n) product."""
@@ -209,11 +219,13 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     compute_s = memory_s = 0.0
     block_passes = 4 if activation_checkpointing else 3
 
-    def add(m: int, n: int, k: int, repeats: int) -> None:
+    def add(m: int, n: int, k: int, repeats: int, shape: tuple[int, ...] = ()) -> None:
+        """``shape``: the dimensions the tensor-core alignment is checked on, where they are not (m, n, k)."""
         nonlocal compute_s, memory_s
         if m == 0 or n == 0 or k == 0:
             return
-        seconds, compute_bound = matmul_time_s(m, n, k, device, rate, e, eff)
+        gemm_rate = shape_rate_tflops(device, precision, rate, code, *(shape or (m, n, k)))
+        seconds, compute_bound = matmul_time_s(m, n, k, device, gemm_rate, e, eff)
         if compute_bound:
             compute_s += seconds * repeats
         else:
@@ -225,9 +237,12 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
         # cat([memory, segment]) and keeps the last segment's queries (RelPartialLearnableMultiHeadAttn:
         # qkv_net(cat([mems, w]))), so its forward, input- and weight-gradient GEMMs span memory + segment positions.
         rows = samples * (seq_len + code.memory_len) if index == 0 else tokens
-        add(rows, n_out, n_in, layers * (block_passes - 2))  # forward (+ recompute)
-        add(rows, n_in, n_out, layers)                        # input gradient
-        add(n_in, n_out, rows, layers)                        # weight gradient
+        # A "gpt" block's MLP width here is the SwiGLU equivalent (2/3 of its real width), so its alignment is
+        # checked on the hidden size: the real width is 4 x the hidden size in BERT, GPT-2 and Transformer-XL.
+        shape = (rows, dims.hidden_size) if code.block == "gpt" and index >= 2 else (rows, n_in, n_out)
+        add(rows, n_out, n_in, layers * (block_passes - 2), shape)  # forward (+ recompute)
+        add(rows, n_in, n_out, layers, shape)                        # input gradient
+        add(n_in, n_out, rows, layers, shape)                        # weight gradient
     head = dims.hidden_size, dims.vocab_size
     head_tokens = round(tokens * code.lm_head_fraction)
     add(head_tokens, head[1], head[0], 1)
@@ -288,6 +303,7 @@ def attention_time_s(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
         forward_flops = 2.0 * samples * seq_len**2 * dims.hidden_size * dims.num_layers
         return forward_flops * (3.5 + recompute) / (rate * 1e12 * eff.attention)
     keys = seq_len + code.memory_len
+    rate = shape_rate_tflops(device, precision, rate, code, seq_len, keys, dims.head_dim)
     score_matmuls = 3.0 if code.relative_positions else 2.0  # QK^T (+ Q R^T) and PV
     forward_flops = 2.0 * score_matmuls * samples * seq_len * keys * dims.hidden_size * dims.num_layers
     compute_s = forward_flops * (3.0 + recompute) / (rate * 1e12 * eff.score_matmul)

@@ -348,6 +348,11 @@ class TrainingCode:
     rate was fitted on need it; the runtime on current PyTorch does not: on an H200 (torch 2.11) the
     loss's kernels streamed rows of 8,192 to 267,735 entries at about 20 GB/s per SM, 3x the fitted
     bound, and about 0.55 of the bus (experiments/results/gpu/h200-a/loss_rate.md).
+    ``tensor_core_alignment``: the multiple every dimension of an FP16 GEMM must be for it to run on tensor
+    cores. 1 (the default): any shape does, as under cuBLAS 11.0 and later (every CUDA build of torch >= 2.3).
+    8 for code run on CUDA 10 (cuBLAS before 11.0, per NVIDIA's "Matrix Multiplication Background User's
+    Guide"): another shape, such as a projection onto a 267,735-word vocabulary, runs on the CUDA cores at the
+    FP32 rate (FP16 data, FP32 arithmetic).
     """
 
     block: str = "llama"
@@ -361,6 +366,7 @@ class TrainingCode:
     host_ops_head: float = 15.0
     autocast_host_ops: float = 0.0
     vocab_softmax_per_sm_bound: bool = True
+    tensor_core_alignment: int = 1
 
     def __post_init__(self) -> None:
         if self.block not in ("llama", "gpt"):
@@ -373,6 +379,9 @@ class TrainingCode:
             raise ConfigError(f"lm_head_fraction must be in [0, 1], got {self.lm_head_fraction}")
         if self.memory_len < 0:
             raise ConfigError(f"memory_len must be >= 0, got {self.memory_len}")
+        if self.tensor_core_alignment < 1:
+            raise ConfigError(f"tensor_core_alignment must be >= 1 (1: any GEMM shape runs on tensor cores), got "
+                              f"{self.tensor_core_alignment}")
 
 
 RUNTIME_HOST_OPS_PER_LAYER = 240.0

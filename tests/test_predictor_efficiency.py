@@ -285,3 +285,60 @@ def test_cuda_core_sgemms_quantize_in_128_by_64_tiles_and_tensor_core_gemms_in_s
     assert gemm_wave_efficiency(1024, 3072, v100, v100.fp32_tflops, GPU_EFFICIENCY) == pytest.approx(384 / 400)
     assert gemm_wave_efficiency(1024, 4096, v100, v100.fp16_fp32acc_tflops, GPU_EFFICIENCY) == pytest.approx(0.8)
     assert gemm_wave_efficiency(1024, 4096, a100, a100.tf32_tflops, GPU_EFFICIENCY) == pytest.approx(256 / 324)
+
+
+def test_under_cuda_10_an_fp16_gemm_off_the_multiple_of_8_runs_on_the_cuda_cores():
+    """cuBLAS before 11.0 runs an FP16 GEMM on tensor cores only when every dimension is a multiple of 8 (NVIDIA's
+    Matrix Multiplication Background guide): a projection onto 267,735 words falls to a V100's 15.7 FP32 TFLOPS
+    instead of its 125 tensor TFLOPS; 267,736 words, BF16, an AMD part or current CUDA (alignment 1) keep the rate."""
+    from geodiloco.common.schema import ConfigError
+    from geodiloco.predictor.kernels import GPU_EFFICIENCY, shape_rate_tflops
+    from geodiloco.predictor.specs import resolve_gpu
+    v100, _ = resolve_gpu("V100-SXM2-32GB")
+    a100, _ = resolve_gpu("A100-SXM4-80GB")
+    mi250, _ = resolve_gpu("MI250 GCD")
+    cuda_10 = TrainingCode(block="gpt", attention="eager", tensor_core_alignment=8)
+    assert shape_rate_tflops(v100, "fp16", 125.0, cuda_10, 13824, 267735, 512) == 15.7
+    assert shape_rate_tflops(v100, "fp16", 125.0, cuda_10, 13824, 267736, 512) == 125.0
+    assert shape_rate_tflops(v100, "fp16", 125.0, TrainingCode(), 13824, 267735, 512) == 125.0
+    assert shape_rate_tflops(a100, "bf16", 312.0, cuda_10, 13824, 267735, 512) == 312.0
+    assert shape_rate_tflops(mi250, "fp16", 181.0, cuda_10, 13824, 267735, 512) == 181.0
+    with pytest.raises(ConfigError, match="tensor_core_alignment must be >= 1"):
+        TrainingCode(tensor_core_alignment=0)
+
+    def head_dims(vocab_size: int) -> ModelDims:
+        return ModelDims(hidden_size=512, intermediate_size=1365, num_layers=16, num_heads=8, vocab_size=vocab_size,
+                         max_seq_len=192, tie_embeddings=True)
+
+    def matmul_s(vocab_size: int, code: TrainingCode) -> float:
+        return micro_batch_time(v100, head_dims(vocab_size), 192, "fp16", 72, code=code).matmul_compute_s
+
+    current = TrainingCode(block="gpt", attention="eager")
+    assert matmul_s(267736, cuda_10) == pytest.approx(matmul_s(267736, current))
+    head_flops = 3 * 2.0 * 72 * 192 * 512 * 267735  # forward, input- and weight-gradient GEMMs
+    slower_s = head_flops / GPU_EFFICIENCY.matmul * (1 / 15.7e12 - 1 / 125e12)
+    assert matmul_s(267735, cuda_10) - matmul_s(267735, current) == pytest.approx(slower_s, rel=0.03)
+
+
+def test_lambdas_cuda_10_rows_carry_their_cuda_release_and_it_explains_their_transformer_xl_fp16_steps():
+    """Lambda's 'version 0' rows ran NGC pytorch:20.01-py3 (CUDA 10.2); no other row predates CUDA 11. Its Quadro RTX
+    8000 Transformer-XL base FP16 step (1,488 ms, full softmax over 267,735 words) is predicted at about half that
+    time without the alignment rule, and within 15 % of it with the rule."""
+    import select_model
+
+    data = yaml.safe_load(bench_published.DATA_FILE.read_text(encoding="utf-8"))
+    rows = data["measurements"]
+    on_cuda_10 = [row for row in rows if row.get("cuda")]
+    assert {row["cuda"] for row in on_cuda_10} == {"10.2"}
+    assert on_cuda_10 == [row for row in rows if row["software"].startswith("NGC pytorch:20.01-py3")]
+    assert [bench_published.row_tensor_core_alignment(row) for row in ({"cuda": "10.2"}, {"cuda": "11.0"}, {})] == [
+        8, 1, 1]
+    row = next(row for row in rows if row["id"] == "lambda-v0-transformerxlbase-quadro-rtx-8000-fp16-s192-b72")
+    measured_s = bench_published.measured_step_s(row)
+    assert measured_s == pytest.approx(72 * 192 / 9290.0, rel=0.01)  # Lambda's 9,290 tok/s at batch 72
+    assert bench_published.predicted_step_s(row, data["workloads"]) == pytest.approx(measured_s, rel=0.15)
+    without = {candidate.name: candidate for candidate in select_model.candidates()}[
+        "without CUDA 10's tensor-core alignment"]
+    with select_model.cuda_10_alignment(without.cuda_10_alignment_counted):
+        assert bench_published.predicted_step_s(row, data["workloads"]) < 0.6 * measured_s
+    assert bench_published.row_code(row, data["workloads"]).tensor_core_alignment == 8

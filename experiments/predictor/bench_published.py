@@ -59,6 +59,12 @@ ZERO_ATTENTION_DROPOUT_COUNTED = True
 """Whether a workload's ``attention_dropout: false`` (the source sets that dropout's probability to 0, so PyTorch runs
 no dropout kernel over the attention probabilities) is honoured; select_model.py turns it off to score the model
 without it."""
+CUDA_10_ALIGNMENT_COUNTED = True
+"""Whether a row's ``cuda`` (its container predates CUDA 11) sets the predictor's tensor-core alignment
+(``TrainingCode.tensor_core_alignment``); select_model.py turns it off to score the model without it."""
+CUBLAS_10_TENSOR_CORE_ALIGNMENT = 8
+"""NVIDIA's Matrix Multiplication Background User's Guide, Tensor Core Requirements: before cuBLAS 11.0, FP16 GEMMs
+use tensor cores only when their dimensions are multiples of 8."""
 WARMUP_PER_RUN_S = 1.0
 """One-time costs of a run (its first iterations: allocation, autotuning, loader start) that a figure timed over the
 whole run with no warm-up excluded spreads over its timed steps. Hand-set from Lambda's console logs, not fitted: the
@@ -112,7 +118,16 @@ def row_code(row: dict, workloads: dict) -> TrainingCode:
                         lm_head_fraction=float(row.get("lm_head_fraction", spec.get("lm_head_fraction", 1.0))),
                         memory_len=int(spec.get("memory_len", 0)),
                         relative_positions=bool(spec.get("relative_positions", False)),
-                        attention_dropout=bool(spec.get("attention_dropout", True)) or not ZERO_ATTENTION_DROPOUT_COUNTED)
+                        attention_dropout=bool(spec.get("attention_dropout", True)) or not ZERO_ATTENTION_DROPOUT_COUNTED,
+                        tensor_core_alignment=row_tensor_core_alignment(row))
+
+
+def row_tensor_core_alignment(row: dict) -> int:
+    """8 where the row's container predates CUDA 11 (its ``cuda`` field): cuBLAS before 11.0 runs an FP16 GEMM on
+    tensor cores only when every dimension is a multiple of 8; 1 (any shape) otherwise."""
+    if not CUDA_10_ALIGNMENT_COUNTED or not row.get("cuda"):
+        return 1
+    return CUBLAS_10_TENSOR_CORE_ALIGNMENT if int(str(row["cuda"]).split(".")[0]) < 11 else 1
 
 
 def row_micro_batch(row: dict) -> int:

@@ -65,6 +65,7 @@ class Candidate:
     warmup_per_run_s: float = bench_published.WARMUP_PER_RUN_S
     zero_attention_dropout_counted: bool = True
     cuda_core_sgemm_tile: Optional[tuple[int, int]] = kernels.CUDA_CORE_SGEMM_TILE
+    cuda_10_alignment_counted: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +87,8 @@ def candidates() -> list[Candidate]:
     return [shipped, *without, Candidate("without Lambda's run warm-up", FITTED_FIELDS, {}, warmup_per_run_s=0.0),
             Candidate("with an attention dropout where the source's is 0", FITTED_FIELDS, {},
                       zero_attention_dropout_counted=False),
-            Candidate("with square 128-wide tiles for CUDA-core SGEMMs", FITTED_FIELDS, {}, cuda_core_sgemm_tile=None)]
+            Candidate("with square 128-wide tiles for CUDA-core SGEMMs", FITTED_FIELDS, {}, cuda_core_sgemm_tile=None),
+            Candidate("without CUDA 10's tensor-core alignment", FITTED_FIELDS, {}, cuda_10_alignment_counted=False)]
 
 
 def fold_of(row_id: str, split: str = "") -> int:
@@ -121,6 +123,11 @@ def sgemm_tile(tile) -> contextlib.AbstractContextManager:
     return module_setting(kernels, "CUDA_CORE_SGEMM_TILE", tile)
 
 
+def cuda_10_alignment(counted: bool) -> contextlib.AbstractContextManager:
+    """Whether rows' ``cuda: '10.x'`` sets the tensor-core alignment while inside."""
+    return module_setting(bench_published, "CUDA_10_ALIGNMENT_COUNTED", counted)
+
+
 def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
     """The search's starting point: the hand-set values, the candidate's switched-off terms, and the half-rate
     architectures of ``rows`` (the training folds only, as a real fit would see)."""
@@ -132,7 +139,7 @@ def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
 def score(candidate: Candidate, rows: list[dict], workloads: dict, split: str = "") -> Score:
     out_of_fold = []
     with run_warmup(candidate.warmup_per_run_s), zero_attention_dropout(candidate.zero_attention_dropout_counted), \
-            sgemm_tile(candidate.cuda_core_sgemm_tile):
+            sgemm_tile(candidate.cuda_core_sgemm_tile), cuda_10_alignment(candidate.cuda_10_alignment_counted):
         for fold in range(FOLDS):
             train = [row for row in rows if fold_of(row["id"], split) != fold]
             test = [row for row in rows if fold_of(row["id"], split) == fold]
