@@ -15,20 +15,18 @@ own arguments (``scripts/launch_site.sh``, ``runtime/elastic_launch.py``):
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Optional
 
-from geodiloco.runtime.fatal import FATAL_FILE_ENV, read_fatal
+from geodiloco.runtime.fatal import FATAL_FILE_ENV, private_fatal_file, read_fatal, remove_fatal_file
 from geodiloco.runtime.recovery import AGENT_STARTED_ENV
 
 AGENT_PID_ENV = "GEODILOCO_AGENT_PID"
@@ -225,11 +223,9 @@ def prepare_environment(leave_signal: signal.Signals, environ=os.environ) -> tup
     environ[LEAVE_SIGNAL_ENV] = str(int(leave_signal))
     if environ.get(FATAL_FILE_ENV):
         return Path(environ[FATAL_FILE_ENV]), False
-    # a worker creates it (exclusively) when it stops on bad input; inside a folder of this user's alone (0700),
-    # since a name freed in the shared temp folder could be taken first by another user, who then speaks for it
-    path = os.path.join(tempfile.mkdtemp(prefix="geodiloco-fatal-"), "fatal_error.txt")
-    environ[FATAL_FILE_ENV] = path
-    return Path(path), True
+    path = private_fatal_file()  # a worker creates it (exclusively) when it stops on bad input or a full disk
+    environ[FATAL_FILE_ENV] = str(path)
+    return path, True
 
 
 def tell_workers_the_rendezvous(args, environ=os.environ) -> None:
@@ -283,9 +279,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return exit_code
     finally:
         if own_fatal_file:
-            fatal_file.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                fatal_file.parent.rmdir()
+            remove_fatal_file(fatal_file)
     return 0
 
 

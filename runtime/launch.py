@@ -45,7 +45,8 @@ from geodiloco.runtime.run_dir import check_run_dir, resume_changes
 from geodiloco.runtime.config import RunConfig
 from geodiloco.runtime.store_socket import STORE_FD_ENV, reserve_port
 from geodiloco.runtime.heartbeat import PEER_FAILED_EXIT_CODE
-from geodiloco.runtime.fatal import FATAL_FILE, FATAL_FILE_ENV, LaunchError, read_fatal
+from geodiloco.runtime.fatal import (FATAL_FILE_ENV, LaunchError, private_fatal_file, read_fatal,
+                                     remove_fatal_file)
 from geodiloco.lab.drill import DrillRunner, parse_drill
 from geodiloco.lab.process_tree import descendants
 
@@ -103,13 +104,14 @@ class NodeLauncher:
     (runtime/elastic_launch.py), which starts and restarts the node's worker."""
 
     def __init__(self, config: RunConfig, mode: str, site_set, train_args: list[str], master_addr: str,
-                 port: int, rendezvous_endpoint: Optional[str], store_socket: Optional[socket.socket] = None) -> None:
+                 port: int, rendezvous_endpoint: Optional[str], fatal_file: Path,
+                 store_socket: Optional[socket.socket] = None) -> None:
         self.config, self.mode, self.site_set = config, mode, site_set
         self.store_socket = store_socket
         self.train_args, self.master_addr, self.port = train_args, master_addr, port
         self.rendezvous_endpoint = rendezvous_endpoint
         self.peers_file = Path(train_args[train_args.index("--run-dir") + 1]) / PEERS_FILE
-        self.fatal_file = self.peers_file.parent / FATAL_FILE
+        self.fatal_file = fatal_file
         self.hivemind = config.comm.backend == "hivemind"
         self.secret_env = launch_env()
         self.outputs: dict[str, NodeOutput] = {}
@@ -187,7 +189,10 @@ def site_processes(config: RunConfig, mode: str, train_args: list[str],
             from geodiloco.runtime.elastic_launch import rendezvous_store
             endpoint = stack.enter_context(rendezvous_store(site_set, master_addr, port, run_dir,
                                                             config.comm.init_timeout_s))
-        launcher = NodeLauncher(config, mode, site_set, train_args, master_addr, port, endpoint, store_socket)
+        fatal_file = private_fatal_file()  # away from the run directory: its disk may be the error to tell
+        stack.callback(remove_fatal_file, fatal_file)
+        launcher = NodeLauncher(config, mode, site_set, train_args, master_addr, port, endpoint, fatal_file,
+                                store_socket)
         try:
             for index in range(len(config.nodes)):
                 processes.append(launcher.start(index, processes[0] if processes else None))
@@ -382,7 +387,6 @@ def launch_local(config: RunConfig, run_dir: Path, sites: str, resume: bool, ela
                           "without it one failed site stops the run")
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = hold_run_dir(run_dir)  # held until this process ends; the sites do not inherit it
-    (run_dir / FATAL_FILE).unlink(missing_ok=True)
     config_path = run_dir / "config.yaml"
     for change in (resume_changes(run_dir, config) if resume else []):
         print(f"[geodiloco] resuming with a changed setting: {change}", flush=True)

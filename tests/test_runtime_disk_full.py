@@ -7,6 +7,7 @@ import errno
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,31 @@ def test_a_write_that_fails_leaves_no_temp_file_and_the_old_file_as_it_was(tmp_p
     monkeypatch.undo()
     assert sorted(path.name for path in tmp_path.rglob("*") if ".tmp" in path.name) == []
     assert target.read_text() == "2\n" and len((tmp_path / "idle.jsonl").read_text().splitlines()) == 2
+
+
+def test_the_launchers_fatal_error_file_is_away_from_the_run_directory_and_an_unwritten_one_still_stops(
+        tmp_path, monkeypatch):
+    """On a full disk a worker's one line could not be written into the run directory, and the launcher would not
+    stop the sites: the file lies in a private temp folder, and one its writer created but could not fill (that disk
+    full too) reads as a stop once it is a few seconds old."""
+    import stat
+    import time
+
+    from geodiloco.runtime import fatal
+    path = fatal.private_fatal_file()
+    try:
+        assert path.parent.parent == Path(tempfile.gettempdir())
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and not path.exists()
+        fatal.record_fatal("node a: stopping this site: writing x: No space left on device",
+                           {fatal.FATAL_FILE_ENV: str(path)})
+        assert fatal.read_fatal(path) == "node a: stopping this site: writing x: No space left on device"
+    finally:
+        fatal.remove_fatal_file(path)
+    assert not path.parent.exists()
+    empty = tmp_path / "fatal_error.txt"
+    empty.touch()
+    assert fatal.read_fatal(empty) is None  # its writer may be between creating and writing it
+    old_s = time.time() - 10
+    os.utime(empty, (old_s, old_s))
+    assert fatal.read_fatal(empty) == fatal.UNWRITTEN_MESSAGE
+    assert fatal.read_fatal(tmp_path / "none.txt") is None
