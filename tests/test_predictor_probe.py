@@ -40,7 +40,7 @@ def test_a_cpu_probe_measures_positive_rates_and_leaves_host_costs_to_detection(
 def test_the_probe_row_leaves_measured_host_costs_out_and_loads_as_a_gpu_file(tmp_path, capsys):
     row = probe_row({**MEASURED, "host_op_us": 37.0, "host_optimizer_tensor_us": 43.0})
     assert "host_op_us" not in row and "host_optimizer_tensor_us" not in row
-    # datasheet-equivalent peaks: matmul rates over the model's share for large GEMMs (fitted: 0.812 in the shipped
+    # datasheet-equivalent peaks: matmul rates over the model's share for large GEMMs (fitted in the shipped
     # predictor/data/gpu_efficiency.yaml), the copy over 0.84
     share = GPU_EFFICIENCY.matmul
     assert (row["bf16_tflops"], row["memory_bandwidth_gbps"]) == (round(120.0 / share, 2), 1071.4)

@@ -293,7 +293,7 @@ def repeat_line(results: list) -> str:
     return (f"Two publications of one measurement disagree: {pairs} pairs of rows ran the same GPU, workload, "
             f"precision, sequence length and batch size in two sources or source generations, and their measured "
             f"step times differ by {median:.1%} at the median (worst {worst:.0%}). That scatter is in the truth "
-            "itself; a cold model sees neither container nor software version.")
+            "itself; a cold model sees no container or software version beyond the CUDA release the data file records.")
 
 
 def coverage_line() -> str:
