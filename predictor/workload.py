@@ -26,6 +26,10 @@ class ModelDims:
 
     ``num_kv_heads`` (grouped-query attention) is used by the cost model only;
     None means as many key/value heads as query heads.
+    ``embedding_parameters``: the input embedding's parameter count where it is not
+    vocab_size x hidden_size: an adaptive input embedding (Baevski & Auli 2019; Transformer-XL's
+    div_val > 1) gives rarer-word clusters narrower vectors and projects them up. None: vocab_size x
+    hidden_size. Only the optimizer's cost reads it; the LM head keeps vocab_size.
     """
 
     hidden_size: int
@@ -36,6 +40,7 @@ class ModelDims:
     max_seq_len: int
     tie_embeddings: bool = False
     num_kv_heads: Optional[int] = None
+    embedding_parameters: Optional[int] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -117,6 +122,10 @@ def dims_from_mapping(data: dict, source: str = "model dims") -> ModelDims:
                                  or values["num_heads"] % kv_heads):
         raise ConfigError(f"{source}: num_kv_heads must be a positive integer that divides num_heads "
                           f"{values['num_heads']} (each key/value head serves a group of query heads), got {kv_heads!r}")
+    embedding = values.get("embedding_parameters")
+    if embedding is not None and (not isinstance(embedding, int) or isinstance(embedding, bool) or embedding < 1):
+        raise ConfigError(f"{source}: embedding_parameters must be a positive integer (the input embedding's "
+                          f"parameters, where it is not vocab_size x hidden_size), got {embedding!r}")
     return ModelDims(**values)
 
 
@@ -183,7 +192,7 @@ def layer_linear_shapes(dims: ModelDims) -> list[tuple[int, int]]:
 def parameter_count(dims: ModelDims) -> int:
     """Trainable parameters: embeddings, blocks (linears + 2 norms), final norm, head."""
     per_layer = sum(n_in * n_out for n_in, n_out in layer_linear_shapes(dims)) + 2 * dims.hidden_size
-    embedding = dims.vocab_size * dims.hidden_size
+    embedding = dims.vocab_size * dims.hidden_size if dims.embedding_parameters is None else dims.embedding_parameters
     head = 0 if dims.tie_embeddings else dims.vocab_size * dims.hidden_size
     return embedding + dims.num_layers * per_layer + dims.hidden_size + head
 

@@ -342,3 +342,30 @@ def test_lambdas_cuda_10_rows_carry_their_cuda_release_and_it_explains_their_tra
     with select_model.cuda_10_alignment(without.cuda_10_alignment_counted):
         assert bench_published.predicted_step_s(row, data["workloads"]) < 0.6 * measured_s
     assert bench_published.row_code(row, data["workloads"]).tensor_core_alignment == 8
+
+
+def test_an_adaptive_input_embedding_counts_its_own_parameters_in_the_optimizer():
+    """DLE's Transformer-XL large (div_val 4) embeds its four word clusters (19997, 20000, 160000, 67738 words) in
+    1024, 256, 64 and 16 columns with a projection each up to 1024: 38,313,376 parameters, not 267,735 x 1024. The
+    optimizer's cost follows the parameter count; the LM head keeps the full vocabulary."""
+    from geodiloco.common.schema import ConfigError
+    from geodiloco.predictor.workload import dims_from_mapping, parameter_count
+    clusters = [(19997, 1024), (20000, 256), (160000, 64), (67738, 16)]
+    adaptive = sum(words * width + 1024 * width for words, width in clusters)
+    assert adaptive == 38313376
+    data = yaml.safe_load(bench_published.DATA_FILE.read_text(encoding="utf-8"))
+    large = data["workloads"]["transformer-xl-large-dle"]
+    assert large["embedding_parameters"] == adaptive
+    dims = bench_published.workload_dims(large, 384)
+    full = dataclasses.replace(dims, embedding_parameters=None)
+    assert parameter_count(full) - parameter_count(dims) == 267735 * 1024 - adaptive
+    a100 = lookup_gpu("A100-SXM4-40GB")
+    assert kernels.optimizer_time(a100, dims, "fp16", 1)[0] < 0.6 * kernels.optimizer_time(a100, full, "fp16", 1)[0]
+    code = bench_published.row_code({"workload": "transformer-xl-large-dle"}, data["workloads"])
+    assert micro_batch_time(a100, dims, 384, "fp16", 8, code=code) == micro_batch_time(a100, full, 384, "fp16", 8,
+                                                                                       code=code)
+    assert dims_from_mapping({"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
+                              "vocab_size": 100, "embedding_parameters": 1000}).embedding_parameters == 1000
+    with pytest.raises(ConfigError, match="embedding_parameters must be a positive integer"):
+        dims_from_mapping({"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
+                           "vocab_size": 100, "embedding_parameters": -5})

@@ -81,7 +81,8 @@ def workload_dims(spec: dict, seq_len: int) -> ModelDims:
     ffn = spec["ffn_size"] if spec.get("ffn_kind", "gelu") == "swiglu" else round(spec["ffn_size"] * 2 / 3)
     return ModelDims(hidden_size=spec["hidden_size"], intermediate_size=ffn, num_layers=spec["num_layers"],
                      num_heads=spec["num_heads"], vocab_size=spec["vocab_size"], max_seq_len=max(seq_len, 1),
-                     tie_embeddings=bool(spec.get("tied_embeddings", False)))
+                     tie_embeddings=bool(spec.get("tied_embeddings", False)),
+                     embedding_parameters=spec.get("embedding_parameters"))
 
 
 def measured_step_s(row: dict) -> float:
