@@ -97,9 +97,14 @@ class ModelSection(StrictModel):
             return dims_from_mapping(read_hf_config(path, field), f"{field} ({path})")
         if self.file:
             try:
-                return resolve_dims(self.file)
+                dims = resolve_dims(self.file)
             except ConfigError as err:
                 raise ConfigError(f"model.file: {err}") from None
+            if dims.embedding_parameters is not None:
+                raise ConfigError(f"model.file: {self.file} gives embedding_parameters, an adaptive input embedding "
+                                  "that the runtime's decoder does not have (it embeds vocab_size x hidden_size); "
+                                  "remove it (it is for `geodiloco predict --model` on other training code)")
+            return dims
         try:
             return preset_dims(self.preset)
         except ValueError as err:

@@ -160,3 +160,12 @@ def test_model_and_optimizer_mistakes_name_the_field_and_the_fix(overrides, mess
     with pytest.raises(ConfigError) as refused:
         load_config(None, overrides)
     assert message in str(refused.value)
+
+
+def test_a_model_file_with_an_adaptive_embedding_count_is_refused_since_the_runtime_trains_a_full_one(tmp_path):
+    dims = tmp_path / "dims.json"
+    dims.write_text('{"hidden_size": 64, "intermediate_size": 176, "num_layers": 2, "num_heads": 4, '
+                    '"vocab_size": 256, "max_seq_len": 64, "embedding_parameters": 1000}')
+    with pytest.raises(ConfigError, match=r"model.file: .*dims.json gives embedding_parameters, an adaptive input "
+                                          r"embedding that the runtime's decoder does not have"):
+        load_config(None, ["model.preset=null", f"model.file={dims}"]).model.dims()
