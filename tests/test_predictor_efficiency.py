@@ -369,3 +369,24 @@ def test_an_adaptive_input_embedding_counts_its_own_parameters_in_the_optimizer(
     with pytest.raises(ConfigError, match="embedding_parameters must be a positive integer"):
         dims_from_mapping({"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
                            "vocab_size": 100, "embedding_parameters": -5})
+
+
+def test_a_software_factor_learned_on_other_gpus_scales_a_row_and_the_sentence_says_whether_it_carries():
+    """Dev rows of one workload and source generation, both measured 20 % slower than predicted on other GPUs:
+    their factor 1.2 fixes a held-out row that is off the same way; a row on one of those GPUs takes the other GPU's
+    factor only, and a row of another source generation is left unscaled."""
+    def result(row_id: str, gpu: str, measured_s: float, predicted_s: float) -> dict:
+        return {"id": row_id, "gpu": gpu, "workload": "bert-large-squad", "measured_s": measured_s,
+                "predicted_s": predicted_s}
+    dev = [result("lambda-v0-a", "A10", 1.2, 1.0), result("lambda-v0-b", "A40", 2.4, 2.0)]
+    carried = [result("lambda-v0-c", "L4", 3.6, 3.0)]
+    assert bench_published.cross_gpu_factor_median(carried, dev) == pytest.approx(0.0)
+    own_gpu = [result("lambda-v0-d", "A10", 3.6, 3.0)]
+    assert bench_published.cross_gpu_factor_median(own_gpu, dev) == pytest.approx(0.0)  # the A40's factor only
+    other_source = [result("dle-pt-e", "L4", 3.6, 3.0)]
+    assert bench_published.cross_gpu_factor_median(other_source, dev) == pytest.approx(1 / 6)  # unscaled: 3.0/3.6
+    assert bench_published.software_factor_line(carried, dev, 1 / 6).startswith(
+        "A shared software factor carries across GPUs: ")
+    assert bench_published.software_factor_line(other_source, dev, 0.17).startswith(
+        "A shared software factor carries little across GPUs: ")
+    assert "of 16.7% (the model alone: 17.0%)" in bench_published.software_factor_line(other_source, dev, 0.17)
