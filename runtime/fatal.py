@@ -56,11 +56,11 @@ def read_fatal(path: Path) -> Optional[str]:
     write into (that disk full too) reads as ``UNWRITTEN_MESSAGE`` once it is ``UNWRITTEN_GRACE_S`` old."""
     try:
         text = path.read_text(encoding="utf-8").strip()
+        if text:
+            return text
         age_s = time.time() - path.stat().st_mtime
     except OSError:
         return None
-    if text:
-        return text
     return UNWRITTEN_MESSAGE if age_s > UNWRITTEN_GRACE_S else None
 
 
