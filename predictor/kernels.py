@@ -239,7 +239,7 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
         rows = samples * (seq_len + code.memory_len) if index == 0 else tokens
         # A "gpt" block's MLP width here is the SwiGLU equivalent (2/3 of its real width), so its alignment is
         # checked on the hidden size: the real width is 4 x the hidden size in BERT, GPT-2 and Transformer-XL.
-        shape = (rows, dims.hidden_size) if code.block == "gpt" and index >= 2 else (rows, n_in, n_out)
+        shape = (rows, dims.hidden_size) if code.block == "gpt" and index >= 2 else ()
         add(rows, n_out, n_in, layers * (block_passes - 2), shape)  # forward (+ recompute)
         add(rows, n_in, n_out, layers, shape)                        # input gradient
         add(n_in, n_out, rows, layers, shape)                        # weight gradient
