@@ -470,6 +470,8 @@ per-GPU lists a plan builds stay small (a count of 10^9 took minutes and gigabyt
 
 
 _COUNT_WITHOUT_X = re.compile(r"^\s*(\d+)\s+(.+?)\s*$")
+_COUNT_X_JOINED = re.compile(r"^\s*(\d+)\s+[xX×*](\S.*?)\s*$")
+""""4 xA30": a count whose "x" sticks to the name, which ``GPU_COUNT`` leaves whole (so "9070 XT" stays a name)."""
 _COUNT_AFTER = re.compile(r"^\s*(\D.*?)\s+[xX×*]\s*(\d+)\s*$")
 
 
@@ -503,6 +505,9 @@ def count_form_refusal(name: str, counted: bool) -> Optional[str]:
             return f"{name!r}: one entry per kind of GPU; write them as list items: [{listed}]"
     if counted:  # "4 x A30": its count is written as it should be
         return None
+    joined = _COUNT_X_JOINED.match(name)
+    if joined and _resolves(joined.group(2)):
+        return f"{name!r}: write a GPU count as \"{joined.group(1)} x {joined.group(2)}\" (a space on both sides of the x)"
     without_x = _COUNT_WITHOUT_X.match(name)
     if without_x and _resolves(without_x.group(2)):
         return f"{name!r}: write a GPU count as \"{without_x.group(1)} x {without_x.group(2)}\""

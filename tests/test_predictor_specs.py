@@ -165,6 +165,8 @@ def test_the_rtx_pro_4000_sff_is_its_own_70_w_board_not_the_rtx_pro_4000():
 @pytest.mark.parametrize("written, message", [
     ("4 A30", "'4 A30': write a GPU count as \"4 x A30\""),
     ("4 2080 Ti", "'4 2080 Ti': write a GPU count as \"4 x 2080 Ti\""),
+    ("4 xA30", "'4 xA30': write a GPU count as \"4 x A30\" (a space on both sides of the x)"),
+    ("2 xRTX 3090", "'2 xRTX 3090': write a GPU count as \"2 x RTX 3090\""),
     ("A30 x 4", "'A30 x 4': write the GPU count first: \"4 x A30\""),
     ("2 x RTX 3090, 2 x A30", "one entry per kind of GPU; write them as list items: [\"2 x RTX 3090\", \"2 x A30\"]"),
     ("3× RTX 2080 Ti + 1× Titan RTX", "write them as list items: [\"3× RTX 2080 Ti\", \"1× Titan RTX\"]"),
