@@ -283,6 +283,7 @@ class SimulationResult:
         tokens = int(self.tokens.sum())
         return {
             "policy": self.policy, "weighting": self.weighting, "rounds": self.rounds, "nodes": per_node,
+            **self.gpu_time_totals(),
             "predicted_idle_s": float(self.predicted_idle_s.sum()), "compute_s": float(self.compute_s.sum()),
             "wait_s": float(self.wait_s.sum()), "comm_s": float(self.comm_s.sum()),
             "idle_s": float(self.idle_s.sum()), "comm_hidden_s": float(self.comm_hidden_s.sum()),
@@ -290,6 +291,17 @@ class SimulationResult:
             "tokens_per_round": tokens / max(self.rounds, 1),
             "tokens_per_hour": tokens / self.wall_s * 3600.0 if self.wall_s > 0 else 0.0,
         }
+
+    def gpu_time_totals(self) -> dict:
+        """GPU-seconds (a node's seconds times its GPUs, as the run report weighs them) of the whole simulation:
+        all GPU time, its idle part (waiting for peers + exposed sync) and those two apart, and the idle share."""
+        gpus = np.array([max(node.num_gpus, 1) for node in self.nodes], dtype=float)
+        gpu_wait_s = float((self.wait_s * gpus).sum())
+        gpu_sync_s = float((self.comm_s * gpus).sum())
+        gpu_s = float(((self.compute_s + self.idle_s) * gpus).sum())
+        gpu_idle_s = float((self.idle_s * gpus).sum())
+        return {"gpu_s": gpu_s, "gpu_idle_s": gpu_idle_s, "gpu_wait_s": gpu_wait_s, "gpu_sync_s": gpu_sync_s,
+                "gpu_idle_share": gpu_idle_s / gpu_s if gpu_s > 0 else 0.0}
 
     def idle_records(self, run_id: str) -> Iterator[IdleRecord]:
         """One IdleRecord per node per round, as the runtime's tracker writes them."""

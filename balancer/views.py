@@ -141,6 +141,8 @@ def print_simulation(result, console: Console | None = None) -> None:
     last_batches = [(node.name, int(batch)) for node, batch in zip(result.nodes, result.batch_size[-1])]
     for line in batches_below_gpu_count(last_batches, result.nodes):
         console.print(f"[bold yellow]note:[/] {line}", soft_wrap=True)
-    console.print(f"wall {summary['wall_s']:.1f} s; waiting {summary['wait_s']:.2f} s; "
+    console.print(f"GPU idle {summary['gpu_idle_s']:,.1f} of {summary['gpu_s']:,.1f} GPU-s ({summary['gpu_idle_share']:.1%}): "
+                  f"waiting {summary['gpu_wait_s']:,.1f}, exposed sync {summary['gpu_sync_s']:,.1f} GPU-s", soft_wrap=True)
+    console.print(f"wall {summary['wall_s']:.1f} s; waiting {summary['wait_s']:.2f} s (node-s); "
                   f"tokens per round {summary['tokens_per_round']:,.0f}; tokens per hour {summary['tokens_per_hour']:,.0f}; "
                   f"outer-average weighting: {summary['weighting']}")

@@ -27,6 +27,17 @@ def test_uniform_waits_for_the_slowest_node():
     assert result.summary()["tokens"] == 3 * 2 * 100 * 4 * 128
 
 
+def test_the_idle_totals_weigh_each_node_by_its_gpus():
+    # a 1-GPU slow node (30 s a round) and a 3-GPU fast node (10 s of compute, then 20 s waiting), no sync
+    specs = [NodeSpec(name="n1", gpus=["slow"]), NodeSpec(name="n2", gpus=["fast", "fast", "fast"])]
+    summary = simulate(planner("uniform", specs, **EXACT), rounds=3).summary()
+    assert summary["gpu_s"] == pytest.approx(3 * (30.0 * 1 + 30.0 * 3))
+    assert summary["gpu_idle_s"] == pytest.approx(summary["gpu_wait_s"]) == pytest.approx(3 * 20.0 * 3)
+    assert summary["gpu_sync_s"] == pytest.approx(0.0, abs=1e-9)
+    assert summary["gpu_idle_share"] == pytest.approx(0.5)
+    assert summary["wait_s"] == pytest.approx(3 * 20.0)  # node-seconds, unweighted
+
+
 def test_time_policy_calibrates_after_the_first_round():
     result = simulate(planner("time", measured_nodes(), **EXACT), rounds=3)
     # specs say 0.1 s on n2, truth is 0.2 s: 300 steps take 60 s in round 0, then 150 steps
@@ -128,6 +139,23 @@ def test_cli_simulate_json_and_out(tmp_path, capsys):
     assert summary["wait_s"] == pytest.approx(0.0, abs=1e-6)
     assert summary["comm_s"] > 0
     assert len((tmp_path / "run" / "idle.jsonl").read_text().splitlines()) == 4
+
+
+def test_cli_simulate_leads_with_total_gpu_idle(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    args = ["simulate", "--cluster", str(cluster), "--policy", "uniform", "--rounds", "2", "--model", "tiny",
+            "--seq-len", "64", "--step-noise", "0", "--straggler-prob", "0", "--drift-per-round", "0"]
+    assert main([*args, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    idle_s = sum(node["wait_s"] + node["comm_s"] for node in summary["nodes"])  # one GPU per node here
+    total_s = sum(node["compute_s"] + node["wait_s"] + node["comm_s"] for node in summary["nodes"])
+    assert summary["wait_s"] > 0 and summary["comm_s"] > 0
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("GPU idle"))
+    assert line == (f"GPU idle {idle_s:,.1f} of {total_s:,.1f} GPU-s ({idle_s / total_s:.1%}): waiting "
+                    f"{summary['wait_s']:,.1f}, exposed sync {summary['comm_s']:,.1f} GPU-s")
 
 
 def test_cli_plan_json(tmp_path, capsys):
