@@ -236,10 +236,10 @@ def test_a_hivemind_peer_with_the_wrong_secret_is_refused_and_the_run_finishes(t
     assert forger_code == 0 and "READ \n" in forger_out + "\n", forger_out[-3000:]  # it could read nothing
     # Both train from round 0 to the last beside the forged record. On a loaded machine hivemind's
     # matchmaking can leave a node out of one round's group; it then reloads the global state from its
-    # peer and goes on (the recovery tests/test_hivemind_run.py covers), so each may miss one round.
+    # peer and goes on (the recovery tests/test_hivemind_run.py covers), so each may miss one round, its first too.
     for name in ("a", "b"):
         rounds = node_rounds(run_dir, name)
-        assert rounds[0] == 0 and rounds[-1] == 11 and len(rounds) >= 11, (name, rounds)
+        assert set(rounds) <= set(range(12)) and rounds[-1] == 11 and len(rounds) >= 11, (name, rounds)
     assert_same_parameters([final_checksum(logs["a"]), final_checksum(logs["b"])])
     assert time.monotonic() - started < 150, "the forged record stalled the run"
 
