@@ -292,6 +292,7 @@ class NodeTrainer:
             result.step_times_s.append(time.perf_counter() - step_started)
             result.steps += 1
             result.tokens += step.samples * self.seq_len
+        self.pacer.end_phase()
         return result
 
     # ----- outer sync --------------------------------------------------------------------

@@ -93,17 +93,19 @@ def test_stragglers_and_drift_make_the_truth_differ_from_any_plan():
 
 class _FakeClock:
     """perf_counter and sleep for the pacer, on a clock that moves only when told: every sleep wakes
-    ``wake_late_s`` late, and compute takes exactly what the test says."""
+    ``wake_late_s`` late (the sleeps listed in ``late_sleeps_s`` by their own delays, in turn), and compute takes
+    exactly what the test says."""
 
     def __init__(self) -> None:
         self.now_s = 0.0
         self.wake_late_s = 0.0
+        self.late_sleeps_s: list[float] = []
 
     def perf_counter(self) -> float:
         return self.now_s
 
     def sleep(self, seconds: float) -> None:
-        self.now_s += seconds + self.wake_late_s
+        self.now_s += seconds + (self.late_sleeps_s.pop(0) if self.late_sleeps_s else self.wake_late_s)
 
 
 def _pace_phase(pacer, steps: int, compute_s: float, wake_late_s: float, monkeypatch,
@@ -135,6 +137,38 @@ def test_a_phase_of_padded_steps_adds_up_to_its_targets_though_each_sleep_wakes_
     assert pacer.slow_steps == 0
     # a new phase starts without the carry: its first step is padded to its whole target (0.07 s with it)
     assert _pace_phase(pacer, 1, 0.02, 0.0, monkeypatch, clock) == pytest.approx([0.1], abs=1e-9)
+
+
+def test_a_wake_up_later_than_one_steps_pad_is_made_up_over_the_next_steps(monkeypatch):
+    """0.1 s targets, 0.02 s of compute: the second sleep wakes 0.15 s late, more than the 0.08 s the next step
+    can pad. Steps 3 and 4 take it off their pads (0.02 s, then 0.03 s), so the 6 steps last 6 x 0.1 s, as the
+    emulated GPU's would; nothing is slow."""
+    pacer = StepPacer(NodeSpec(name="a", emulate={"step_time_s": 0.1}), 0, 4, 0, resolve_dims("tiny"), 128, "bf16")
+    clock = _FakeClock()
+    clock.late_sleeps_s = [0.0, 0.15]
+    step_times_s = _pace_phase(pacer, 6, 0.02, 0.0, monkeypatch, clock)
+    assert step_times_s == pytest.approx([0.1, 0.25, 0.02, 0.03, 0.1, 0.1], abs=1e-9)
+    assert sum(step_times_s) == pytest.approx(0.6, abs=1e-9)
+    pacer.end_phase()
+    assert pacer.slow_steps == 0
+
+
+def test_a_phase_whose_last_wake_up_is_late_counts_one_slow_step(monkeypatch):
+    """Nothing after a phase's last sleep can make up its delay: 0.02 s late on 0.1 s targets is 20 % of a step,
+    more than LATE_PHASE_SHARE, and is said; 0.005 s late is not."""
+    from geodiloco.lab.virtual_gpu import LATE_PHASE_SHARE
+
+    pacer = StepPacer(NodeSpec(name="a", emulate={"step_time_s": 0.1}), 0, 4, 0, resolve_dims("tiny"), 128, "bf16")
+    clock = _FakeClock()
+    clock.late_sleeps_s = [0.0, 0.0, 0.02]
+    assert sum(_pace_phase(pacer, 3, 0.02, 0.0, monkeypatch, clock)) == pytest.approx(0.32, abs=1e-9)
+    assert 0.02 > LATE_PHASE_SHARE * 0.1 > 0.005
+    pacer.end_phase()
+    assert pacer.slow_steps == 1
+    clock.late_sleeps_s = [0.0, 0.0, 0.005]
+    _pace_phase(pacer, 3, 0.02, 0.0, monkeypatch, clock)
+    pacer.end_phase()
+    assert pacer.slow_steps == 1
 
 
 def test_a_step_that_computes_past_its_target_keeps_its_time_and_counts_as_slow(monkeypatch):
