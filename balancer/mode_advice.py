@@ -28,12 +28,12 @@ from geodiloco.balancer.network import encoded_bytes
 from geodiloco.balancer.plan import Plan
 
 ASYNC_MARGIN = 0.05
-"""Async must predict at least this much less GPU idle (share of node time) to be advised."""
+"""Async must predict at least this much less GPU idle (share of GPU time: node time weighed by GPUs) to be advised."""
 
 
 @dataclass
 class ModeAdvice:
-    """Predicted GPU idle share of node time for each mode, and the advice with its reason."""
+    """Predicted GPU idle share of GPU time (node time weighed by GPUs) for each mode, and the advice with its reason."""
 
     recommended: str
     sync_idle_share: float
@@ -65,7 +65,10 @@ def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: 
     count = len(plan.nodes)
     compute_s = np.array([node.predicted_compute_s for node in plan.nodes])
     phase_s = float(compute_s.max())
-    sync_idle = plan.predicted_idle_s / (count * plan.predicted_round_s) if plan.predicted_round_s > 0 else 0.0
+    gpus = {node.name: node.num_gpus for node in nodes}
+    weights = np.array([gpus.get(node.name, 1) for node in plan.nodes], dtype=float)  # GPU time, as the report weighs it
+    idle_s = np.array([node.predicted_idle_s for node in plan.nodes])
+    sync_idle = float(weights @ idle_s / (weights.sum() * plan.predicted_round_s)) if plan.predicted_round_s > 0 else 0.0
     payload = encoded_bytes(codec, num_params)
     by_name = {node.name: node for node in nodes}
     links = [by_name[item.name].wan for item in plan.nodes]
@@ -80,7 +83,7 @@ def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: 
     host_busy_s = (count - 1) * pull_s
     host_load = host_busy_s / float(cycle_s.mean()) if cycle_s.mean() > 0 else 0.0
     cycle_s = np.maximum(cycle_s, host_busy_s)
-    async_idle = float(np.mean((cycle_s - phase_s) / cycle_s)) if phase_s > 0 else 0.0
+    async_idle = float(np.average((cycle_s - phase_s) / cycle_s, weights=weights)) if phase_s > 0 else 0.0
     transfer_s = float(np.mean(cycle_s - phase_s))
     staleness = max(0, count - 1)
     if async_idle < sync_idle - ASYNC_MARGIN:
@@ -91,7 +94,7 @@ def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: 
     elif async_idle < sync_idle:
         recommended = "sync"
         reason = (f"sync with the {plan.policy} policy leaves {sync_idle:.0%} of GPU time idle (waiting + exposed sync); "
-                  f"async would leave about {async_idle:.0%}, less by under {ASYNC_MARGIN:.0%} of node time: too little "
+                  f"async would leave about {async_idle:.0%}, less by under {ASYNC_MARGIN:.0%} of GPU time: too little "
                   f"to pay for updates about {counted(staleness, 'version')} stale")
     else:
         recommended = "sync"

@@ -295,7 +295,7 @@ class SimulationResult:
     def gpu_time_totals(self) -> dict:
         """GPU-seconds (a node's seconds times its GPUs, as the run report weighs them) of the whole simulation:
         all GPU time, its idle part (waiting for peers + exposed sync) and those two apart, and the idle share."""
-        gpus = np.array([max(node.num_gpus, 1) for node in self.nodes], dtype=float)
+        gpus = np.array([node.num_gpus for node in self.nodes], dtype=float)
         gpu_wait_s = float((self.wait_s * gpus).sum())
         gpu_sync_s = float((self.comm_s * gpus).sum())
         gpu_s = float(((self.compute_s + self.idle_s) * gpus).sum())

@@ -13,8 +13,8 @@ from runtime_helpers import geodiloco, write_config
 def two_node_plan() -> Plan:
     """Both nodes compute 10 s; sync predicts 4 s of idle summed over 2 nodes in a 12 s round (16.7 %)."""
     return Plan(policy="time", round=0, predicted_round_s=12.0, predicted_idle_s=4.0,
-                nodes=[NodePlan(name="a", local_steps=10, batch_size=4, predicted_compute_s=10.0),
-                       NodePlan(name="b", local_steps=10, batch_size=4, predicted_compute_s=10.0)])
+                nodes=[NodePlan(name="a", local_steps=10, batch_size=4, predicted_compute_s=10.0, predicted_idle_s=2.0),
+                       NodePlan(name="b", local_steps=10, batch_size=4, predicted_compute_s=10.0, predicted_idle_s=2.0)])
 
 
 def nodes(host_mbps: float) -> list[NodeSpec]:
@@ -46,8 +46,21 @@ def test_sync_is_advised_when_async_saves_too_little_and_the_reason_says_so():
     advice = advise_mode(plan, two, 1_000_000)
     assert advice.async_idle_share == pytest.approx((32 / 15 * 2 / (10 + 32 / 15 * 2)) / 2)
     assert advice.async_idle_share < advice.sync_idle_share and advice.recommended == "sync"
-    assert "async would leave about 15%, less by under 5% of node time: too little to pay for updates about 1 version stale" \
+    assert "async would leave about 15%, less by under 5% of GPU time: too little to pay for updates about 1 version stale" \
         in advice.reason, advice.reason
+
+
+def test_both_shares_are_of_gpu_time_each_node_weighed_by_its_gpus():
+    # a (1 GPU) idles 1 s and b (3 GPUs) 3 s of a 12 s round: sync idles (1 x 1 + 3 x 3) / (12 x 4) of GPU time,
+    # not (1 + 3) / (12 x 2) of node time; async's per-node shares are weighed the same way
+    plan = Plan(policy="time", round=0, predicted_round_s=12.0, predicted_idle_s=4.0,
+                nodes=[NodePlan(name="a", local_steps=10, batch_size=4, predicted_compute_s=10.0, predicted_idle_s=1.0),
+                       NodePlan(name="b", local_steps=10, batch_size=4, predicted_compute_s=10.0, predicted_idle_s=3.0)])
+    specs = [NodeSpec(name="a", gpus=["A30"], wan={"bandwidth_mbps": 1000}),
+             NodeSpec(name="b", gpus=["3 x A30"], wan={"bandwidth_mbps": 1000})]
+    advice = advise_mode(plan, specs, 1_000_000)
+    assert advice.sync_idle_share == pytest.approx(10 / 48)
+    assert advice.async_idle_share == pytest.approx((1 * 0.0 + 3 * 0.064 / 10.064) / 4)
 
 
 def test_int8_shrinks_the_async_transfer_about_four_times():

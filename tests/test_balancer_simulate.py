@@ -168,6 +168,31 @@ def test_cli_plan_json(tmp_path, capsys):
     assert plan["nodes"][1]["predicted_idle_s"] == pytest.approx(20.0 + plan["nodes"][1]["predicted_comm_s"])
 
 
+def test_cli_plan_weighs_gpu_idle_by_each_nodes_gpus(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the advice's lines fold at the terminal's width
+    # a's one 2080 Ti and b's three A30s idle for different times; GPU time weighs b's three times
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("""
+nodes:
+  - {name: a, gpus: [RTX 2080 Ti], wan: {bandwidth_mbps: 100}}
+  - {name: b, gpus: ["3 x A30"], wan: {bandwidth_mbps: 100}}
+""")
+    args = ["plan", "--cluster", str(cluster), "--policy", "uniform", "--model", "llama-150m", "--seq-len", "256"]
+    assert main([*args, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    idle_a, idle_b = (node["predicted_idle_s"] for node in plan["nodes"])
+    round_s = plan["predicted_round_s"]
+    gpu_idle_s, gpu_s = 1 * idle_a + 3 * idle_b, 4 * round_s
+    node_share = (idle_a + idle_b) / (2 * round_s)
+    assert f"{gpu_idle_s / gpu_s:.1%}" != f"{node_share:.1%}"  # the weighing shows in the printed share
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert (f"predicted round {round_s:.2f} s; GPU idle {gpu_idle_s:,.2f} of {gpu_s:,.2f} GPU-s "
+            f"({gpu_idle_s / gpu_s:.1%}): waiting + exposed outer sync") in out, out
+    assert f"summed over nodes: idle {idle_a + idle_b:,.2f} s" in out, out
+    assert f"leaves {gpu_idle_s / gpu_s:.0%} of GPU time idle" in " ".join(out.split()), out
+
+
 def test_cli_plan_table_is_not_folded_when_piped(capsys, monkeypatch):
     # captured output is not a terminal: the table keeps one line per node instead of rich's 80 columns
     monkeypatch.delenv("COLUMNS", raising=False)
