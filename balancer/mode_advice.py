@@ -65,10 +65,9 @@ def advise_mode(plan: Plan, nodes: list, num_params: int, measured_sync_factor: 
     count = len(plan.nodes)
     compute_s = np.array([node.predicted_compute_s for node in plan.nodes])
     phase_s = float(compute_s.max())
-    gpus = {node.name: node.num_gpus for node in nodes}
-    weights = np.array([gpus.get(node.name, 1) for node in plan.nodes], dtype=float)  # GPU time, as the report weighs it
-    idle_s = np.array([node.predicted_idle_s for node in plan.nodes])
-    sync_idle = float(weights @ idle_s / (weights.sum() * plan.predicted_round_s)) if plan.predicted_round_s > 0 else 0.0
+    weights = np.array(plan.gpu_counts(nodes), dtype=float)
+    gpu_idle_s, gpu_s = plan.gpu_idle_s(nodes)
+    sync_idle = gpu_idle_s / gpu_s if gpu_s > 0 else 0.0
     payload = encoded_bytes(codec, num_params)
     by_name = {node.name: node for node in nodes}
     links = [by_name[item.name].wan for item in plan.nodes]

@@ -66,6 +66,19 @@ class Plan:
     predicted_sync_s: float = 0.0
     sync_advice: Optional[str] = None
 
+    def gpu_counts(self, nodes: list) -> list[int]:
+        """GPUs of each planned node, in the plan's order, from ``nodes`` (the cluster's NodeSpecs): the weights
+        that turn node-seconds into GPU-seconds, as the run report weighs nodes."""
+        by_name = {node.name: node for node in nodes}
+        return [by_name[node_plan.name].num_gpus for node_plan in self.nodes]
+
+    def gpu_idle_s(self, nodes: list) -> tuple[float, float]:
+        """(idle GPU-seconds, all GPU-seconds) of the round: each node's predicted idle and the round, times its
+        GPUs."""
+        gpus = self.gpu_counts(nodes)
+        return (sum(count * node_plan.predicted_idle_s for count, node_plan in zip(gpus, self.nodes)),
+                self.predicted_round_s * sum(gpus))
+
     def node(self, name: str) -> NodePlan:
         for node_plan in self.nodes:
             if node_plan.name == name:

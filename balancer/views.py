@@ -51,9 +51,7 @@ def print_plan(plan: Plan, setup, console: Console | None = None, advice=None) -
                                         setup.cluster.nodes):
         console.print(f"[bold yellow]note:[/] {line}", soft_wrap=True)
     wait_s = sum(node.predicted_wait_s for node in plan.nodes)
-    gpus = {node.name: node.num_gpus for node in setup.cluster.nodes}
-    gpu_idle_s = sum(node.predicted_idle_s * gpus.get(node.name, 1) for node in plan.nodes)
-    gpu_s = plan.predicted_round_s * sum(gpus.get(node.name, 1) for node in plan.nodes)
+    gpu_idle_s, gpu_s = plan.gpu_idle_s(setup.cluster.nodes)
     share = f" ({gpu_idle_s / gpu_s:.1%})" if gpu_s > 0 else ""
     console.print(f"predicted round {plan.predicted_round_s:.2f} s; GPU idle {gpu_idle_s:,.2f} of {gpu_s:,.2f} GPU-s{share}: "
                   "waiting + exposed outer sync (logging, evaluation and checkpoints come on top)", soft_wrap=True)

@@ -67,7 +67,7 @@ class StepPacer:
         if step_idx == 0:
             self.overslept_s = 0.0
         self.last_target_s = target_s
-        padded_until = step_started + max(0.0, target_s - self.overslept_s)
+        padded_until = step_started + target_s - self.overslept_s  # before step_started when the carry is longer
         now = time.perf_counter()
         if now < padded_until:
             time.sleep(padded_until - now)
@@ -76,13 +76,13 @@ class StepPacer:
             self.overslept_s = 0.0
             self.slow_steps += 1
         else:  # its compute took some of the pad the carry needed: the rest is carried on
-            self.overslept_s = now - (step_started + target_s - self.overslept_s)
+            self.overslept_s = now - padded_until
 
     def end_phase(self) -> None:
         """A phase's carry that no later step can make up: when it is above ``LATE_PHASE_SHARE`` of a step's target
         (a wake-up that late on a loaded CPU), the phase ran longer than the emulated GPU would, and one more
         step counts as slower than its target (its real time is kept, as for ``slow_steps``)."""
-        if self.spec is not None and self.overslept_s > LATE_PHASE_SHARE * self.last_target_s:
+        if self.overslept_s > LATE_PHASE_SHARE * self.last_target_s:
             self.slow_steps += 1
         self.overslept_s = 0.0
 
