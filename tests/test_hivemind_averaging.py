@@ -92,7 +92,9 @@ def three_peers(run_name, **options):
 
 @pytest.fixture(scope="module")
 def peers():
-    with three_peers("unit") as syncs:
+    # every sum below needs all three in each round's group: on a loaded machine (the full suite on two cores) a
+    # peer of this one process may reach the all-reduce past the default 2 s matchmaking window
+    with three_peers("unit", matchmaking_time_s=6.0, request_timeout_s=2.0) as syncs:
         yield syncs
 
 
