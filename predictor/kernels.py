@@ -240,8 +240,11 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
         # A "gpt" block's MLP width here is the SwiGLU equivalent (2/3 of its real width), so its alignment is
         # checked on the hidden size: the real width is 4 x the hidden size in BERT, GPT-2 and Transformer-XL.
         shape = (rows, dims.hidden_size) if code.block == "gpt" and index >= 2 else ()
+        # Blocks timed alone on an input that needs no gradient: the first block's input projections
+        # (q, k, v) compute no input gradient.
+        input_gradients = layers - 1 if code.blocks_only and index == 0 else layers
         add(rows, n_out, n_in, layers * (block_passes - 2), shape)  # forward (+ recompute)
-        add(rows, n_in, n_out, layers, shape)                        # input gradient
+        add(rows, n_in, n_out, input_gradients, shape)               # input gradient
         add(n_in, n_out, rows, layers, shape)                        # weight gradient
     head = dims.hidden_size, dims.vocab_size
     head_tokens = round(tokens * code.lm_head_fraction)
@@ -252,7 +255,8 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
     attention_s = attention_time_s(device, dims, seq_len, precision, samples, activation_checkpointing, code)
     precision_moved = "fp32" if device.is_cpu else precision
     if code.block == "gpt":
-        per_token = gpt_elementwise_bytes_per_token(dims, precision_moved, code.activation)
+        per_token = gpt_elementwise_bytes_per_token(dims, precision_moved, code.activation,
+                                                    final_norm=not code.blocks_only)
     else:
         per_token = elementwise_bytes_per_token(dims, seq_len, precision_moved)
     working_set = 3 * tokens * max(dims.hidden_size, dims.intermediate_size) * e
@@ -266,7 +270,7 @@ def micro_batch_time(device: GpuSpec, dims: ModelDims, seq_len: int, precision: 
 
 def host_chain_ops(device: GpuSpec, dims: ModelDims, precision: str, code: TrainingCode) -> float:
     """Host work of one micro-batch's forward and backward, in chain ops (``host_op_us`` each)."""
-    ops = dims.num_layers * code.host_ops_per_layer + code.host_ops_head
+    ops = dims.num_layers * code.host_ops_per_layer + (0.0 if code.blocks_only else code.host_ops_head)
     if precision in ("bf16", "fp16") and not device.is_cpu:
         ops += code.autocast_host_ops
     return ops

@@ -362,6 +362,9 @@ class TrainingCode:
     8 for code run on CUDA 10 (cuBLAS before 11.0, per NVIDIA's "Matrix Multiplication Background User's
     Guide"): another shape, such as a projection onto a 267,735-word vocabulary, runs on the CUDA cores at the
     FP32 rate (FP16 data, FP32 arithmetic).
+    ``blocks_only``: the timed code runs the blocks alone on an input tensor that needs no gradient (a layer
+    micro-benchmark such as ``layer(X)[0].sum().backward()``): no embedding, final norm, head or loss, and the
+    first block's input projections compute no input gradient. False (the default): a whole model.
     """
 
     block: str = "llama"
@@ -376,6 +379,7 @@ class TrainingCode:
     autocast_host_ops: float = 0.0
     vocab_softmax_per_sm_bound: bool = True
     tensor_core_alignment: int = 1
+    blocks_only: bool = False
 
     def __post_init__(self) -> None:
         if self.block not in ("llama", "gpt"):
@@ -437,22 +441,24 @@ FUSED_ACTIVATION_PASSES = 6
 GELU_NEW_PASSES = 46
 
 
-def gpt_elementwise_bytes_per_token(dims: ModelDims, precision: str, activation: str = "fused") -> float:
+def gpt_elementwise_bytes_per_token(dims: ModelDims, precision: str, activation: str = "fused",
+                                    final_norm: bool = True) -> float:
     """Bytes per token of the non-matmul kernels of BERT/GPT-2 style blocks, forward + backward (2 x forward).
 
     Per block forward: two LayerNorms (read + write), bias + activation over the MLP width (read + write),
     two dropouts (read, write, 1-byte mask), two residual adds (two reads, one write) and the attention
     context's permute copy (read + write), all at the activation precision (fp16 models keep fp16 weights
-    and activations), and the final LayerNorm. ``activation`` "gelu_new" (``TrainingCode.activation``) adds
+    and activations), and the final LayerNorm (``final_norm``; none for blocks timed alone, see
+    ``TrainingCode.blocks_only``). ``activation`` "gelu_new" (``TrainingCode.activation``) adds
     the passes of an activation written as eager ops. The loss over the vocabulary is
     ``vocab_loss_bytes_per_token``.
     """
     e = activation_bytes(precision)
     h, mlp = dims.hidden_size, 1.5 * dims.intermediate_size
     forward_block = 2 * 2 * e * h + 2 * e * mlp + 2 * (2 * e + 1) * h + 2 * 3 * e * h + 2 * e * h
-    final_norm = 2 * 2 * e * h
+    final_norm_bytes = 2 * 2 * e * h if final_norm else 0.0
     eager_activation = (GELU_NEW_PASSES - FUSED_ACTIVATION_PASSES) * e * mlp if activation == "gelu_new" else 0.0
-    return 3.0 * (dims.num_layers * forward_block + final_norm) + dims.num_layers * eager_activation
+    return 3.0 * (dims.num_layers * forward_block + final_norm_bytes) + dims.num_layers * eager_activation
 
 
 def elementwise_bytes_per_token(dims: ModelDims, seq_len: int, precision: str) -> float:

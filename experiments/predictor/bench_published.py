@@ -22,6 +22,11 @@ predictor's fitted constants are fitted on the dev third only (fit_efficiency.py
 the held-out rows, and the dev third is reported apart. The headline
 is the held-out part: median and worst absolute error per GPU and per workload.
 
+Reported apart, never fitted and never in the dev third: Pascal GPUs (published_pascal_steps.yaml) and layer
+micro-benchmarks (published_layer_steps.yaml: one block timed alone on a random input; its workloads'
+``blocks_only`` drops the embedding, final norm, head and the first input gradient, and its TFLOPS figures turn
+back into seconds with the notebook's own FLOP formula, ``layer_forward_flops``).
+
 Run:  .venv/bin/python experiments/predictor/bench_published.py
 Writes experiments/results/predictor/published.{md,json}.
       .venv/bin/python experiments/predictor/bench_published.py --dev
@@ -49,8 +54,11 @@ from geodiloco.predictor.workload import ModelDims, TrainingCode, training_flops
 HERE = Path(__file__).resolve().parent
 DATA_FILE = HERE / "data" / "published_training_steps.yaml"
 OUTSIDE_SCOPE_FILE = HERE / "data" / "published_pascal_steps.yaml"
-OPEN_DRIVER_NAMES_FILE = HERE.parents[1] / "tests" / "data" / "nvidia_open_driver_names.yaml"
 """Rows of GPUs outside the fitted scope (Pascal): never fitted, all predicted blind, reported apart."""
+LAYER_FILE = HERE / "data" / "published_layer_steps.yaml"
+"""Layer micro-benchmarks (one block timed alone, forward + backward, with its own workloads): never fitted, all
+predicted blind, reported apart."""
+OPEN_DRIVER_NAMES_FILE = HERE.parents[1] / "tests" / "data" / "nvidia_open_driver_names.yaml"
 RESULTS = HERE.parents[0] / "results" / "predictor"
 GOAL_MEDIAN = 0.08
 BOOTSTRAP_DRAWS = 4000
@@ -96,7 +104,15 @@ def measured_step_s(row: dict) -> float:
         return value
     if unit == "ms_per_step":
         return value / 1e3
+    if unit == "layer_tflops_fwd_bwd":
+        return 3.0 * layer_forward_flops(row["batch_size"], row["seq_len"], row["flops_hidden_size"]) / (value * 1e12)
     raise ValueError(f"{row['id']}: unknown unit {unit!r}")
+
+
+def layer_forward_flops(batch: int, seq_len: int, hidden: int) -> float:
+    """FLOPs of one block's forward pass as the layer micro-benchmarks count them (published_layer_steps.yaml:
+    16*b*s*h^2 for the MLP, 4*b*h*s^2 + 8*b*s*h^2 for attention), to turn their TFLOPS back into seconds."""
+    return 16.0 * batch * seq_len * hidden**2 + 4.0 * batch * hidden * seq_len**2 + 8.0 * batch * seq_len * hidden**2
 
 
 def held_out(row_id: str) -> bool:
@@ -111,7 +127,8 @@ def row_precision(row: dict) -> str:
 
 def row_code(row: dict, workloads: dict) -> TrainingCode:
     """How the row's source code runs its workload (block kind, attention, MLP activation, LM-head share,
-    Transformer-XL memory, a dropout over the attention probabilities or none), from the workload's fields; a row's
+    Transformer-XL memory, a dropout over the attention probabilities or none, blocks timed alone), from the workload's
+    fields; a row's
     ``lm_head_fraction`` overrides the workload's."""
     spec = workloads[row["workload"]]
     return TrainingCode(block=spec.get("block", "llama"), attention=spec.get("attention", "flash"),
@@ -120,7 +137,8 @@ def row_code(row: dict, workloads: dict) -> TrainingCode:
                         memory_len=int(spec.get("memory_len", 0)),
                         relative_positions=bool(spec.get("relative_positions", False)),
                         attention_dropout=bool(spec.get("attention_dropout", True)) or not ZERO_ATTENTION_DROPOUT_COUNTED,
-                        tensor_core_alignment=row_tensor_core_alignment(row))
+                        tensor_core_alignment=row_tensor_core_alignment(row),
+                        blocks_only=bool(spec.get("blocks_only", False)))
 
 
 def row_tensor_core_alignment(row: dict) -> int:
@@ -169,6 +187,15 @@ def predicted_step_s(row: dict, workloads: dict) -> float:
     return row_model(row, workloads).predict(row["batch_size"]) + warmup_share_s(row)
 
 
+def roofline_flops(row: dict, workloads: dict) -> float:
+    """FLOPs of the row's step for the plain roofline: the model's training FLOPs, or for blocks timed alone
+    (``blocks_only``) 3 x their forward FLOPs, with no embedding or head."""
+    dims = workload_dims(workloads[row["workload"]], row["seq_len"])
+    if row_code(row, workloads).blocks_only:
+        return 3.0 * dims.num_layers * layer_forward_flops(row["batch_size"], row["seq_len"], dims.hidden_size)
+    return training_flops(dims, row["batch_size"], row["seq_len"])
+
+
 def evaluate(row: dict, workloads: dict) -> dict:
     if row.get("sequence_bins"):
         raise ValueError(f"sequences padded to {row['sequence_bins']}-token bins, not to seq_len {row['seq_len']}; "
@@ -181,7 +208,7 @@ def evaluate(row: dict, workloads: dict) -> dict:
     predicted_s = predicted_step_s(row, workloads)
     truth_s = measured_step_s(row)
     rate_tflops = spec.matmul_rate(precision)[0]
-    roofline_s = training_flops(dims, row["batch_size"], row["seq_len"]) / (rate_tflops * 1e12)
+    roofline_s = roofline_flops(row, workloads) / (rate_tflops * 1e12)
     return {"id": row["id"], "gpu": spec.name, "gpu_as_published": row["gpu"], "gpu_notice": notice,
             "workload": row["workload"], "seq_len": row["seq_len"], "batch_size": row["batch_size"],
             "precision": precision, "precision_as_published": row["precision"], "measured_s": truth_s, "predicted_s": predicted_s,
@@ -344,25 +371,40 @@ def open_driver_line() -> str:
             f"({OPEN_DRIVER_NAMES_FILE.relative_to(HERE.parents[1])} lists the others and why).")
 
 
-def outside_scope_lines(outside: list) -> list[str]:
-    """The section on the GPUs outside the fitted scope: every row predicted with the shipped constants."""
-    if not outside:
+def apart_lines(rows: list, title: str, truth: str) -> list[str]:
+    """A section of rows reported apart from the held-out figure (never fitted, none in the dev third), every row
+    predicted once with the shipped constants; ``truth`` says what they are."""
+    if not rows:
         return []
-    head = overall(outside)
-    lines = ["", "## GPUs outside the fitted scope (Pascal, no tensor cores)", "",
-             f"Truth: {len(outside)} rows of experiments/predictor/data/published_pascal_steps.yaml, none fitted to "
-             f"and none in the dev third; every row predicted once with the constants above: median error "
-             f"{head['median']:.1%}, worst {head['worst']:.1%} (median signed {head['median_signed']:+.1%}; "
-             f"roofline median {head['roofline_median']:.1%}). Not part of the held-out figure.", "",
+    head = overall(rows)
+    lines = ["", f"## {title}", "",
+             f"Truth: {truth}; none fitted to and none in the dev third; every row predicted once with the constants "
+             f"above: median error {head['median']:.1%}, worst {head['worst']:.1%} (median signed "
+             f"{head['median_signed']:+.1%}; roofline median {head['roofline_median']:.1%}). Not part of the held-out "
+             "figure.", "",
              "| id | GPU | workload | seq | batch | precision | measured ms | predicted ms | error |",
              "|---|---|---|---|---|---|---|---|---|"]
     return lines + [f"| {r['id']} | {r['gpu']} | {r['workload']} | {r['seq_len']} | {r['batch_size']} | "
-                     f"{r['precision']} | {r['measured_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | "
-                     f"{r['error']:+.1%} |" for r in outside]
+                     f"{r['precision']} | {r['measured_s'] * 1e3:.2f} | {r['predicted_s'] * 1e3:.2f} | "
+                     f"{r['error']:+.1%} |" for r in rows]
+
+
+def outside_scope_lines(outside: list) -> list[str]:
+    """The section on the GPUs outside the fitted scope (Pascal)."""
+    return apart_lines(outside, "GPUs outside the fitted scope (Pascal, no tensor cores)",
+                       f"{len(outside)} rows of experiments/predictor/data/published_pascal_steps.yaml")
+
+
+def layer_lines(layers: list) -> list[str]:
+    """The section on the layer micro-benchmarks (one block timed alone on one GPU)."""
+    return apart_lines(layers, "Layer micro-benchmarks (one block, forward + backward)",
+                       f"{len(layers)} rows of experiments/predictor/data/published_layer_steps.yaml (Mu Li's "
+                       "micro_bench.ipynb: one BERT-large layer and one GPT-2 medium block in fp16 on an RTX 3090 Ti, "
+                       "batch 2-128, each timed alone on a random input, no optimizer)")
 
 
 def markdown(held: list, dev: list, skipped: list, sources: int, interval: tuple[float, float],
-             outside: list = ()) -> str:
+             outside: list = (), layers: list = ()) -> str:
     head = overall(held)
     lines = [
         "# Cold step-time accuracy on published measurements",
@@ -399,6 +441,7 @@ def markdown(held: list, dev: list, skipped: list, sources: int, interval: tuple
     lines += [f"| {r['id']} | {r['gpu']} | {r['workload']} | {r['seq_len']} | {r['batch_size']} | {r['precision']} | "
               f"{r['measured_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | {r['error']:+.1%} |" for r in held]
     lines += outside_scope_lines(list(outside))
+    lines += layer_lines(list(layers))
     if skipped:
         lines += ["", "## Rows not evaluated", ""] + [f"- {item}" for item in skipped]
     return "\n".join(lines) + "\n"
@@ -448,6 +491,12 @@ def breakdown_ms(row: dict, workloads: dict) -> dict:
             "warm": warmup_share_s(row) * 1e3}
 
 
+def layer_results() -> list:
+    """The layer micro-benchmarks, each predicted once (their file carries its own workloads)."""
+    data = yaml.safe_load(LAYER_FILE.read_text(encoding="utf-8"))
+    return [evaluate(row, data["workloads"]) for row in data["measurements"]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dev", action="store_true",
@@ -470,15 +519,17 @@ def main() -> int:
     interval = median_interval(held)
     outside = [evaluate(row, workloads)
                for row in yaml.safe_load(OUTSIDE_SCOPE_FILE.read_text(encoding="utf-8"))["measurements"]]
+    layers = layer_results()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "published.md").write_text(markdown(held, dev, skipped, sources, interval, outside), encoding="utf-8")
+    (RESULTS / "published.md").write_text(markdown(held, dev, skipped, sources, interval, outside, layers), encoding="utf-8")
     (RESULTS / "published.json").write_text(json.dumps(
         {"held_out": overall(held), "held_out_median_interval_95": interval,
          "dev": overall(dev) if dev else None,
          "per_workload": summary(held, "workload"), "per_gpu": summary(held, "gpu"),
          "repeat_disagreement": dict(zip(("pairs", "median", "worst"), repeat_disagreement(results))),
          "rows": results, "skipped": skipped,
-         "outside_scope": {"summary": overall(outside), "rows": outside}}, indent=2), encoding="utf-8")
+         "outside_scope": {"summary": overall(outside), "rows": outside},
+         "layer_microbenchmarks": {"summary": overall(layers), "rows": layers}}, indent=2), encoding="utf-8")
     head = overall(held)
     low, high = interval
     print(f"held-out: {head['rows']} rows, median {head['median']:.1%} (95 % interval over GPUs {low:.1%}-{high:.1%}), "
@@ -486,6 +537,9 @@ def main() -> int:
     beyond = overall(outside)
     print(f"outside the fitted scope (Pascal, predicted blind): {beyond['rows']} rows, median {beyond['median']:.1%}, "
           f"worst {beyond['worst']:.1%}")
+    per_layer = overall(layers)
+    print(f"layer micro-benchmarks (one block on an RTX 3090 Ti, predicted blind): {per_layer['rows']} rows, "
+          f"median {per_layer['median']:.1%}, worst {per_layer['worst']:.1%}")
     return 0
 
 
