@@ -88,3 +88,33 @@ def test_the_benchmark_reports_the_layer_rows_apart_from_the_held_out_figure():
     assert "Not part of the held-out figure." in section
     assert section.count("| muli-") == 26
     assert "**Held-out (1 rows" in text
+
+
+def test_a_grid_maximum_is_the_best_predicted_point_and_its_error_reads_like_a_step_times(monkeypatch):
+    times_s = {(128, 2): 1.0e-3, (128, 4): 1.5e-3}
+    monkeypatch.setattr(bench_published, "predicted_step_s",
+                        lambda row, workloads: times_s[(row["seq_len"], row["batch_size"])])
+    row = {"id": "t", "gpu": "RTX 4090", "workload": "bert-large-layer", "precision": "fp16", "value": 13.15,
+           "flops_hidden_size": 1024, "grid": {"seq_lens": [128], "batch_sizes": [2, 4]}, "source": "test"}
+    result = bench_published.grid_maximum(row, LAYER_DATA["workloads"])
+    # batch 4: forward = 24 * 512 * 1,048,576 + 4 * 4 * 1,024 * 16,384 = 13,153,337,344 FLOPs; 3 x that in 1.5 ms
+    assert result["predicted_best_at"] == {"seq_len": 128, "batch_size": 4}
+    assert result["predicted_tflops"] == pytest.approx(3 * 13_153_337_344 / 1.5e-3 / 1e12, rel=1e-12)
+    assert result["error"] == pytest.approx(13.15 / 26.306674688 - 1.0, rel=1e-9)  # half the predicted rate: -50 %
+
+
+def test_the_summary_maxima_are_the_grids_best_points_and_cover_four_more_gpus():
+    rows = LAYER_DATA["measurements"]
+    # the README's RTX 3090 Ti column (62 and 39) is the grid's best forward + backward point, rounded
+    assert round(max(row["value"] for row in rows if row["workload"] == "bert-large-layer")) == 62
+    assert round(max(row["value"] for row in rows if row["workload"] == "gpt2-medium-block")) == 39
+    maxima = LAYER_DATA["grid_maxima"]
+    assert sorted((row["gpu_canonical"], row["workload"], row["value"]) for row in maxima) == sorted([
+        ("A100-SXM4-80GB", "bert-large-layer", 136), ("RTX A6000", "bert-large-layer", 70),
+        ("V100 32GB", "bert-large-layer", 64), ("RTX 4090", "bert-large-layer", 109),
+        ("A100-SXM4-80GB", "gpt2-medium-block", 53), ("RTX A6000", "gpt2-medium-block", 38),
+        ("V100 32GB", "gpt2-medium-block", 36), ("RTX 4090", "gpt2-medium-block", 54)])
+    results = bench_published.grid_maxima_results()
+    assert len(results) == 8 and all(result["predicted_tflops"] > 0 for result in results)
+    text = bench_published.grid_maxima_lines(results)
+    assert text[1] == "## Layer micro-benchmarks: the best of the grid on other GPUs" and len(text) == 7 + 8
