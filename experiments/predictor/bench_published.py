@@ -128,9 +128,8 @@ def row_precision(row: dict) -> str:
 
 def row_code(row: dict, workloads: dict) -> TrainingCode:
     """How the row's source code runs its workload (block kind, attention, MLP activation, LM-head share,
-    Transformer-XL memory, a dropout over the attention probabilities or none, blocks timed alone), from the workload's
-    fields; a row's
-    ``lm_head_fraction`` overrides the workload's."""
+    Transformer-XL memory, a dropout over the attention probabilities or none, blocks timed alone), from the
+    workload's fields; a row's ``lm_head_fraction`` overrides the workload's."""
     spec = workloads[row["workload"]]
     return TrainingCode(block=spec.get("block", "llama"), attention=spec.get("attention", "flash"),
                         activation=spec.get("activation", "fused"),
@@ -514,7 +513,8 @@ def grid_maximum(row: dict, workloads: dict) -> dict:
                 best_tflops, best_point = tflops, (seq_len, batch)
     return {"id": row["id"], "gpu": spec.name, "gpu_as_published": row["gpu"], "gpu_notice": notice,
             "workload": row["workload"], "precision": row_precision(row), "published_tflops": float(row["value"]),
-            "predicted_tflops": best_tflops, "predicted_best_at": {"seq_len": best_point[0], "batch_size": best_point[1]},
+            "predicted_tflops": best_tflops,
+            "predicted_best_at": {"seq_len": best_point[0], "batch_size": best_point[1]},
             "error": float(row["value"]) / best_tflops - 1.0, "source": row["source"]}
 
 
@@ -566,7 +566,8 @@ def main() -> int:
                for row in yaml.safe_load(OUTSIDE_SCOPE_FILE.read_text(encoding="utf-8"))["measurements"]]
     layers, maxima = layer_results(), grid_maxima_results()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "published.md").write_text(markdown(held, dev, skipped, sources, interval, outside, layers, maxima), encoding="utf-8")
+    (RESULTS / "published.md").write_text(markdown(held, dev, skipped, sources, interval, outside, layers, maxima),
+                                          encoding="utf-8")
     (RESULTS / "published.json").write_text(json.dumps(
         {"held_out": overall(held), "held_out_median_interval_95": interval,
          "dev": overall(dev) if dev else None,
@@ -576,7 +577,8 @@ def main() -> int:
          "outside_scope": {"summary": overall(outside), "rows": outside},
          "layer_microbenchmarks": {"summary": overall(layers), "rows": layers},
          "layer_grid_maxima": {"median": statistics.median(abs(m["error"]) for m in maxima),
-                               "worst": max(abs(m["error"]) for m in maxima), "rows": maxima}}, indent=2), encoding="utf-8")
+                               "worst": max(abs(m["error"]) for m in maxima), "rows": maxima}},
+        indent=2), encoding="utf-8")
     head = overall(held)
     low, high = interval
     print(f"held-out: {head['rows']} rows, median {head['median']:.1%} (95 % interval over GPUs {low:.1%}-{high:.1%}), "
