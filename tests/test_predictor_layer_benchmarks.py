@@ -81,7 +81,7 @@ def test_blocks_timed_alone_skip_the_first_input_gradient_the_final_norm_and_the
 
 
 def test_the_benchmark_reports_the_layer_rows_apart_from_the_held_out_figure():
-    layers = bench_published.layer_results()
+    layers = bench_published.layer_results(LAYER_DATA)
     assert len(layers) == 26 and all(result["gpu"] == "RTX 3090 Ti" for result in layers)
     text = bench_published.markdown(layers[:0] + [dict(layers[0], held_out=True)], [], [], 1, (0.1, 0.2), (), layers)
     section = text.split("## Layer micro-benchmarks (one block, forward + backward)", 1)[1]
@@ -115,7 +115,7 @@ def test_the_summary_maxima_are_the_grids_best_points_and_cover_four_more_gpus()
         ("V100 32GB", "bert-large-layer", 64), ("RTX 4090", "bert-large-layer", 109),
         ("A100-SXM4-80GB", "gpt2-medium-block", 53), ("RTX A6000", "gpt2-medium-block", 38),
         ("V100 32GB", "gpt2-medium-block", 36), ("RTX 4090", "gpt2-medium-block", 54)])
-    results = bench_published.grid_maxima_results()
+    results = bench_published.grid_maxima_results(LAYER_DATA)
     assert len(results) == 8 and all(result["predicted_tflops"] > 0 for result in results)
     text = bench_published.grid_maxima_lines(results)
     assert text[1] == "## Layer micro-benchmarks: the best of the grid on other GPUs" and len(text) == 7 + 8

@@ -492,9 +492,13 @@ def breakdown_ms(row: dict, workloads: dict) -> dict:
             "warm": warmup_share_s(row) * 1e3}
 
 
-def layer_results() -> list:
-    """The layer micro-benchmarks, each predicted once (their file carries its own workloads)."""
-    data = yaml.safe_load(LAYER_FILE.read_text(encoding="utf-8"))
+def layer_data() -> dict:
+    """The layer micro-benchmarks' file: its own workloads, its grid rows and the grid maxima."""
+    return yaml.safe_load(LAYER_FILE.read_text(encoding="utf-8"))
+
+
+def layer_results(data: dict) -> list:
+    """The layer micro-benchmarks' grid rows, each predicted once."""
     return [evaluate(row, data["workloads"]) for row in data["measurements"]]
 
 
@@ -518,23 +522,28 @@ def grid_maximum(row: dict, workloads: dict) -> dict:
             "error": float(row["value"]) / best_tflops - 1.0, "source": row["source"]}
 
 
-def grid_maxima_results() -> list:
+def grid_maxima_results(data: dict) -> list:
     """The layer micro-benchmarks' published grid maxima (other GPUs than the grid rows'), each predicted once."""
-    data = yaml.safe_load(LAYER_FILE.read_text(encoding="utf-8"))
     return [grid_maximum(row, data["workloads"]) for row in data.get("grid_maxima", [])]
+
+
+def maxima_summary(maxima: list) -> dict:
+    """Median and worst absolute error of the grid maxima."""
+    errors = [abs(entry["error"]) for entry in maxima]
+    return {"rows": len(errors), "median": statistics.median(errors), "worst": max(errors)}
 
 
 def grid_maxima_lines(maxima: list) -> list[str]:
     """The section on the grid maxima: published and predicted best TFLOPS per GPU and block."""
     if not maxima:
         return []
-    errors = [abs(entry["error"]) for entry in maxima]
+    head = maxima_summary(maxima)
     lines = ["", "## Layer micro-benchmarks: the best of the grid on other GPUs", "",
              f"Truth: the {len(maxima)} grid maxima of experiments/predictor/data/published_layer_steps.yaml (the "
              "README's summary of the same notebook: each GPU's best forward + backward TFLOPS over the grid above, "
              "without the grid point), beside the model's best over the same grid; error = published / predicted - 1 "
              "(+: the model is too slow). Never fitted: median error "
-             f"{statistics.median(errors):.1%}, worst {max(errors):.1%}. Not part of the held-out figure.", "",
+             f"{head['median']:.1%}, worst {head['worst']:.1%}. Not part of the held-out figure.", "",
              "| id | GPU | workload | published TFLOPS | predicted TFLOPS | predicted best at (seq, batch) | error |",
              "|---|---|---|---|---|---|---|"]
     return lines + [f"| {m['id']} | {m['gpu']} | {m['workload']} | {m['published_tflops']:g} | "
@@ -564,7 +573,8 @@ def main() -> int:
     interval = median_interval(held)
     outside = [evaluate(row, workloads)
                for row in yaml.safe_load(OUTSIDE_SCOPE_FILE.read_text(encoding="utf-8"))["measurements"]]
-    layers, maxima = layer_results(), grid_maxima_results()
+    layer_file = layer_data()
+    layers, maxima = layer_results(layer_file), grid_maxima_results(layer_file)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "published.md").write_text(markdown(held, dev, skipped, sources, interval, outside, layers, maxima),
                                           encoding="utf-8")
@@ -576,8 +586,7 @@ def main() -> int:
          "rows": results, "skipped": skipped,
          "outside_scope": {"summary": overall(outside), "rows": outside},
          "layer_microbenchmarks": {"summary": overall(layers), "rows": layers},
-         "layer_grid_maxima": {"median": statistics.median(abs(m["error"]) for m in maxima),
-                               "worst": max(abs(m["error"]) for m in maxima), "rows": maxima}},
+         "layer_grid_maxima": {"summary": maxima_summary(maxima), "rows": maxima}},
         indent=2), encoding="utf-8")
     head = overall(held)
     low, high = interval
@@ -589,9 +598,9 @@ def main() -> int:
     per_layer = overall(layers)
     print(f"layer micro-benchmarks (one block on an RTX 3090 Ti, predicted blind): {per_layer['rows']} rows, "
           f"median {per_layer['median']:.1%}, worst {per_layer['worst']:.1%}")
-    maxima_errors = [abs(entry["error"]) for entry in maxima]
-    print(f"layer grid maxima (A100, A6000, V100, 4090, predicted blind): {len(maxima)} rows, "
-          f"median {statistics.median(maxima_errors):.1%}, worst {max(maxima_errors):.1%}")
+    best = maxima_summary(maxima)
+    print(f"layer grid maxima (A100, A6000, V100, 4090, predicted blind): {best['rows']} rows, "
+          f"median {best['median']:.1%}, worst {best['worst']:.1%}")
     return 0
 
 
