@@ -80,6 +80,10 @@ whole run with no warm-up excluded spreads over its timed steps. Hand-set from L
 median, over the 18 runs in experiments/results/predictor/source_warmup.md that match a dev-third row (workload,
 precision, batch and published step), of published step - steady step (tqdm's rate over iterations 20-100), 10.0 ms,
 times the 100 steps those figures are timed over."""
+TRUNCATED_VALUES_COUNTED = True
+"""Whether a row's ``value_truncated_to`` (its source cut the figure down to a multiple of that, so the figure stands
+for any value up to one step above it) is read as the middle of that interval; select_model.py turns it off to score
+the model without it."""
 TIMED_STEPS = re.compile(r"over (\d+) steps")
 """A row's ``measures`` names the steps its figure is timed over ('... over 100 steps ...')."""
 
@@ -96,7 +100,7 @@ def workload_dims(spec: dict, seq_len: int) -> ModelDims:
 
 def measured_step_s(row: dict) -> float:
     """Seconds per optimizer step of the published figure."""
-    value, unit = float(row["value"]), row["unit"]
+    value, unit = published_value(row), row["unit"]
     if unit == "sequences_per_s":
         return row["batch_size"] / value
     if unit == "tokens_per_s":
@@ -108,6 +112,17 @@ def measured_step_s(row: dict) -> float:
     if unit == "layer_tflops_fwd_bwd":
         return 3.0 * layer_forward_flops(row["batch_size"], row["seq_len"], row["flops_hidden_size"]) / (value * 1e12)
     raise ValueError(f"{row['id']}: unknown unit {unit!r}")
+
+
+def published_value(row: dict) -> float:
+    """The row's figure in its own unit. A figure its source truncated (``value_truncated_to``: Lambda's compile
+    scripts write ``int(round(mean, 2))``, so a published 62 stands for a mean run throughput in [62, 63)) is read as
+    the middle of what it stands for, the value plus half the step."""
+    value = float(row["value"])
+    step = row.get("value_truncated_to")
+    if step and TRUNCATED_VALUES_COUNTED:
+        return value + 0.5 * float(step)
+    return value
 
 
 def layer_forward_flops(batch: int, seq_len: int, hidden: int) -> float:

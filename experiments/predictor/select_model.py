@@ -13,7 +13,9 @@ model with each optional term switched off (``OPTIONAL_TERMS``: the per-SM bound
 on the vocabulary softmax, and that softmax's own share of the memory bus), and
 the same model without the run warm-up that Lambda's SQuAD figures carry
 (``bench_published.WARMUP_PER_RUN_S``, hand-set from Lambda's logs), with an attention dropout where the source
-runs it at p = 0, and with the square tile for CUDA-core SGEMMs (``kernels.CUDA_CORE_SGEMM_TILE`` off).
+runs it at p = 0, with the square tile for CUDA-core SGEMMs (``kernels.CUDA_CORE_SGEMM_TILE`` off), without
+CUDA 10's tensor-core alignment, and with Lambda's truncated figures read as published
+(``bench_published.TRUNCATED_VALUES_COUNTED`` off).
 
 The out-of-fold median moves by about half a point between fold splits, so a term
 is judged over several: ``--split K`` salts the folds with ``cvK:`` (the default,
@@ -66,6 +68,7 @@ class Candidate:
     zero_attention_dropout_counted: bool = True
     cuda_core_sgemm_tile: Optional[tuple[int, int]] = kernels.CUDA_CORE_SGEMM_TILE
     cuda_10_alignment_counted: bool = True
+    truncated_values_counted: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +91,9 @@ def candidates() -> list[Candidate]:
             Candidate("with an attention dropout where the source's is 0", FITTED_FIELDS, {},
                       zero_attention_dropout_counted=False),
             Candidate("with square 128-wide tiles for CUDA-core SGEMMs", FITTED_FIELDS, {}, cuda_core_sgemm_tile=None),
-            Candidate("without CUDA 10's tensor-core alignment", FITTED_FIELDS, {}, cuda_10_alignment_counted=False)]
+            Candidate("without CUDA 10's tensor-core alignment", FITTED_FIELDS, {}, cuda_10_alignment_counted=False),
+            Candidate("with Lambda's truncated figures read as published", FITTED_FIELDS, {},
+                      truncated_values_counted=False)]
 
 
 def fold_of(row_id: str, split: str = "") -> int:
@@ -128,6 +133,11 @@ def cuda_10_alignment(counted: bool) -> contextlib.AbstractContextManager:
     return module_setting(bench_published, "CUDA_10_ALIGNMENT_COUNTED", counted)
 
 
+def truncated_values(counted: bool) -> contextlib.AbstractContextManager:
+    """Whether rows' ``value_truncated_to`` moves their figure to the middle of what it stands for while inside."""
+    return module_setting(bench_published, "TRUNCATED_VALUES_COUNTED", counted)
+
+
 def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
     """The search's starting point: the hand-set values, the candidate's switched-off terms, and the half-rate
     architectures of ``rows`` (the training folds only, as a real fit would see)."""
@@ -139,7 +149,8 @@ def start_for(candidate: Candidate, rows: list[dict]) -> Efficiency:
 def score(candidate: Candidate, rows: list[dict], workloads: dict, split: str = "") -> Score:
     out_of_fold = []
     with run_warmup(candidate.warmup_per_run_s), zero_attention_dropout(candidate.zero_attention_dropout_counted), \
-            sgemm_tile(candidate.cuda_core_sgemm_tile), cuda_10_alignment(candidate.cuda_10_alignment_counted):
+            sgemm_tile(candidate.cuda_core_sgemm_tile), cuda_10_alignment(candidate.cuda_10_alignment_counted), \
+            truncated_values(candidate.truncated_values_counted):
         for fold in range(FOLDS):
             train = [row for row in rows if fold_of(row["id"], split) != fold]
             test = [row for row in rows if fold_of(row["id"], split) == fold]
