@@ -81,9 +81,10 @@ median, over the 18 runs in experiments/results/predictor/source_warmup.md that 
 precision, batch and published step), of published step - steady step (tqdm's rate over iterations 20-100), 10.0 ms,
 times the 100 steps those figures are timed over."""
 TRUNCATED_VALUES_COUNTED = True
-"""Whether a row's ``value_truncated_to`` (its source cut the figure down to a multiple of that, so the figure stands
-for any value up to one step above it) is read as the middle of that interval; select_model.py turns it off to score
-the model without it."""
+"""Whether a figure its source truncated (``value_truncated_to``: it stands for any value up to one step above it) is
+read as the mean its source's run logs give (``value_from_logs``, experiments/predictor/lambda_log_means.py), or as the
+middle of that interval where no logs were read; select_model.py turns it off to score the model on the figures as
+published."""
 TIMED_STEPS = re.compile(r"over (\d+) steps")
 """A row's ``measures`` names the steps its figure is timed over ('... over 100 steps ...')."""
 
@@ -117,12 +118,15 @@ def measured_step_s(row: dict) -> float:
 def published_value(row: dict) -> float:
     """The row's figure in its own unit. A figure its source truncated (``value_truncated_to``: Lambda's compile
     scripts write ``int(round(mean, 2))``, so a published 62 stands for a mean run throughput in [62, 63)) is read as
-    the middle of what it stands for, the value plus half the step."""
+    the mean of the runs it was cut down from where their logs were read (``value_from_logs``: the A40's 62.71), else
+    as the middle of what it stands for, the value plus half the step."""
     value = float(row["value"])
     step = row.get("value_truncated_to")
-    if step and TRUNCATED_VALUES_COUNTED:
-        return value + 0.5 * float(step)
-    return value
+    if not (step and TRUNCATED_VALUES_COUNTED):
+        return value
+    if "value_from_logs" in row:
+        return float(row["value_from_logs"])
+    return value + 0.5 * float(step)
 
 
 def layer_forward_flops(batch: int, seq_len: int, hidden: int) -> float:
