@@ -68,6 +68,12 @@ def test_a_cell_is_the_mean_of_each_logs_last_figure_and_logs_without_one_are_le
     assert mean.agrees  # int(round(62.8, 2)) == 62
     assert not lambda_log_means.LogMean(row["id"], 61.0, mean.mean, 2).agrees
     assert not lambda_log_means.LogMean(row["id"], 0.0, 0.0, 0).agrees
+    elsewhere = dict(row, source=row["source"].replace(commit, "0" * 40))
+    with pytest.raises(LookupError, match="no compile script is known for commit 00000000; add it to COMPILE_SCRIPTS"):
+        lambda_log_means.row_log_mean(tmp_path, elsewhere, {})
+    unnamed = dict(row, source=row["source"].replace("'RTX A40'", "'RTX A4000'"))
+    with pytest.raises(LookupError, match="lambda-v0-bertbasesquad-rtx-a40-fp32-s384-b56: row 'RTX A4000' names 0"):
+        lambda_log_means.row_log_mean(tmp_path, unnamed, {})
 
 
 def test_the_compile_scripts_tables_choose_the_folder_pattern_and_field_of_the_rows_container_version():

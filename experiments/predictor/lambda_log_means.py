@@ -129,10 +129,16 @@ def row_log_mean(repo: Path, row: dict, scripts: dict[tuple, str]) -> LogMean:
     if source is None:
         raise LookupError(f"{row['id']}: its source names no Lambda CSV cell and commit")
     key = (source["commit"], bool(source["v2"]))
+    if key not in COMPILE_SCRIPTS:
+        raise LookupError(f"{row['id']}: no compile script is known for commit {source['commit'][:8]}"
+                          f"{' (v2 CSV)' if key[1] else ''}; add it to COMPILE_SCRIPTS")
     script_path, results_dir = COMPILE_SCRIPTS[key]
     if key not in scripts:
         scripts[key] = script_tables(git(repo, "show", f"{source['commit']}:{script_path}"))
-    how = recipe(scripts[key], results_dir, source["row"], source["precision"], source["column"], key[1])
+    try:
+        how = recipe(scripts[key], results_dir, source["row"], source["precision"], source["column"], key[1])
+    except LookupError as error:
+        raise LookupError(f"{row['id']}: {error}") from None
     listing = git(repo, "ls-tree", "--name-only", f"{source['commit']}:{how.log_dir}").split()
     texts = [git(repo, "show", f"{source['commit']}:{how.log_dir}/{name}") for name in listing if name.endswith(".txt")]
     mean, files = logged_mean(texts, how)
@@ -181,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     by_file = {}
     for path in DATA_FILES:
         rows = lambda_rows(path)
-        by_file[path] = {row["id"]: row_log_mean(args.lambda_repo, row, scripts) for row in rows}
+        try:
+            by_file[path] = {row["id"]: row_log_mean(args.lambda_repo, row, scripts) for row in rows}
+        except LookupError as error:
+            print(f"error: {path.name}: {error}", file=sys.stderr)
+            return 1
         print(f"{path.name}: logs of {len(rows)} Lambda rows read", file=sys.stderr)
     every = [mean for means in by_file.values() for mean in means.values()]
     disagreeing = [mean for mean in every if not mean.agrees]
