@@ -134,7 +134,8 @@ def cuda_10_alignment(counted: bool) -> contextlib.AbstractContextManager:
 
 
 def truncated_values(counted: bool) -> contextlib.AbstractContextManager:
-    """Whether rows' ``value_truncated_to`` moves their figure to the middle of what it stands for while inside."""
+    """Whether rows' ``value_truncated_to`` moves their figure to the mean of their run logs (or, without logs, to the
+    middle of what it stands for) while inside."""
     return module_setting(bench_published, "TRUNCATED_VALUES_COUNTED", counted)
 
 
