@@ -14,7 +14,8 @@ No model is involved: this only reads what the published figure was cut down fro
 Needs a clone of lambdal/deeplearning-benchmark (it must hold both commits the data files cite):
     git clone https://github.com/lambdal/deeplearning-benchmark /tmp/lambda-benchmark
     .venv/bin/python experiments/predictor/lambda_log_means.py --lambda-repo /tmp/lambda-benchmark [--write]
-Exits 1 where a row's logs do not give its published figure, 2 where the clone is missing.
+Exits 1 where a row's logs do not give its published figure or its source names no known compile script
+or system, 2 where the clone is missing.
 """
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def logged_mean(texts: list[str], how: LogRecipe) -> tuple[float, int]:
     return (statistics.fmean(figures), len(figures)) if figures else (0.0, 0)
 
 
-def row_log_mean(repo: Path, row: dict, scripts: dict[tuple, str]) -> LogMean:
+def row_log_mean(repo: Path, row: dict, scripts: dict[tuple, dict]) -> LogMean:
     source = ROW_SOURCE.search(row["source"])
     if source is None:
         raise LookupError(f"{row['id']}: its source names no Lambda CSV cell and commit")
@@ -153,8 +154,8 @@ def lambda_rows(path: Path) -> list[dict]:
 def with_log_means(text: str, means: dict[str, LogMean]) -> str:
     """The data file's text with each row's ``value_from_logs`` and ``log_files`` set after its
     ``value_truncated_to`` line (replacing earlier ones); comments and layout are kept."""
-    lines, out, row_id = text.split("\n"), [], None
-    for line in lines:
+    out, row_id = [], None
+    for line in text.split("\n"):
         if line.startswith("- id: "):
             row_id = line[len("- id: "):].strip()
         if row_id in means and line.startswith(("  value_from_logs:", "  log_files:")):
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(sorted({commit[:8] for commit, _ in COMPILE_SCRIPTS}))}; clone it with: "
               "git clone https://github.com/lambdal/deeplearning-benchmark", file=sys.stderr)
         return 2
-    scripts: dict[tuple, str] = {}
+    scripts: dict[tuple, dict] = {}
     by_file = {}
     for path in DATA_FILES:
         rows = lambda_rows(path)
