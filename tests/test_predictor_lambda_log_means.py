@@ -1,6 +1,7 @@
 """experiments/predictor/lambda_log_means.py: the run means behind Lambda's truncated figures."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,7 @@ def test_a_cell_is_the_mean_of_each_logs_last_figure_and_logs_without_one_are_le
     })
     monkeypatch.setitem(lambda_log_means.COMPILE_SCRIPTS, (commit, False),
                         ("pytorch/scripts/compile_results_pytorch.py", "pytorch/results"))
-    row = {"id": "lambda-v0-bertbasesquad-rtx-a40-fp32-s384-b56", "value": 62.0,
+    row = {"id": "lambda-v0-bertbasesquad-rtx-a40-fp32-s384-b56", "value": 62.0, "batch_size": 56, "seq_len": 384,
            "source": "Lambda deeplearning-benchmark, pytorch/pytorch-train-throughput-fp32.csv column bert_base_squad, "
                      f"row 'RTX A40' (num_gpu 1); https://github.com/lambdal/deeplearning-benchmark/blob/{commit}/x.csv"}
     mean = lambda_log_means.row_log_mean(tmp_path, row, {})
@@ -107,3 +108,33 @@ def test_writing_sets_the_mean_after_the_truncation_line_once_and_keeps_the_rest
 def test_without_a_clone_it_says_what_to_clone_and_exits_2(tmp_path, capsys):
     assert lambda_log_means.main(["--lambda-repo", str(tmp_path)]) == 2
     assert "git clone https://github.com/lambdal/deeplearning-benchmark" in capsys.readouterr().err
+
+
+def test_a_row_whose_logs_ran_another_batch_is_named_with_what_they_ran(tmp_path, monkeypatch, capsys):
+    folder = "pytorch/results/A40/PyTorch_bert_base_squad_FP32"
+    command = "python run_squad.py --do_train --train_batch_size={batch}  --max_seq_length=384  --max_steps=100\n"
+    commit = lambda_clone(tmp_path, {f"{folder}/a.txt": command.format(batch=56) + e2e_line(62.5),
+                                     f"{folder}/b.txt": command.format(batch=48) + e2e_line(62.9),
+                                     f"{folder}/c.txt": e2e_line(62.1)})  # prints no command line: not counted
+    monkeypatch.setitem(lambda_log_means.COMPILE_SCRIPTS, (commit, False),
+                        ("pytorch/scripts/compile_results_pytorch.py", "pytorch/results"))
+    row = {"id": "lambda-v0-bertbasesquad-rtx-a40-fp32-s384-b56", "value": 62.0, "batch_size": 56, "seq_len": 384,
+           "source": "Lambda deeplearning-benchmark, pytorch/pytorch-train-throughput-fp32.csv column bert_base_squad, "
+                     f"row 'RTX A40' (num_gpu 1); https://github.com/lambdal/deeplearning-benchmark/blob/{commit}/x.csv"}
+    mean = lambda_log_means.row_log_mean(tmp_path, row, {})
+    assert mean.agrees and mean.shape == (56, 384) and sorted(mean.logged_shapes) == [(48, 384), (56, 384)]
+    assert not mean.shape_agrees
+    assert not lambda_log_means.shapes_agree([mean])
+    out = capsys.readouterr()
+    assert "1 rows have logs that name their batch size and sequence length; 0 ran the row's" in out.out
+    assert "lambda-v0-bertbasesquad-rtx-a40-fp32-s384-b56: the row says batch 56 at 384; its logs ran batch 48 at " \
+           "384, batch 56 at 384" in out.out
+    assert "fix those rows' batch_size or seq_len" in out.err
+    assert lambda_log_means.shapes_agree([dataclasses.replace(mean, logged_shapes=((56, 384),))])
+
+
+def test_transformer_xls_namespace_gives_its_training_batch_and_target_length_not_the_evaluation_ones():
+    namespace = ("Namespace(adaptive=False, batch_chunk=1, batch_size=48, clamp_len=-1, eval_batch_size=16, "
+                 "eval_tgt_len=128, mem_len=256, tgt_len=256, vocab='word')\n")
+    assert lambda_log_means.logged_shape(namespace) == (48, 256)
+    assert lambda_log_means.logged_shape("Namespace(eval_batch_size=16, eval_tgt_len=128)\n") is None

@@ -9,13 +9,17 @@ last figure of each log as that script does, and checks that truncating the mean
 With ``--write`` it records the mean in the row as ``value_from_logs`` and the number of logs as
 ``log_files``; ``bench_published.published_value`` reads it in place of the middle of the unit.
 
+It also checks that each row's batch size and sequence length are what its logs ran: run_squad.py's
+``--train_batch_size`` and ``--max_seq_length``, Transformer-XL's ``batch_size`` and ``tgt_len`` as its
+argument namespace prints them. The rows took them from Lambda's batch-size CSVs and configs.
+
 No model is involved: this only reads what the published figure was cut down from.
 
 Needs a clone of lambdal/deeplearning-benchmark (it must hold both commits the data files cite):
     git clone https://github.com/lambdal/deeplearning-benchmark /tmp/lambda-benchmark
     .venv/bin/python experiments/predictor/lambda_log_means.py --lambda-repo /tmp/lambda-benchmark [--write]
-Exits 1 where a row's logs do not give its published figure or its source names no known compile script
-or system, 2 where the clone is missing.
+Exits 1 where a row's logs do not give its published figure, ran another batch size or sequence length, or
+where its source names no known compile script or system; 2 where the clone is missing.
 """
 from __future__ import annotations
 
@@ -47,6 +51,10 @@ run logs it reads."""
 ROW_SOURCE = re.compile(r"pytorch/pytorch-train-throughput-(?P<v2>v2-)?(?P<precision>fp16|fp32)\.csv column "
                         r"(?P<column>\w+), row '(?P<row>[^']+)'.*?blob/(?P<commit>[0-9a-f]{40})/", re.S)
 LOG_MEAN_DECIMALS = 3
+LOGGED_BATCH = re.compile(r"(?:--train_batch_size[= ]|[ (]batch_size=)(\d+)")
+LOGGED_SEQ_LEN = re.compile(r"(?:--max_seq_length[= ]|[ (]tgt_len=)(\d+)")
+"""How a log names the batch and sequence length it ran: run_squad.py's command line, or the argument
+namespace Transformer-XL's train.py prints (``eval_batch_size`` and ``eval_tgt_len`` do not match)."""
 
 
 @dataclass(frozen=True)
@@ -64,11 +72,28 @@ class LogMean:
     published: float
     mean: float
     log_files: int
+    shape: tuple[int, int] = (0, 0)
+    """The row's (batch size, sequence length)."""
+    logged_shapes: tuple[tuple[int, int], ...] = ()
+    """The (batch size, sequence length) of each log that prints both."""
 
     @property
     def agrees(self) -> bool:
         """Whether the compile script's own truncation of this mean gives the published figure."""
         return self.log_files > 0 and int(round(self.mean, 2)) == int(self.published)
+
+    @property
+    def shape_agrees(self) -> bool:
+        """Whether every log that names its batch size and sequence length ran the row's."""
+        return all(logged == self.shape for logged in self.logged_shapes)
+
+
+def logged_shape(text: str) -> tuple[int, int] | None:
+    """(batch size, sequence length) a run log says it ran, None where it does not print both."""
+    batch, seq_len = LOGGED_BATCH.search(text), LOGGED_SEQ_LEN.search(text)
+    if batch is None or seq_len is None:
+        return None
+    return int(batch.group(1)), int(seq_len.group(1))
 
 
 def script_tables(source: str) -> dict[str, object]:
@@ -143,7 +168,8 @@ def row_log_mean(repo: Path, row: dict, scripts: dict[tuple, dict]) -> LogMean:
     listing = git(repo, "ls-tree", "--name-only", f"{source['commit']}:{how.log_dir}").split()
     texts = [git(repo, "show", f"{source['commit']}:{how.log_dir}/{name}") for name in listing if name.endswith(".txt")]
     mean, files = logged_mean(texts, how)
-    return LogMean(row["id"], float(row["value"]), mean, files)
+    shapes = tuple(shape for shape in map(logged_shape, texts) if shape is not None)
+    return LogMean(row["id"], float(row["value"]), mean, files, (row["batch_size"], row["seq_len"]), shapes)
 
 
 def lambda_rows(path: Path) -> list[dict]:
@@ -165,6 +191,21 @@ def with_log_means(text: str, means: dict[str, LogMean]) -> str:
             mean = means[row_id]
             out += [f"  value_from_logs: {round(mean.mean, LOG_MEAN_DECIMALS)}", f"  log_files: {mean.log_files}"]
     return "\n".join(out)
+
+
+def shapes_agree(every: list[LogMean]) -> bool:
+    """Print how many rows' logs name the batch size and sequence length they ran, and any row whose logs ran
+    other ones; True where none did."""
+    named = [mean for mean in every if mean.logged_shapes]
+    other = [mean for mean in named if not mean.shape_agrees]
+    print(f"{len(named)} rows have logs that name their batch size and sequence length; "
+          f"{len(named) - len(other)} ran the row's")
+    for mean in other:
+        ran = ", ".join(f"batch {batch} at {seq_len}" for batch, seq_len in sorted(set(mean.logged_shapes)))
+        print(f"  {mean.row_id}: the row says batch {mean.shape[0]} at {mean.shape[1]}; its logs ran {ran}")
+    if other:
+        print("error: fix those rows' batch_size or seq_len to what their logs ran; nothing written", file=sys.stderr)
+    return not other
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {mean.row_id}: published {mean.published:g}, {mean.log_files} logs with mean {mean.mean:.3f}")
     if disagreeing:
         print("error: some rows' logs do not give their published figure; nothing written", file=sys.stderr)
+        return 1
+    if not shapes_agree(every):
         return 1
     if args.write:
         for path, means in by_file.items():
