@@ -50,6 +50,15 @@ def lambda_clone(root: Path, logs: dict[str, str]) -> str:
                           text=True).stdout.strip()
 
 
+def a40_row(commit: str, monkeypatch) -> dict:
+    """A Lambda row citing the RTX A40's BERT-base SQuAD cell at ``commit``, whose compile script is the one above."""
+    monkeypatch.setitem(lambda_log_means.COMPILE_SCRIPTS, (commit, False),
+                        ("pytorch/scripts/compile_results_pytorch.py", "pytorch/results"))
+    return {"id": "lambda-v0-bertbasesquad-rtx-a40-fp32-s384-b56", "value": 62.0, "batch_size": 56, "seq_len": 384,
+            "source": "Lambda deeplearning-benchmark, pytorch/pytorch-train-throughput-fp32.csv column bert_base_squad, "
+                      f"row 'RTX A40' (num_gpu 1); https://github.com/lambdal/deeplearning-benchmark/blob/{commit}/x.csv"}
+
+
 def test_a_cell_is_the_mean_of_each_logs_last_figure_and_logs_without_one_are_left_out(tmp_path, monkeypatch):
     folder = "pytorch/results/A40/PyTorch_bert_base_squad_FP32"
     commit = lambda_clone(tmp_path, {
@@ -59,11 +68,7 @@ def test_a_cell_is_the_mean_of_each_logs_last_figure_and_logs_without_one_are_le
         f"{folder}/d_monitor.csv": e2e_line(999.0),  # not a .txt log
         "pytorch/results/2xA40/PyTorch_bert_base_squad_FP32/a.txt": e2e_line(120.0),  # another system
     })
-    monkeypatch.setitem(lambda_log_means.COMPILE_SCRIPTS, (commit, False),
-                        ("pytorch/scripts/compile_results_pytorch.py", "pytorch/results"))
-    row = {"id": "lambda-v0-bertbasesquad-rtx-a40-fp32-s384-b56", "value": 62.0, "batch_size": 56, "seq_len": 384,
-           "source": "Lambda deeplearning-benchmark, pytorch/pytorch-train-throughput-fp32.csv column bert_base_squad, "
-                     f"row 'RTX A40' (num_gpu 1); https://github.com/lambdal/deeplearning-benchmark/blob/{commit}/x.csv"}
+    row = a40_row(commit, monkeypatch)
     mean = lambda_log_means.row_log_mean(tmp_path, row, {})
     assert mean.log_files == 2 and mean.mean == pytest.approx((62.5 + 63.1) / 2)
     assert mean.agrees  # int(round(62.8, 2)) == 62
@@ -116,11 +121,7 @@ def test_a_row_whose_logs_ran_another_batch_is_named_with_what_they_ran(tmp_path
     commit = lambda_clone(tmp_path, {f"{folder}/a.txt": command.format(batch=56) + e2e_line(62.5),
                                      f"{folder}/b.txt": command.format(batch=48) + e2e_line(62.9),
                                      f"{folder}/c.txt": e2e_line(62.1)})  # prints no command line: not counted
-    monkeypatch.setitem(lambda_log_means.COMPILE_SCRIPTS, (commit, False),
-                        ("pytorch/scripts/compile_results_pytorch.py", "pytorch/results"))
-    row = {"id": "lambda-v0-bertbasesquad-rtx-a40-fp32-s384-b56", "value": 62.0, "batch_size": 56, "seq_len": 384,
-           "source": "Lambda deeplearning-benchmark, pytorch/pytorch-train-throughput-fp32.csv column bert_base_squad, "
-                     f"row 'RTX A40' (num_gpu 1); https://github.com/lambdal/deeplearning-benchmark/blob/{commit}/x.csv"}
+    row = a40_row(commit, monkeypatch)
     mean = lambda_log_means.row_log_mean(tmp_path, row, {})
     assert mean.agrees and mean.shape == (56, 384) and sorted(mean.logged_shapes) == [(48, 384), (56, 384)]
     assert not mean.shape_agrees
